@@ -1,0 +1,104 @@
+"""TokenCounterActor: owns the tokenizer and the chat template.
+
+Receives `TokenizeText`, `TokenizeChat` and `Detokenize`; replies on each message's
+own reply stream with a `*Result` or a `RequestFailed`. Invariants: every message
+gets exactly one reply; a bad input fails that request only. Tokenizing runs on a
+worker thread so a long prompt never stalls the event loop (the tokenizer holds no
+MLX state, so it does not belong on the MLX thread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import anyio
+from jinja2 import TemplateError
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from courier.messages.base import FailureKind, RequestFailed
+from courier.messages.token_counter import (
+    Detokenize,
+    DetokenizeResult,
+    TokenCounterMessage,
+    TokenizeChat,
+    TokenizeResult,
+    TokenizeText,
+)
+from courier.runtime.actor import Actor
+
+T = TypeVar("T")
+
+
+class TokenCounterActor(Actor[TokenCounterMessage]):
+    name = "token_counter"
+
+    def __init__(self, tokenizer: TokenizerWrapper) -> None:
+        self._tokenizer = tokenizer
+        self._vocabulary_size = len(tokenizer.get_vocab())
+
+    async def handle(self, message: TokenCounterMessage) -> None:
+        match message:
+            case TokenizeText():
+                await self._on_tokenize_text(message)
+            case TokenizeChat():
+                await self._on_tokenize_chat(message)
+            case Detokenize():
+                await self._on_detokenize(message)
+
+    async def _on_tokenize_text(self, message: TokenizeText) -> None:
+        async with message.reply:
+            tokens = await _off_loop(
+                lambda: self._tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens)
+            )
+            await message.reply.send(TokenizeResult(tokens=tuple(tokens)))
+
+    async def _on_tokenize_chat(self, message: TokenizeChat) -> None:
+        async with message.reply:
+            if getattr(self._tokenizer, "chat_template", None) is None:
+                await message.reply.send(
+                    _invalid("the model has no chat template; tokenize a prompt instead", "messages")
+                )
+                return
+            try:
+                tokens = await _off_loop(
+                    lambda: self._render_chat(message.messages, message.tools, message.add_generation_prompt)
+                )
+            except (TemplateError, TypeError, ValueError, KeyError) as error:
+                await message.reply.send(_invalid(f"the chat template rejected the messages: {error}", "messages"))
+                return
+            await message.reply.send(TokenizeResult(tokens=tuple(tokens)))
+
+    async def _on_detokenize(self, message: Detokenize) -> None:
+        async with message.reply:
+            out_of_range = [token for token in message.tokens if not 0 <= token < self._vocabulary_size]
+            if out_of_range:
+                failure = _invalid(
+                    f"token ids outside the vocabulary (0..{self._vocabulary_size - 1}): {out_of_range[:8]}", "tokens"
+                )
+                await message.reply.send(failure)
+                return
+            text = await _off_loop(lambda: self._tokenizer.decode(list(message.tokens)))
+            await message.reply.send(DetokenizeResult(text=text))
+
+    def _render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> list[int]:
+        rendered = self._tokenizer.apply_chat_template(
+            [dict(item) for item in messages],
+            tools=[dict(tool) for tool in tools] if tools else None,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
+        return list(self._tokenizer.encode(rendered, add_special_tokens=False))
+
+
+async def _off_loop(work: Callable[[], T]) -> T:
+    return await anyio.to_thread.run_sync(work)
+
+
+def _invalid(text: str, param: str) -> RequestFailed:
+    return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=text, param=param)

@@ -1,0 +1,60 @@
+"""The Quart application: routes per API family, OpenAI error envelopes, request spans."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from quart import Quart, Response, request
+from werkzeug.exceptions import HTTPException
+
+from courier.http.context import AppContext
+from courier.http.errors import ApiError
+from courier.http.routes import health, models, tokenize
+from courier.http.tracing_middleware import TracingMiddleware, name_request_span
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(context: AppContext) -> Any:
+    """The ASGI application Hypercorn serves: the Quart app inside the request-span middleware."""
+    return TracingMiddleware(create_quart_app(context))
+
+
+def create_quart_app(context: AppContext) -> Quart:
+    app = Quart("courier")
+    app.config["MAX_CONTENT_LENGTH"] = context.settings.max_body_bytes
+    for module in (health, models, tokenize):
+        app.register_blueprint(module.blueprint(context))
+
+    @app.before_request
+    async def name_span() -> None:
+        if request.url_rule is not None:
+            name_request_span(request.method, request.url_rule.rule)
+
+    @app.errorhandler(ApiError)
+    async def api_error(error: ApiError) -> Response:
+        return error.response()
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        return _from_http_exception(error, context).response()
+
+    @app.errorhandler(Exception)
+    async def unexpected_error(error: Exception) -> Response:
+        logger.exception("unhandled error in %s %s", request.method, request.path)
+        return ApiError(500, f"internal server error: {type(error).__name__}", code="internal_error").response()
+
+    return app
+
+
+def _from_http_exception(error: HTTPException, context: AppContext) -> ApiError:
+    status = error.code or 500
+    if status == 404:
+        return ApiError(404, f"Unknown route: {request.method} {request.path}", code="unknown_route")
+    if status == 405:
+        return ApiError(405, f"Method {request.method} is not allowed on {request.path}", code="method_not_allowed")
+    if status == 413:
+        limit = context.settings.max_body_bytes
+        return ApiError(413, f"The request body exceeds the limit of {limit} bytes", code="request_too_large")
+    return ApiError(status, error.description or error.name)

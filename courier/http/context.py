@@ -1,0 +1,43 @@
+"""What the routes need from the running server: settings, state and actor inboxes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from anyio.streams.memory import MemoryObjectSendStream
+
+from courier.http.errors import ApiError
+from courier.messages.token_counter import TokenCounterMessage
+from courier.runtime.service_state import Phase, ServiceState
+from courier.runtime.settings import Settings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outboxes:
+    token_counter: MemoryObjectSendStream[TokenCounterMessage]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppContext:
+    settings: Settings
+    state: ServiceState
+    outboxes: Outboxes
+
+    def require_ready(self) -> None:
+        """Refuse work the model is not ready for, with a retryable 503."""
+        phase = self.state.phase
+        if phase is Phase.READY:
+            return
+        if phase is Phase.LOADING:
+            raise ApiError.unavailable("the model is still loading; retry shortly", code="model_loading")
+        raise ApiError.unavailable("the server is shutting down", code="shutting_down")
+
+    def require_model(self, requested: str | None) -> None:
+        """A request that names a model must name the served one."""
+        if requested is not None and requested != self.state.model_id:
+            raise ApiError(
+                404,
+                f"The model '{requested}' does not exist; this server serves '{self.state.model_id}'",
+                param="model",
+                code="model_not_found",
+            )

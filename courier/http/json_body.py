@@ -1,0 +1,23 @@
+"""Reads a request body as one JSON object, with the body limit already enforced by Quart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from quart import request
+
+from courier.http.errors import ApiError
+
+
+async def read_json_object() -> dict[str, Any]:
+    raw = await request.get_data(cache=False)
+    if not raw:
+        raise ApiError.invalid("the request body is empty; send a JSON object")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise ApiError.invalid(f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError.invalid(f"the request body must be a JSON object, not {type(body).__name__}")
+    return body

@@ -1,0 +1,33 @@
+"""GET /health: phase, model, device, BLAS and weight format; 503 unless ready."""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from quart import Blueprint, Response
+
+from courier.http.context import AppContext
+from courier.runtime.service_state import Phase
+
+
+def blueprint(context: AppContext) -> Blueprint:
+    routes = Blueprint("health", __name__)
+
+    @routes.get("/health")
+    async def health() -> Response:
+        state = context.state
+        model = state.model
+        body = {
+            "status": state.phase.value,
+            "model": state.model_id,
+            "device": model.device if model else None,
+            "blas": state.blas.as_dict(),
+            "weight_format": model.weight_format if model else None,
+            "model_info": model.as_dict() if model else None,
+            "uptime_s": round(time.time() - state.started_at, 3),
+        }
+        status = 200 if state.phase is Phase.READY else 503
+        return Response(orjson.dumps(body), status=status, content_type="application/json")
+
+    return routes

@@ -1,0 +1,31 @@
+"""GET /v1/models and /v1/models/{id}, in OpenAI's list and model shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint
+
+from courier.http.context import AppContext
+
+OWNER = "courier"
+
+
+def blueprint(context: AppContext) -> Blueprint:
+    routes = Blueprint("models", __name__)
+
+    def model_object() -> dict[str, Any]:
+        info = context.state.model
+        created = info.created if info else int(context.state.started_at)
+        return {"id": context.state.model_id, "object": "model", "created": created, "owned_by": OWNER}
+
+    @routes.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_object()]}
+
+    @routes.get("/v1/models/<path:model_id>")
+    async def retrieve_model(model_id: str) -> dict[str, Any]:
+        context.require_model(model_id)
+        return model_object()
+
+    return routes

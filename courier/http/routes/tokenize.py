@@ -1,0 +1,82 @@
+"""POST /tokenize and /detokenize, answered by the token counter actor.
+
+Shapes follow vLLM's: `{prompt}` or `{messages, add_generation_prompt, tools}` ->
+`{count, max_model_len, tokens}`; `{tokens}` -> `{prompt}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint
+
+from courier.http.asking import ask_actor
+from courier.http.context import AppContext
+from courier.http.errors import ApiError
+from courier.http.json_body import read_json_object
+from courier.http.validation import object_list, optional_bool, optional_str, token_list
+from courier.messages.token_counter import (
+    Detokenize,
+    DetokenizeResult,
+    TokenCounterMessage,
+    TokenizeChat,
+    TokenizeResult,
+    TokenizeText,
+)
+
+
+def blueprint(context: AppContext) -> Blueprint:
+    routes = Blueprint("tokenize", __name__)
+    outbox = context.outboxes.token_counter
+
+    @routes.post("/tokenize")
+    async def tokenize() -> dict[str, Any]:
+        body = await read_json_object()
+        context.require_ready()
+        context.require_model(optional_str(body, "model"))
+        build = _tokenize_message(body)
+        result = await ask_actor(outbox, build, TokenizeResult)
+        model = context.state.model
+        return {
+            "count": len(result.tokens),
+            "max_model_len": model.context_length if model else None,
+            "tokens": list(result.tokens),
+        }
+
+    @routes.post("/detokenize")
+    async def detokenize() -> dict[str, Any]:
+        body = await read_json_object()
+        context.require_ready()
+        context.require_model(optional_str(body, "model"))
+        tokens = tuple(token_list(body, "tokens"))
+        result = await ask_actor(outbox, lambda reply: Detokenize(tokens=tokens, reply=reply), DetokenizeResult)
+        return {"prompt": result.text}
+
+    return routes
+
+
+def _tokenize_message(body: dict[str, Any]) -> Any:
+    """Validate a /tokenize body; return a builder of the message for the token counter."""
+    messages = object_list(body, "messages", required=False)
+    prompt = optional_str(body, "prompt")
+    if (messages is None) == (prompt is None):
+        raise ApiError.invalid(
+            "send exactly one of 'prompt' (a string) or 'messages' (a list of objects)", param="prompt"
+        )
+    if messages is not None:
+        tools = object_list(body, "tools", required=False)
+        add_generation_prompt = optional_bool(body, "add_generation_prompt", True)
+
+        def chat(reply: Any) -> TokenCounterMessage:
+            return TokenizeChat(
+                messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, reply=reply
+            )
+
+        return chat
+    text = prompt or ""
+    add_special_tokens = optional_bool(body, "add_special_tokens", True)
+
+    def plain(reply: Any) -> TokenCounterMessage:
+        return TokenizeText(text=text, add_special_tokens=add_special_tokens, reply=reply)
+
+    return plain

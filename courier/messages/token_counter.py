@@ -1,0 +1,49 @@
+"""The token counter's inbox: tokenize text or chat messages, detokenize ids."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from courier.messages.base import Message, ReplyStream, RequestFailed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenizeResult:
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DetokenizeResult:
+    text: str
+
+
+TokenizeReply: TypeAlias = TokenizeResult | RequestFailed
+DetokenizeReply: TypeAlias = DetokenizeResult | RequestFailed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenizeText(Message):
+    text: str
+    add_special_tokens: bool
+    reply: ReplyStream[TokenizeReply]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenizeChat(Message):
+    """Render chat messages with the model's chat template, then tokenize."""
+
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] | None
+    add_generation_prompt: bool
+    reply: ReplyStream[TokenizeReply]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Detokenize(Message):
+    tokens: tuple[int, ...]
+    reply: ReplyStream[DetokenizeReply]
+
+
+TokenCounterMessage: TypeAlias = TokenizeText | TokenizeChat | Detokenize

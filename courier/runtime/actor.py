@@ -1,0 +1,110 @@
+"""The actor base and the ask pattern.
+
+An actor owns its state and handles one message at a time from a bounded inbox.
+`run` is started with `task_group.start(actor.run, inbox)`: it sets up, reports
+started, handles messages until the inbox's senders are all closed, and on the way
+out closes the reply stream of every message it never handled, so no asker waits
+forever (their `ask` raises `ActorStopped`). A message's reply stream is closed
+after its handler returns or fails, so a handler needs no bookkeeping for that.
+
+A per-request failure is the handler's business: it replies with a typed failure
+and the loop goes on. Any exception that escapes a handler stops the actor and,
+through the supervisor's task group, the whole server, loudly.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import ClassVar, Generic, TypeVar
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from courier.messages.base import Message
+from courier.runtime.tracing import message_span
+
+M = TypeVar("M", bound=Message)
+R = TypeVar("R")
+
+# Replies are one value each; the asker is already waiting on the other end.
+REPLY_BUFFER = 1
+
+
+class ActorStopped(RuntimeError):
+    """The actor ended before it answered."""
+
+
+class ActorBusy(RuntimeError):
+    """The actor's inbox is full: the caller should shed load (HTTP 503)."""
+
+
+class Actor(ABC, Generic[M]):
+    name: ClassVar[str]
+
+    async def run(
+        self,
+        inbox: MemoryObjectReceiveStream[M],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with inbox:
+            try:
+                await self.setup()
+                task_status.started()
+                async for message in inbox:
+                    with message_span(self.name, message, message.trace):
+                        try:
+                            await self.handle(message)
+                        finally:
+                            # Even a handler cancelled before it replied leaves no asker waiting.
+                            _close_reply(message)
+            finally:
+                _refuse_unhandled(inbox)
+
+    async def setup(self) -> None:
+        """Prepare state before the actor reports itself started."""
+
+    @abstractmethod
+    async def handle(self, message: M) -> None:
+        """Handle one message; reply on its reply stream where it has one."""
+
+
+async def ask(
+    outbox: MemoryObjectSendStream[M],
+    build: Callable[[MemoryObjectSendStream[R]], M],
+) -> R:
+    """Send the message `build(reply_stream)` and wait for its one reply.
+
+    Never waits for inbox room: a full inbox raises `ActorBusy` at once.
+    """
+    reply_send, reply_receive = anyio.create_memory_object_stream[R](REPLY_BUFFER)
+    with reply_receive:
+        try:
+            outbox.send_nowait(build(reply_send))
+        except anyio.WouldBlock:
+            reply_send.close()
+            raise ActorBusy("the actor's inbox is full") from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            reply_send.close()
+            raise ActorStopped("the actor is not running") from None
+        try:
+            return await reply_receive.receive()
+        except anyio.EndOfStream:
+            raise ActorStopped("the actor stopped before answering") from None
+
+
+def _refuse_unhandled(inbox: MemoryObjectReceiveStream[M]) -> None:
+    while True:
+        try:
+            message = inbox.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return
+        _close_reply(message)
+
+
+def _close_reply(message: Message) -> None:
+    reply = getattr(message, "reply", None)
+    if isinstance(reply, MemoryObjectSendStream):
+        reply.close()

@@ -1,0 +1,67 @@
+"""The one thread all MLX work runs on.
+
+MLX streams and the model's arrays belong to the thread that uses them, and MLX
+work must never block the event loop, so everything that touches the model is
+submitted here and awaited. The thread is a daemon: a load still running at
+shutdown cannot keep the process alive past its shutdown deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+THREAD_NAME = "courier-mlx"
+# Work items waiting for the thread; callers await their result, so this stays small.
+QUEUE_CAPACITY = 64
+
+
+class MlxThreadClosed(RuntimeError):
+    """Work was submitted after the MLX thread was closed."""
+
+
+class MlxThreadBusy(RuntimeError):
+    """More than QUEUE_CAPACITY items are already waiting for the MLX thread."""
+
+
+class MlxThread:
+    def __init__(self) -> None:
+        self._work: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue(QUEUE_CAPACITY)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    async def call(self, function: Callable[[], T]) -> T:
+        """Run `function` on the MLX thread and return its result (or raise its exception)."""
+        if self._closed:
+            raise MlxThreadClosed("the MLX thread is closed")
+        future: Future[T] = Future()
+        try:
+            self._work.put_nowait((function, future))
+        except queue.Full:
+            raise MlxThreadBusy(f"{QUEUE_CAPACITY} work items already wait for the MLX thread") from None
+        return await asyncio.wrap_future(future)
+
+    def close(self, timeout: float) -> bool:
+        """Stop taking work; wait up to `timeout` s for the current item. True if the thread ended."""
+        if not self._closed:
+            self._closed = True
+            self._work.put(None)  # may wait for room: the queue drains while the thread runs
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while (item := self._work.get()) is not None:
+            function, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(function())
+            except BaseException as error:  # delivered to the awaiting task, which decides
+                future.set_exception(error)

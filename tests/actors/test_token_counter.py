@@ -1,0 +1,94 @@
+"""TokenCounterActor with the real SmolLM2 tokenizer, asked over real streams."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.streams.memory import MemoryObjectSendStream
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from courier.actors.token_counter import TokenCounterActor
+from courier.messages.base import FailureKind, RequestFailed
+from courier.messages.token_counter import (
+    Detokenize,
+    DetokenizeReply,
+    DetokenizeResult,
+    TokenCounterMessage,
+    TokenizeChat,
+    TokenizeReply,
+    TokenizeResult,
+    TokenizeText,
+)
+from courier.runtime.actor import ask
+
+Outbox = MemoryObjectSendStream[TokenCounterMessage]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir: Path) -> TokenizerWrapper:
+    return load_tokenizer(smollm2_dir)
+
+
+@pytest.fixture
+async def outbox(tokenizer: TokenizerWrapper) -> AsyncIterator[Outbox]:
+    send, receive = anyio.create_memory_object_stream[TokenCounterMessage](8)
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(TokenCounterActor(tokenizer).run, receive)
+        yield send
+        send.close()
+
+
+async def tokenize_chat(outbox: Outbox, messages: list[dict[str, Any]]) -> TokenizeResult | RequestFailed:
+    return await ask(
+        outbox, lambda reply: TokenizeChat(messages=messages, tools=None, add_generation_prompt=True, reply=reply)
+    )
+
+
+@pytest.mark.anyio
+async def test_tokenize_text_matches_the_tokenizer(outbox: Outbox, tokenizer: TokenizerWrapper) -> None:
+    reply: TokenizeReply = await ask(
+        outbox, lambda r: TokenizeText(text="Hello world", add_special_tokens=True, reply=r)
+    )
+    assert reply == TokenizeResult(tokens=tuple(tokenizer.encode("Hello world")))
+
+
+@pytest.mark.anyio
+async def test_tokenize_chat_renders_the_template(outbox: Outbox, tokenizer: TokenizerWrapper) -> None:
+    reply = await tokenize_chat(outbox, [{"role": "user", "content": "What is the capital of France?"}])
+    assert isinstance(reply, TokenizeResult)
+    text = tokenizer.decode(list(reply.tokens))
+    assert text.startswith("<|im_start|>system\n")
+    assert text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.anyio
+async def test_template_failure_fails_only_that_request(outbox: Outbox) -> None:
+    failed = await tokenize_chat(outbox, [{"role": "user"}])
+    assert isinstance(failed, RequestFailed)
+    assert (failed.kind, failed.param) == (FailureKind.INVALID_REQUEST, "messages")
+    ok = await tokenize_chat(outbox, [{"role": "user", "content": "still serving?"}])
+    assert isinstance(ok, TokenizeResult)
+
+
+@pytest.mark.anyio
+async def test_detokenize_round_trip_and_out_of_range_ids(outbox: Outbox, tokenizer: TokenizerWrapper) -> None:
+    ids = tuple(tokenizer.encode("round trip"))
+    round_trip: DetokenizeReply = await ask(outbox, lambda r: Detokenize(tokens=ids, reply=r))
+    assert round_trip == DetokenizeResult(text="round trip")
+    failed: DetokenizeReply = await ask(outbox, lambda r: Detokenize(tokens=(1, 49152, -1), reply=r))
+    assert isinstance(failed, RequestFailed)
+    assert failed.param == "tokens"
+    assert "49152" in failed.message
+
+
+@pytest.mark.anyio
+async def test_each_message_is_handled_in_a_named_span(outbox: Outbox, span_exporter: InMemorySpanExporter) -> None:
+    reply: TokenizeReply = await ask(outbox, lambda r: TokenizeText(text="x", add_special_tokens=False, reply=r))
+    assert isinstance(reply, TokenizeResult)
+    assert "token_counter.TokenizeText" in [span.name for span in span_exporter.get_finished_spans()]

@@ -1,0 +1,53 @@
+"""Shared fixtures: the embedded model converted once, tiny models, a BLAS loaded before MLX."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from courier.runtime.blas import load_optimized_blas
+
+# Before anything imports mlx.core: tests then run on the same fast CPU path as the server.
+load_optimized_blas()
+
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+
+from courier.runtime.gguf_convert import ensure_converted  # noqa: E402
+from courier.runtime.model_source import embedded_gguf_path  # noqa: E402
+from courier.runtime.progress import Progress  # noqa: E402
+from courier.runtime.tracing import configure_tracing  # noqa: E402
+from tests.support import tiny_models  # noqa: E402
+
+_SPANS = InMemorySpanExporter()
+# The global tracer provider can be set once per process: this is the test suite's.
+configure_tracing({}, None).add_span_processor(SimpleSpanProcessor(_SPANS))
+
+
+@pytest.fixture
+def span_exporter() -> InMemorySpanExporter:
+    """Spans finished in this process during the test (cleared before it)."""
+    _SPANS.clear()
+    return _SPANS
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("courier-cache")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(cache_dir: Path) -> Path:
+    """The embedded SmolLM2 GGUF converted to an MLX directory (its tokenizer serves the tiny models too)."""
+    return ensure_converted(embedded_gguf_path(), cache_dir, Progress(enabled=False))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_models.build_llama(smollm2_dir, tmp_path_factory.mktemp("tiny-llama"), quantized=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_next_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_models.build_qwen3_next(smollm2_dir, tmp_path_factory.mktemp("tiny-qwen3-next"))

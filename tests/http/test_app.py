@@ -1,0 +1,37 @@
+"""The Quart app in-process, for states a live server passes through too quickly to test."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from courier.http.app import create_quart_app
+from courier.http.context import AppContext, Outboxes
+from courier.messages.token_counter import TokenCounterMessage
+from courier.runtime.blas import BlasReport
+from courier.runtime.service_state import Phase, ServiceState
+from courier.runtime.settings import Settings
+
+BLAS = BlasReport(library="reference", path=None, optimized=False, detail="test")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("phase", "code"), [(Phase.LOADING, "model_loading"), (Phase.DRAINING, "shutting_down")])
+async def test_not_ready_answers_503_with_retry_after(phase: Phase, code: str) -> None:
+    send, receive = anyio.create_memory_object_stream[TokenCounterMessage](1)
+    state = ServiceState(blas=BLAS, model_id="m", phase=phase)
+    context = AppContext(settings=Settings(), state=state, outboxes=Outboxes(token_counter=send))
+    client = create_quart_app(context).test_client()
+    health = await client.get("/health")
+    assert health.status_code == 503
+    assert (await health.get_json())["status"] == phase.value
+    response = await client.post("/tokenize", json={"prompt": "hi"})
+    assert response.status_code == 503
+    assert response.headers["Retry-After"]
+    body = await response.get_json()
+    assert body["error"]["code"] == code
+    assert body["error"]["type"] == "server_error"
+    with pytest.raises(anyio.WouldBlock):
+        receive.receive_nowait()  # nothing was sent to the actor
+    receive.close()
+    send.close()

@@ -1,0 +1,114 @@
+"""End to end through a real `courier serve` (tiny llama) with the official openai client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.support.server import RunningServer, running_server
+
+MAX_BODY_BYTES = 65536
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--max-body-bytes", str(MAX_BODY_BYTES)]
+    with running_server(args, env={"COURIER_SERVED_MODEL_NAME": "tiny"}) as running:
+        yield running
+        assert running.stop() == 0
+
+
+def test_health_reports_device_blas_and_weight_format(server: RunningServer) -> None:
+    with server.http() as http:
+        response = http.get("/health")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok"
+    assert body["model"] == "tiny"
+    assert body["device"] == "cpu"
+    assert body["weight_format"] == "float32 (from 4-bit affine, group size 32)"
+    assert body["blas"]["library"] in ("OpenBLAS", "reference")
+    assert body["model_info"]["prompt_cache_trimmable"] is True
+
+
+def test_models_list_and_retrieve_with_the_openai_client(server: RunningServer) -> None:
+    with server.openai_client() as client:
+        models = client.models.list()
+        assert [model.id for model in models.data] == ["tiny"]
+        assert client.models.retrieve("tiny").owned_by == "courier"
+        with pytest.raises(openai.NotFoundError) as error:
+            client.models.retrieve("gpt-9")
+    assert error.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_tokenize_and_detokenize_round_trip(server: RunningServer) -> None:
+    with server.http() as http:
+        tokens = http.post("/tokenize", json={"prompt": "Hello world", "model": "tiny"}).json()
+        assert tokens["count"] == len(tokens["tokens"]) == 2
+        assert tokens["max_model_len"] == 2048
+        text = http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()
+    assert text == {"prompt": "Hello world"}
+
+
+def test_tokenize_chat_messages(server: RunningServer) -> None:
+    with server.http() as http:
+        body = http.post("/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+        bare = http.post(
+            "/tokenize", json={"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": False}
+        ).json()
+    assert body["count"] > bare["count"] > 5
+
+
+BAD_REQUESTS: list[tuple[str, str, bytes | None, int, str | None, str | None]] = [
+    # method, path, body, status, param, code
+    ("POST", "/tokenize", b"{not json", 400, None, "invalid_json"),
+    ("POST", "/tokenize", b"\xff\xfe\x00", 400, None, "invalid_json"),
+    ("POST", "/tokenize", b"[1, 2]", 400, None, None),
+    ("POST", "/tokenize", b"", 400, None, None),
+    ("POST", "/tokenize", b"{}", 400, "prompt", None),
+    ("POST", "/tokenize", b'{"prompt": "a", "messages": []}', 400, "prompt", None),
+    ("POST", "/tokenize", b'{"prompt": 5}', 400, "prompt", None),
+    ("POST", "/tokenize", b'{"messages": "hi"}', 400, "messages", None),
+    ("POST", "/tokenize", b'{"messages": [{"role": "user"}]}', 400, "messages", None),
+    ("POST", "/tokenize", b'{"prompt": "a", "add_special_tokens": "yes"}', 400, "add_special_tokens", None),
+    ("POST", "/tokenize", b'{"prompt": "a", "model": "other"}', 404, "model", "model_not_found"),
+    ("POST", "/detokenize", b'{"tokens": ["a"]}', 400, "tokens", None),
+    ("POST", "/detokenize", b'{"tokens": [true]}', 400, "tokens", None),
+    ("POST", "/detokenize", b'{"tokens": [99999999]}', 400, "tokens", None),
+    ("POST", "/detokenize", b"{}", 400, "tokens", None),
+    ("GET", "/v1/nothing-here", None, 404, None, "unknown_route"),
+    ("DELETE", "/health", None, 405, None, "method_not_allowed"),
+    ("POST", "/tokenize", b'{"prompt": "' + b"x" * MAX_BODY_BYTES + b'"}', 413, None, "request_too_large"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "param", "code"), BAD_REQUESTS)
+def test_bad_input_gets_an_openai_error_envelope(
+    server: RunningServer, method: str, path: str, body: bytes | None, status: int, param: str | None, code: str | None
+) -> None:
+    with server.http() as http:
+        response = http.request(method, path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["message"]
+        assert error["param"] == param
+        if code is not None:
+            assert error["code"] == code
+        assert http.get("/health").status_code == 200  # still serving
+
+
+def test_chunked_body_over_the_limit_is_refused(server: RunningServer) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"prompt": "'
+        for _ in range(MAX_BODY_BYTES // 1024 + 2):
+            yield b"y" * 1024
+        yield b'"}'
+
+    with server.http() as http:
+        response = http.post("/tokenize", content=chunks())
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"

@@ -1,0 +1,120 @@
+"""The actor base and `ask`, wired with real streams to a small echo actor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from courier.messages.base import Message, ReplyStream
+from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
+from courier.runtime.tracing import tracer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Echo(Message):
+    text: str
+    reply: ReplyStream[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Explode(Message):
+    pass
+
+
+class EchoActor(Actor[Echo | Explode]):
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.gate = anyio.Event()
+        self.set_up = False
+
+    async def setup(self) -> None:
+        self.set_up = True
+
+    async def handle(self, message: Echo | Explode) -> None:
+        match message:
+            case Echo():
+                await self.gate.wait()
+                async with message.reply:
+                    await message.reply.send(message.text.upper())
+            case Explode():
+                raise RuntimeError("actor bug")
+
+
+def echo(text: str) -> object:
+    return lambda reply: Echo(text=text, reply=reply)
+
+
+@pytest.mark.anyio
+async def test_ask_gets_the_reply_after_setup() -> None:
+    actor = EchoActor()
+    actor.gate.set()
+    send, receive = anyio.create_memory_object_stream[Echo | Explode](4)
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(actor.run, receive)
+        assert actor.set_up
+        assert await ask(send, echo("hi")) == "HI"  # type: ignore[arg-type]
+        send.close()
+
+
+@pytest.mark.anyio
+async def test_full_inbox_answers_busy_at_once() -> None:
+    send, receive = anyio.create_memory_object_stream[Echo | Explode](1)
+    reply_send, reply_receive = anyio.create_memory_object_stream[str](1)
+    send.send_nowait(Echo(text="queued", reply=reply_send))
+    with pytest.raises(ActorBusy):
+        await ask(send, echo("one too many"))  # type: ignore[arg-type]
+    for stream in (send, receive, reply_send, reply_receive):
+        stream.close()
+
+
+@pytest.mark.anyio
+async def test_messages_left_in_the_inbox_are_answered_with_actor_stopped() -> None:
+    actor = EchoActor()  # gate closed: the first message blocks the actor
+    send, receive = anyio.create_memory_object_stream[Echo | Explode](4)
+    outcomes: list[str] = []
+
+    async def asker(text: str) -> None:
+        try:
+            outcomes.append(await ask(send, echo(text)))  # type: ignore[arg-type]
+        except ActorStopped:
+            outcomes.append("stopped")
+
+    async with anyio.create_task_group() as askers, anyio.create_task_group() as actor_group:
+        await actor_group.start(actor.run, receive)
+        for text in ("a", "b", "c"):
+            askers.start_soon(asker, text)
+        await anyio.wait_all_tasks_blocked()  # "a" is in the handler, "b" and "c" queued
+        actor_group.cancel_scope.cancel()
+    assert sorted(outcomes) == ["stopped", "stopped", "stopped"]
+    send.close()
+
+
+@pytest.mark.anyio
+async def test_ask_after_the_actor_ended_raises_actor_stopped() -> None:
+    send, receive = anyio.create_memory_object_stream[Echo | Explode](4)
+    receive.close()
+    with pytest.raises(ActorStopped):
+        await ask(send, echo("late"))  # type: ignore[arg-type]
+    send.close()
+
+
+@pytest.mark.anyio
+async def test_a_bug_in_a_handler_propagates() -> None:
+    send, receive = anyio.create_memory_object_stream[Echo | Explode](4)
+    with pytest.raises(ExceptionGroup) as group:
+        async with anyio.create_task_group() as task_group:
+            await task_group.start(EchoActor().run, receive)
+            await send.send(Explode())
+    assert group.group_contains(RuntimeError, match="actor bug")
+    send.close()
+
+
+def test_messages_capture_the_current_trace_context(span_exporter: InMemorySpanExporter) -> None:
+    with tracer().start_as_current_span("outer") as span:
+        message = Explode()
+    trace_id = format(span.get_span_context().trace_id, "032x")
+    assert trace_id in message.trace["traceparent"]

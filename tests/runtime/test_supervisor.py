@@ -1,0 +1,62 @@
+"""Start-up failures and shutdown of a real `courier serve` process."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from tests.support.server import running_server, server_command
+
+
+def test_sigterm_drains_and_exits_zero(tiny_qwen3_next_dir: Path, cache_dir: Path) -> None:
+    with running_server(["--model", str(tiny_qwen3_next_dir), "--cache-dir", str(cache_dir)]) as server:
+        with server.http() as http:
+            assert http.get("/health").json()["model_info"]["prompt_cache_trimmable"] is False
+        assert server.stop(signal.SIGTERM) == 0
+    assert "draining" in server.log()
+    assert "stopped" in server.log()
+
+
+def test_sigint_while_loading_exits_promptly(tiny_llama_dir: Path, cache_dir: Path) -> None:
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir)]
+    with running_server(args, wait_ready=False) as server:  # returns once the server is listening
+        assert server.stop(signal.SIGINT, timeout=30) == 0
+    assert "received SIGINT: shutting down" in server.log()
+
+
+def test_unknown_model_is_a_usage_error() -> None:
+    result = subprocess.run(
+        server_command(["--model", "/no/such/dir"]), capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 2
+    assert "not an existing directory" in result.stderr
+
+
+def test_model_that_fails_to_load_exits_nonzero_with_the_reason(tmp_path: Path, cache_dir: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    result = subprocess.run(
+        server_command(["--model", str(tmp_path), "--cache-dir", str(cache_dir)]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "cannot load model" in result.stderr
+
+
+def test_port_in_use_is_reported(tiny_llama_dir: Path, cache_dir: Path) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        command = server_command(["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir)])
+        command[command.index("--port") + 1] = str(port)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        holder.close()
+    assert result.returncode == 1
+    assert f"cannot serve on 127.0.0.1:{port}" in result.stderr

@@ -1,0 +1,109 @@
+"""A real `courier serve` subprocess on an ephemeral port, for end-to-end tests.
+
+Start-up is observed through the server's own log lines ("listening on ...",
+"ready: ..."), read by a thread into a queue, so tests wait on events rather
+than sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+
+LISTENING = re.compile(r"listening on (http://\S+)")
+READY = re.compile(r"\bready: ")
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 60.0
+
+
+class ServerExited(RuntimeError):
+    pass
+
+
+class RunningServer:
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.base_url = ""
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line)
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, pattern: re.Pattern[str], timeout: float = START_TIMEOUT_S) -> re.Match[str]:
+        """Block until a log line matches `pattern`; fail if the server exits first."""
+        while True:
+            try:
+                line = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no log line matching {pattern.pattern!r} within {timeout} s") from None
+            if line is None:
+                raise ServerExited(f"server exited ({self.process.wait()}):\n{self.log()}")
+            if match := pattern.search(line):
+                return match
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def openai_client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="not-needed", max_retries=0)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=60)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout)
+        return code
+
+
+def server_command(args: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "courier", "serve", "--port", "0", *args]
+
+
+@contextmanager
+def running_server(
+    args: Sequence[str], *, env: Mapping[str, str] | None = None, wait_ready: bool = True
+) -> Iterator[RunningServer]:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("COURIER_", "OTEL_"))}
+    environment.update(env or {})
+    process = subprocess.Popen(
+        server_command(args),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    server = RunningServer(process)
+    try:
+        server.base_url = server.wait_for(LISTENING).group(1)
+        if wait_ready:
+            server.wait_for(READY)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        assert process.stderr is not None
+        process.stderr.close()
