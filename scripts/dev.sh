@@ -62,8 +62,8 @@ case "$command" in
     test)
         ensure_venv ".[dev]"
         log "ruff"
-        "$VENV/bin/ruff" check courier tests bench
-        "$VENV/bin/ruff" format --check courier tests bench
+        "$VENV/bin/ruff" check courier tests bench traces
+        "$VENV/bin/ruff" format --check courier tests bench traces
         log "mypy --strict"
         "$VENV/bin/mypy"
         log "pytest"

@@ -4,6 +4,10 @@ MLX streams and the model's arrays belong to the thread that uses them, and MLX
 work must never block the event loop, so everything that touches the model is
 submitted here and awaited. The thread is a daemon: a load still running at
 shutdown cannot keep the process alive past its shutdown deadline.
+
+Closing parks the thread instead of ending it: when a thread that used MLX ends
+before the process exits, MLX (0.32) aborts the process at exit ("terminate
+called without an active exception") in most runs; a parked thread never does.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class MlxThread:
     def __init__(self) -> None:
         self._work: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue(QUEUE_CAPACITY)
         self._closed = False
+        self._parked = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -49,12 +54,11 @@ class MlxThread:
         return await asyncio.wrap_future(future)
 
     def close(self, timeout: float) -> bool:
-        """Stop taking work; wait up to `timeout` s for the current item. True if the thread ended."""
+        """Stop taking work; wait up to `timeout` s for queued work to finish. True if it did."""
         if not self._closed:
             self._closed = True
             self._work.put(None)  # may wait for room: the queue drains while the thread runs
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return self._parked.wait(timeout)
 
     def _loop(self) -> None:
         while (item := self._work.get()) is not None:
@@ -65,3 +69,5 @@ class MlxThread:
                 future.set_result(function())
             except BaseException as error:  # delivered to the awaiting task, which decides
                 future.set_exception(error)
+        self._parked.set()
+        threading.Event().wait()  # parked until the process exits; see the module docstring

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -60,3 +61,11 @@ def test_port_in_use_is_reported(tiny_llama_dir: Path, cache_dir: Path) -> None:
         holder.close()
     assert result.returncode == 1
     assert f"cannot serve on 127.0.0.1:{port}" in result.stderr
+
+
+def test_hub_model_without_network_fails_with_the_reason(cache_dir: Path) -> None:
+    command = server_command(["--model", "mlx-community/no-such-model-4bit", "--cache-dir", str(cache_dir)])
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, env=environment)
+    assert result.returncode == 1
+    assert "cannot load model from mlx-community/no-such-model-4bit" in result.stderr

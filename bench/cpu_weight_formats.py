@@ -1,0 +1,112 @@
+"""Side-by-side CPU throughput of the embedded SmolLM2 in each weight format and BLAS.
+
+Each configuration runs in its own process (a BLAS, once loaded, stays loaded), one
+after another in the same run, so the figures are comparable on a noisy machine.
+The peer is what plain mlx-lm does here: the 4-bit weights on MLX's bundled BLAS.
+
+    .venv/bin/python -m bench.cpu_weight_formats [--prompt-tokens 512] [--decode-tokens 64] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+CONFIGS: tuple[tuple[str, str, str], ...] = (
+    # label, --weight-format, --blas
+    ("peer: mlx-lm default (4-bit, bundled BLAS)", "native", "none"),
+    ("4-bit, OpenBLAS", "native", "auto"),
+    ("float32, bundled BLAS", "float32", "none"),
+    ("Courier auto on CPU (float32, OpenBLAS)", "auto", "auto"),
+)
+
+WORKER = r"""
+import json, sys, time
+from pathlib import Path
+from courier.runtime.blas import load_optimized_blas
+blas = load_optimized_blas(sys.argv[2])
+from mlx_lm import stream_generate
+from courier.runtime.model_loader import load_model
+from courier.runtime.model_source import resolve_model_source
+from courier.runtime.progress import Progress
+weight_format, cache_dir = sys.argv[1], Path(sys.argv[3])
+prompt_tokens, decode_tokens, repeats = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+started = time.perf_counter()
+loaded = load_model(resolve_model_source(None), served_model_name=None, cache_dir=cache_dir,
+                    weight_format=weight_format, warmup=True, progress=Progress(enabled=False))
+load_s = time.perf_counter() - started
+text = " ".join(["The quick brown fox jumps over the lazy dog."] * (prompt_tokens // 8))
+tokens = loaded.tokenizer.encode(text)[:prompt_tokens]
+runs = []
+for _ in range(repeats):
+    last = None
+    for last in stream_generate(loaded.model, loaded.tokenizer, tokens, max_tokens=decode_tokens):
+        pass
+    runs.append({"prefill_tps": last.prompt_tps, "decode_tps": last.generation_tps, "peak_gb": last.peak_memory})
+print(json.dumps({"blas": blas.library, "weights": loaded.info.weight_format, "load_s": load_s, "runs": runs}))
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    label: str
+    blas: str
+    weights: str
+    load_s: float
+    prefill_tps: float
+    decode_tps: float
+    peak_gb: float
+
+
+def measure(label: str, weight_format: str, blas: str, cache_dir: str, args: argparse.Namespace) -> Result:
+    command = [
+        sys.executable,
+        "-c",
+        WORKER,
+        weight_format,
+        blas,
+        cache_dir,
+        str(args.prompt_tokens),
+        str(args.decode_tokens),
+        str(args.repeats),
+    ]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    data = json.loads(output.strip().splitlines()[-1])
+    runs = data["runs"]
+    return Result(
+        label=label,
+        blas=data["blas"],
+        weights=data["weights"],
+        load_s=data["load_s"],
+        prefill_tps=statistics.median(run["prefill_tps"] for run in runs),
+        decode_tps=statistics.median(run["decode_tps"] for run in runs),
+        peak_gb=max(run["peak_gb"] for run in runs),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as cache_dir:
+        results = [measure(label, fmt, blas, cache_dir, args) for label, fmt, blas in CONFIGS]
+    peer = results[0]
+    print(f"SmolLM2-135M, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens}, median of {args.repeats}")
+    print("| configuration | BLAS | weights | load s | prefill tok/s | decode tok/s | vs peer prefill | peak GB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r.label} | {r.blas} | {r.weights} | {r.load_s:.1f} | {r.prefill_tps:.1f} | {r.decode_tps:.1f} "
+            f"| {r.prefill_tps / peer.prefill_tps:.1f}x | {r.peak_gb:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
