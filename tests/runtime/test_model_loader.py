@@ -8,7 +8,7 @@ from mlx import nn
 from mlx_lm import generate
 
 from courier.runtime.model_loader import LoadedModel, ModelLoadError, load_model
-from courier.runtime.model_source import ModelSource, SourceKind, resolve_model_source
+from courier.runtime.model_source import ModelSource, SourceKind, embedded_gguf_path, resolve_model_source
 from courier.runtime.progress import Progress
 
 
@@ -79,3 +79,13 @@ def test_embedded_smollm2_knows_the_capital_of_france(cache_dir: Path) -> None:
     answer = generate(loaded.model, tokenizer, prompt, max_tokens=20)
     assert "Paris" in answer
     assert loaded.info.weight_format.startswith("float32")
+
+
+@pytest.mark.real_model
+def test_a_gguf_path_goes_through_the_same_converter(cache_dir: Path) -> None:
+    source = resolve_model_source(str(embedded_gguf_path()))
+    assert source.kind is SourceKind.GGUF_FILE
+    info = load(source, cache_dir, weight_format="native").info
+    assert info.model_id == "SmolLM2-135M-Instruct.Q4_1"
+    assert info.architecture == "llama"
+    assert Path(info.path).parent == cache_dir / "models"
