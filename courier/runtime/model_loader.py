@@ -20,7 +20,8 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.runtime.device import active_device, serving_dtype
-from courier.runtime.gguf_convert import ensure_converted
+from courier.runtime.gguf_convert import GGUFConversionError, ensure_converted
+from courier.runtime.gguf_tokenizer import UnsupportedTokenizer
 from courier.runtime.model_info import ModelInfo
 from courier.runtime.model_source import ModelSource, SourceKind
 from courier.runtime.progress import Progress
@@ -84,9 +85,12 @@ def load_model(
 
 
 def _local_location(source: ModelSource, cache_dir: Path, progress: Progress) -> str:
-    if source.kind in (SourceKind.EMBEDDED, SourceKind.GGUF_FILE):
+    if source.kind not in (SourceKind.EMBEDDED, SourceKind.GGUF_FILE):
+        return source.location
+    try:
         return str(ensure_converted(Path(source.location), cache_dir, progress))
-    return source.location
+    except (GGUFConversionError, UnsupportedTokenizer, OSError) as error:
+        raise ModelLoadError(f"cannot convert {source.location}: {error}") from error
 
 
 def _warm_up(model: nn.Module, tokenizer: TokenizerWrapper) -> None:

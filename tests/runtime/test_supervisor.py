@@ -69,3 +69,13 @@ def test_hub_model_without_network_fails_with_the_reason(cache_dir: Path) -> Non
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, env=environment)
     assert result.returncode == 1
     assert "cannot load model from mlx-community/no-such-model-4bit" in result.stderr
+
+
+def test_a_gguf_that_cannot_be_converted_exits_nonzero_with_the_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf")
+    command = server_command(["--model", str(broken), "--cache-dir", str(tmp_path / "cache")])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1
+    assert "cannot convert" in result.stderr
+    assert "Traceback" not in result.stderr
