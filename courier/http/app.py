@@ -10,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
-from courier.http.routes import health, models, tokenize
+from courier.http.routes import chat, completions, health, models, tokenize
 from courier.http.tracing_middleware import TracingMiddleware, name_request_span
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,10 @@ def create_app(context: AppContext) -> Any:
 def create_quart_app(context: AppContext) -> Quart:
     app = Quart("courier")
     app.config["MAX_CONTENT_LENGTH"] = context.settings.max_body_bytes
-    for module in (health, models, tokenize):
+    # Streams run as long as the request deadline allows; Quart's own 60 s limits would cut them.
+    app.config["RESPONSE_TIMEOUT"] = None
+    app.config["BODY_TIMEOUT"] = context.settings.request_timeout
+    for module in (health, models, tokenize, chat, completions):
         app.register_blueprint(module.blueprint(context))
 
     @app.before_request

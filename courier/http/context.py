@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.http.errors import ApiError
+from courier.messages.ingress import IngressMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.service_state import Phase, ServiceState
 from courier.runtime.settings import Settings
@@ -15,6 +16,7 @@ from courier.runtime.settings import Settings
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Outboxes:
     token_counter: MemoryObjectSendStream[TokenCounterMessage]
+    ingress: MemoryObjectSendStream[IngressMessage]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,10 +19,11 @@ RETRY_AFTER_SECONDS = 5
 
 _STATUS_BY_FAILURE = {
     FailureKind.INVALID_REQUEST: 400,
+    FailureKind.OVERLOADED: 429,
     FailureKind.UNAVAILABLE: 503,
     FailureKind.INTERNAL: 500,
 }
-_TYPE_BY_STATUS = {404: NOT_FOUND, 500: SERVER_ERROR, 503: SERVER_ERROR}
+_TYPE_BY_STATUS = {404: NOT_FOUND, 429: "rate_limit_error", 500: SERVER_ERROR, 503: SERVER_ERROR, 504: SERVER_ERROR}
 
 
 class ApiError(Exception):
@@ -57,7 +58,7 @@ class ApiError(Exception):
     @classmethod
     def from_failure(cls, failure: RequestFailed) -> ApiError:
         status = _STATUS_BY_FAILURE[failure.kind]
-        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else None
         return cls(status, failure.message, param=failure.param, code=failure.code, headers=headers)
 
     def body(self) -> dict[str, dict[str, str | None]]:

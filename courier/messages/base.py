@@ -29,6 +29,7 @@ class FailureKind(Enum):
     """Why a request failed; `http/` turns each kind into a status code."""
 
     INVALID_REQUEST = "invalid_request"
+    OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
 

@@ -19,6 +19,7 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from courier.core.tool_calls import ToolCallFormat
 from courier.runtime.device import active_device, serving_dtype
 from courier.runtime.gguf_convert import GGUFConversionError, ensure_converted
 from courier.runtime.gguf_tokenizer import UnsupportedTokenizer
@@ -123,3 +124,11 @@ def _context_length(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int 
                 return value
     limit = getattr(tokenizer, "model_max_length", None)
     return limit if isinstance(limit, int) and 0 < limit < 10**8 else None
+
+
+def tool_call_format(tokenizer: TokenizerWrapper) -> ToolCallFormat | None:
+    """The model's tool-call markers and parser, when its chat template supports tools."""
+    start, end, parser = tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
+    if not (tokenizer.has_tool_calling and start and end and parser is not None):
+        return None
+    return ToolCallFormat(start=str(start), end=str(end), parser=parser)

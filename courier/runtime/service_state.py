@@ -10,8 +10,10 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from courier.core.tool_calls import ToolCallFormat
 from courier.runtime.blas import BlasReport
 from courier.runtime.model_info import ModelInfo
+from courier.runtime.scheduler_stats import SchedulerStats
 
 
 class Phase(Enum):
@@ -24,12 +26,15 @@ class Phase(Enum):
 class ServiceState:
     blas: BlasReport
     model_id: str
+    scheduler: SchedulerStats
     phase: Phase = Phase.LOADING
     model: ModelInfo | None = None
+    tool_format: ToolCallFormat | None = None
     started_at: float = field(default_factory=time.time)
 
-    def mark_ready(self, model: ModelInfo) -> None:
+    def mark_ready(self, model: ModelInfo, tool_format: ToolCallFormat | None) -> None:
         self.model = model
+        self.tool_format = tool_format
         self.model_id = model.model_id
         self.phase = Phase.READY
 

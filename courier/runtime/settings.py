@@ -64,6 +64,13 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
+def parse_non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must not be negative: {text!r}")
+    return value
+
+
 def _choice(options: Sequence[str]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         lowered = text.strip().lower()
@@ -111,6 +118,10 @@ class Settings:
     blas: str = "auto"
     warmup: bool = True
     max_body_bytes: int = 32 * 1024**2
+    max_batch: int = 16
+    max_queue: int = 64
+    prefill_step_size: int = 512
+    request_timeout: float = 600.0
     shutdown_timeout: float = 30.0
     trace_file: Path | None = None
     log_level: str = "info"
@@ -169,6 +180,34 @@ OPTIONS: tuple[Option, ...] = (
         default=_DEFAULTS.max_body_bytes,
         help="largest request body accepted (413 beyond); accepts 64MiB, 1GB, ...",
         metavar="BYTES",
+    ),
+    Option(
+        name="max_batch",
+        parse=parse_positive_int,
+        default=_DEFAULTS.max_batch,
+        help="sequences generated together in one batch",
+        metavar="N",
+    ),
+    Option(
+        name="max_queue",
+        parse=parse_non_negative_int,
+        default=_DEFAULTS.max_queue,
+        help="requests waiting for a batch slot; beyond it requests get 429 with Retry-After",
+        metavar="N",
+    ),
+    Option(
+        name="prefill_step_size",
+        parse=parse_positive_int,
+        default=_DEFAULTS.prefill_step_size,
+        help="prompt tokens prefilled per step; smaller keeps running streams flowing during long prefills",
+        metavar="TOKENS",
+    ),
+    Option(
+        name="request_timeout",
+        parse=parse_positive_float,
+        default=_DEFAULTS.request_timeout,
+        help="deadline in seconds for one generation request, queueing included (504 beyond)",
+        metavar="SECONDS",
     ),
     Option(
         name="shutdown_timeout",

@@ -18,25 +18,31 @@ import signal
 import socket
 from collections.abc import Mapping
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config as HypercornConfig
 
+from courier.actors.ingress import IngressActor
+from courier.actors.scheduler import SchedulerActor
 from courier.actors.token_counter import TokenCounterActor
+from courier.core.batch_engine import BatchEngine, BatchLimits
 from courier.http.app import create_app
 from courier.http.context import AppContext, Outboxes
 from courier.messages.base import Message
+from courier.messages.ingress import IngressMessage
+from courier.messages.scheduler import SchedulerMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.actor import Actor
 from courier.runtime.blas import BlasReport
 from courier.runtime.mlx_thread import MlxThread
-from courier.runtime.model_loader import ModelLoadError, load_model
+from courier.runtime.model_loader import LoadedModel, ModelLoadError, load_model, tool_call_format
 from courier.runtime.model_source import ModelSource
 from courier.runtime.progress import Progress
+from courier.runtime.scheduler_stats import SchedulerStats
 from courier.runtime.service_state import ServiceState
 from courier.runtime.settings import Settings
 from courier.runtime.tracing import configure_tracing
@@ -45,9 +51,15 @@ logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
 
 TOKEN_COUNTER_INBOX = 256
+# Admissions beyond this many waiting for the ingress get a 503: far above --max-batch + --max-queue.
+INGRESS_INBOX = 256
+SCHEDULER_INBOX = 64
 # After in-flight HTTP requests are done or timed out, actors get this long to finish.
 ACTOR_STOP_GRACE_S = 5.0
 MLX_THREAD_JOIN_S = 2.0
+PREFILL_BATCH = 8
+# When the model's config names no context length.
+DEFAULT_CONTEXT_LENGTH = 4096
 
 
 class ServerFailed(RuntimeError):
@@ -59,14 +71,20 @@ class Supervisor:
         self._settings = settings
         self._source = source
         self._environ = environ
-        self._state = ServiceState(blas=blas, model_id=settings.served_model_name or source.default_id)
         self._stop = anyio.Event()
         self._failure: str | None = None
         self._mlx = MlxThread()
-        self._actors_done: list[anyio.Event] = []
+        # Each started actor's inbox (send side) and an event set when it has ended, in start order.
+        self._started_actors: list[tuple[MemoryObjectSendStream[Any], anyio.Event]] = []
         self._token_counter_send, self._token_counter_receive = anyio.create_memory_object_stream[TokenCounterMessage](
             TOKEN_COUNTER_INBOX
         )
+        self._scheduler_send, self._scheduler_receive = anyio.create_memory_object_stream[SchedulerMessage](
+            SCHEDULER_INBOX
+        )
+        self._ingress_send, self._ingress_receive = anyio.create_memory_object_stream[IngressMessage](INGRESS_INBOX)
+        stats = SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue)
+        self._state = ServiceState(blas=blas, model_id=settings.served_model_name or source.default_id, scheduler=stats)
 
     async def run(self) -> None:
         provider = configure_tracing(self._environ, self._settings.trace_file)
@@ -80,7 +98,8 @@ class Supervisor:
                 await self._stop.wait()
                 await self._drain(task_group, http_done)
         finally:
-            self._token_counter_receive.close()
+            for inbox in (self._token_counter_receive, self._scheduler_receive, self._ingress_receive):
+                inbox.close()
             self._mlx.close(MLX_THREAD_JOIN_S)
             provider.shutdown()
         if self._failure is not None:
@@ -92,7 +111,7 @@ class Supervisor:
         context = AppContext(
             settings=self._settings,
             state=self._state,
-            outboxes=Outboxes(token_counter=self._token_counter_send),
+            outboxes=Outboxes(token_counter=self._token_counter_send, ingress=self._ingress_send),
         )
         config = HypercornConfig()
         host, port = listener.getsockname()[:2]
@@ -125,9 +144,9 @@ class Supervisor:
             self._failure = str(error)
             self._stop.set()
             return
-        await task_group.start(self._run_actor, TokenCounterActor(loaded.tokenizer), self._token_counter_receive)
+        await self._start_actors(task_group, loaded)
         info = loaded.info
-        self._state.mark_ready(info)
+        self._state.mark_ready(info, tool_call_format(loaded.tokenizer))
         logger.info(
             "ready: model %s (%s) on %s, weights %s, BLAS %s, context %s tokens",
             info.model_id,
@@ -138,11 +157,38 @@ class Supervisor:
             info.context_length,
         )
 
+    async def _start_actors(self, task_group: TaskGroup, loaded: LoadedModel) -> None:
+        """In dependency order: the ingress needs the token counter and the scheduler."""
+        settings = self._settings
+        limits = BatchLimits(
+            max_batch=settings.max_batch,
+            prefill_batch=min(settings.max_batch, PREFILL_BATCH),
+            prefill_step_size=settings.prefill_step_size,
+        )
+        token_counter = TokenCounterActor(loaded.tokenizer)
+        await task_group.start(self._run_actor, token_counter, self._token_counter_receive, self._token_counter_send)
+        scheduler = SchedulerActor(
+            self._mlx, lambda: BatchEngine(loaded.model, loaded.tokenizer, limits), self._state.scheduler
+        )
+        await task_group.start(self._run_actor, scheduler, self._scheduler_receive, self._scheduler_send)
+        ingress = IngressActor(
+            self._token_counter_send,
+            self._scheduler_send,
+            context_length=loaded.info.context_length or DEFAULT_CONTEXT_LENGTH,
+            vocabulary_size=len(loaded.tokenizer.get_vocab()),
+        )
+        await task_group.start(self._run_actor, ingress, self._ingress_receive, self._ingress_send)
+
     async def _run_actor(
-        self, actor: Actor[M], inbox: MemoryObjectReceiveStream[M], *, task_status: TaskStatus[None]
+        self,
+        actor: Actor[M],
+        inbox: MemoryObjectReceiveStream[M],
+        outbox: MemoryObjectSendStream[M],
+        *,
+        task_status: TaskStatus[None],
     ) -> None:
         done = anyio.Event()
-        self._actors_done.append(done)
+        self._started_actors.append((outbox, done))
         try:
             await actor.run(inbox, task_status=task_status)
         finally:
@@ -153,11 +199,13 @@ class Supervisor:
         logger.info("draining: finishing in-flight requests (up to %.0f s)", self._settings.shutdown_timeout)
         with anyio.move_on_after(self._settings.shutdown_timeout + ACTOR_STOP_GRACE_S):
             await http_done.wait()
-        # Closing the inboxes ends each actor's loop once it has answered what is queued.
-        self._token_counter_send.close()
+        # Closing the inboxes, dependants first, ends each actor's loop once it has answered what is queued.
         with anyio.move_on_after(ACTOR_STOP_GRACE_S):
-            for done in self._actors_done:
+            for outbox, done in reversed(self._started_actors):
+                outbox.close()
                 await done.wait()
+        for outbox in (self._ingress_send, self._scheduler_send, self._token_counter_send):
+            outbox.close()
         task_group.cancel_scope.cancel()
         logger.info("stopped")
 

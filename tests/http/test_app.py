@@ -7,8 +7,10 @@ import pytest
 
 from courier.http.app import create_quart_app
 from courier.http.context import AppContext, Outboxes
+from courier.messages.ingress import IngressMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.blas import BlasReport
+from courier.runtime.scheduler_stats import SchedulerStats
 from courier.runtime.service_state import Phase, ServiceState
 from courier.runtime.settings import Settings
 
@@ -19,8 +21,11 @@ BLAS = BlasReport(library="reference", path=None, optimized=False, detail="test"
 @pytest.mark.parametrize(("phase", "code"), [(Phase.LOADING, "model_loading"), (Phase.DRAINING, "shutting_down")])
 async def test_not_ready_answers_503_with_retry_after(phase: Phase, code: str) -> None:
     send, receive = anyio.create_memory_object_stream[TokenCounterMessage](1)
-    state = ServiceState(blas=BLAS, model_id="m", phase=phase)
-    context = AppContext(settings=Settings(), state=state, outboxes=Outboxes(token_counter=send))
+    ingress_send, ingress_receive = anyio.create_memory_object_stream[IngressMessage](1)
+    stats = SchedulerStats(max_batch=1, max_queue=1)
+    state = ServiceState(blas=BLAS, model_id="m", scheduler=stats, phase=phase)
+    outboxes = Outboxes(token_counter=send, ingress=ingress_send)
+    context = AppContext(settings=Settings(), state=state, outboxes=outboxes)
     client = create_quart_app(context).test_client()
     health = await client.get("/health")
     assert health.status_code == 503
@@ -33,5 +38,5 @@ async def test_not_ready_answers_503_with_retry_after(phase: Phase, code: str) -
     assert body["error"]["type"] == "server_error"
     with pytest.raises(anyio.WouldBlock):
         receive.receive_nowait()  # nothing was sent to the actor
-    receive.close()
-    send.close()
+    for stream in (send, receive, ingress_send, ingress_receive):
+        stream.close()

@@ -25,6 +25,7 @@ def blueprint(context: AppContext) -> Blueprint:
             "blas": state.blas.as_dict(),
             "weight_format": model.weight_format if model else None,
             "model_info": model.as_dict() if model else None,
+            "scheduler": state.scheduler.as_dict(),
             "uptime_s": round(time.time() - state.started_at, 3),
         }
         status = 200 if state.phase is Phase.READY else 503

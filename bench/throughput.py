@@ -1,0 +1,793 @@
+"""Serving throughput of Courier against mlx-lm, side by side on the embedded SmolLM2-135M-Instruct.
+
+Two measurements, in one run and on the same checkpoint:
+
+1. Single-stream decode. The reference is mlx-lm's `stream_generate` in this process on the
+   weights Courier serves on CPU (the 4-bit conversion of the embedded GGUF dequantized to
+   float32, OpenBLAS loaded before MLX), reported as mlx-lm's `generation_tps`. Each server
+   then gets the same prompts as one streaming chat completion at a time over HTTP; its decode
+   rate is (completion tokens - 1) / (last content delta - first content delta). The ratio
+   HTTP / in-process is the cost of serving (Courier's target: >= 0.95). mlx-lm's figure
+   counts one token more over the same interval, so the ratio errs against the server.
+
+2. Concurrency sweep. N streaming clients (the official `openai` client, distinct prompts,
+   `max_tokens` completion tokens each, temperature 0) start together; aggregate tok/s is all
+   completion tokens / (first request sent .. last stream done), TTFT is request sent .. first
+   content delta, reported as p50 and p95. Servers, one at a time:
+
+   - `courier`: `courier serve --port P --cache-dir C`, out of the box (embedded model; on CPU
+     it loads OpenBLAS itself and serves float32 weights).
+   - `mlx-lm-4bit`: `python -m mlx_lm.server --model DIR4 --port P`, as shipped: the 4-bit MLX
+     conversion of the embedded GGUF on MLX's bundled BLAS.
+   - `mlx-lm-f32`: the same weights dequantized to float32 in their own model directory,
+     served by `mlx_lm.server` with `LD_PRELOAD=<OpenBLAS>` and `--decode-concurrency` and
+     `--prompt-concurrency` set to the largest client count (so every stream of a burst joins
+     one decode batch and all its prompts prefill together; the defaults are 32 and 8), and
+     `--log-level WARNING` (drops the INFO lines it logs for every prompt it processes).
+
+   Both mlx_lm.server runs get `HF_HUB_CACHE` set to an empty directory of their own: its
+   `/v1/models` lists the hub cache and fails mid-answer when there is none.
+
+   Each server gets one warm-up request before anything is measured. The targets: Courier's
+   aggregate at 8 streams >= 1.3x the tuned mlx-lm server and >= 5x the as-shipped one, with a
+   lower TTFT p95 than both.
+
+Everything runs on 127.0.0.1; each server is started on a free port, polled until ready
+(`GET /health` for Courier, `GET /v1/models` for mlx_lm.server; at most 300 s), measured and
+stopped before the next one starts. From the repository root:
+
+    .venv/bin/python -m bench.throughput [--concurrency 1,4,8,16] [--max-tokens 32]
+        [--servers courier,mlx-lm-4bit,mlx-lm-f32] [--cache-dir DIR] [--json PATH]
+
+Markdown tables go to stdout, progress to stderr. Server logs go to CACHE/bench-logs (kept when --cache-dir is given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from openai.types.chat import ChatCompletionMessageParam
+
+from courier.runtime.blas import BlasReport, load_optimized_blas
+
+COURIER = "courier"
+MLX_LM_4BIT = "mlx-lm-4bit"
+MLX_LM_F32 = "mlx-lm-f32"
+SERVER_NAMES = (COURIER, MLX_LM_4BIT, MLX_LM_F32)
+COURIER_MODEL_ID = "SmolLM2-135M-Instruct"
+# mlx_lm.server maps this id to the model given by --model.
+MLX_LM_MODEL_ID = "default_model"
+OPENBLAS_PATH = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+
+HOST = "127.0.0.1"
+READY_TIMEOUT_S = 300.0
+READY_POLL_S = 0.5
+STOP_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 900.0
+LOG_TAIL_CHARS = 3000
+
+# Targets at the comparison level (8 streams by default).
+TARGET_SINGLE_STREAM_RATIO = 0.95
+TARGET_VS_TUNED = 1.3
+TARGET_VS_AS_SHIPPED = 5.0
+
+WARMUP_PROMPT = "Say hello in one short sentence."
+TOPICS = (
+    "the ocean", "a lighthouse", "autumn leaves", "coffee", "a mountain village", "robots",
+    "the moon", "baking bread", "a thunderstorm", "chess", "honey bees", "old libraries",
+    "night trains", "volcanoes", "a lost key", "jazz", "winter mornings", "deserts",
+    "gardening", "comets", "bicycles", "rivers", "owls", "street markets",
+)  # fmt: skip
+TASKS = (
+    "Write a short poem about {}.",
+    "Give three fun facts about {}.",
+    "Describe {} in two sentences.",
+    "Tell a very short story about {}.",
+    "Explain why people like {}.",
+    "Write a haiku about {}.",
+)
+ESSAY_PROMPT = "Write a detailed, multi-paragraph essay about the history of {}."
+
+
+class BenchmarkError(RuntimeError):
+    """A server did not start, answer or stream as expected; the message says how."""
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamResult:
+    """One streaming chat completion, timed on `time.perf_counter()`."""
+
+    prompt: str
+    completion_tokens: int
+    content_deltas: int
+    sent: float
+    first_token: float
+    last_token: float
+    done: float
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token - self.sent
+
+    @property
+    def decode_tps(self) -> float:
+        span = self.last_token - self.first_token
+        return (self.completion_tokens - 1) / span if span > 0 else math.nan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamRecord:
+    """What the JSON report keeps of one stream."""
+
+    completion_tokens: int
+    content_deltas: int
+    ttft_s: float
+    decode_tps: float
+    total_s: float
+
+    @classmethod
+    def of(cls, stream: StreamResult) -> StreamRecord:
+        return cls(
+            completion_tokens=stream.completion_tokens,
+            content_deltas=stream.content_deltas,
+            ttft_s=stream.ttft_s,
+            decode_tps=stream.decode_tps,
+            total_s=stream.done - stream.sent,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LevelResult:
+    server: str
+    clients: int
+    completion_tokens: int
+    wall_s: float
+    aggregate_tps: float
+    ttft_p50_s: float
+    ttft_p95_s: float
+    streams: list[StreamRecord]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SingleStreamResult:
+    """Median over the single-stream prompts; `runs_tps` holds each one."""
+
+    server: str
+    decode_tps: float
+    completion_tokens: list[int]
+    runs_tps: list[float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InProcessResult:
+    """mlx-lm `stream_generate` on float32 weights in this process.
+
+    `generation_tps` is mlx-lm's own figure (tokens / time since the first token);
+    `decode_tps` is the servers' formula, (tokens - 1) / (last - first token).
+    """
+
+    weights: str
+    blas: dict[str, object]
+    generation_tps: float
+    decode_tps: float
+    completion_tokens: list[int]
+    runs_generation_tps: list[float]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerRun:
+    name: str
+    command: list[str]
+    extra_env: dict[str, str]
+    ready_s: float | None = None
+    single_stream: SingleStreamResult | None = None
+    levels: list[LevelResult] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Comparison:
+    clients: int
+    courier_vs_tuned: float | None
+    courier_vs_as_shipped: float | None
+    courier_ttft_p95_below_both: bool | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    environment: dict[str, object]
+    settings: dict[str, object]
+    in_process: InProcessResult | None
+    servers: list[ServerRun]
+    comparison: Comparison
+
+
+# ---------------------------------------------------------------- prompts
+
+
+class PromptPool:
+    """Distinct short prompts, handed out in the same order for every server."""
+
+    def __init__(self) -> None:
+        combos = itertools.product(TOPICS, TASKS)
+        self._prompts: Iterator[str] = (task.format(topic) for topic, task in combos)
+        self._issued = 0
+
+    def take(self, count: int) -> list[str]:
+        taken: list[str] = []
+        for _ in range(count):
+            prompt = next(self._prompts, None)
+            self._issued += 1
+            taken.append(prompt if prompt is not None else f"Write a short note numbered {self._issued}.")
+        return taken
+
+
+def essay_prompts(count: int) -> list[str]:
+    """Long-answer prompts for single-stream decode, one per repeat."""
+    return [ESSAY_PROMPT.format(topic) for topic in itertools.islice(itertools.cycle(TOPICS), count)]
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * fraction
+    lower = math.floor(position)
+    upper = min(lower + 1, len(ordered) - 1)
+    return ordered[lower] + (ordered[upper] - ordered[lower]) * (position - lower)
+
+
+# ---------------------------------------------------------------- models and the in-process reference
+
+
+def prepare_4bit_dir(cache_dir: Path) -> Path:
+    from courier.runtime.gguf_convert import ensure_converted
+    from courier.runtime.model_source import embedded_gguf_path
+    from courier.runtime.progress import Progress
+
+    return ensure_converted(embedded_gguf_path(), cache_dir, Progress(enabled=False))
+
+
+def load_float32(dir4: Path) -> tuple[Any, Any]:
+    """The model and tokenizer exactly as Courier's loader prepares them on CPU."""
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from courier.runtime.weight_format import to_dense_dtype
+
+    model, tokenizer = load(str(dir4))
+    return to_dense_dtype(model, mx.float32), tokenizer
+
+
+def save_float32_dir(model: Any, dir4: Path, target: Path) -> Path:
+    """An MLX model directory holding the float32 weights, for mlx_lm.server."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    config = json.loads((dir4 / "config.json").read_text())
+    config.pop("quantization", None)
+    config.pop("quantization_config", None)
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(dir4 / name, target / name)
+    weights: dict[str, mx.array] = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(target / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return target
+
+
+def measure_in_process(
+    model: Any, tokenizer: Any, prompts: Sequence[str], max_tokens: int, blas: BlasReport
+) -> InProcessResult:
+    from mlx_lm import stream_generate
+
+    def chat_tokens(prompt: str) -> list[int]:
+        tokens: list[int] = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True
+        )
+        return tokens
+
+    for _ in stream_generate(model, tokenizer, chat_tokens(WARMUP_PROMPT), max_tokens=8):
+        pass
+    generation_tps: list[float] = []
+    decode_tps: list[float] = []
+    tokens: list[int] = []
+    for prompt in prompts:
+        stamps: list[float] = []
+        last: Any = None
+        for response in stream_generate(model, tokenizer, chat_tokens(prompt), max_tokens=max_tokens):
+            stamps.append(time.perf_counter())
+            last = response
+        if last is None or len(stamps) < 2:
+            raise BenchmarkError(f"in-process generation produced fewer than 2 tokens for {prompt!r}")
+        generation_tps.append(float(last.generation_tps))
+        decode_tps.append((last.generation_tokens - 1) / (stamps[-1] - stamps[0]))
+        tokens.append(int(last.generation_tokens))
+    return InProcessResult(
+        weights="float32 (from the 4-bit conversion of the embedded GGUF)",
+        blas=blas.as_dict(),
+        generation_tps=statistics.median(generation_tps),
+        decode_tps=statistics.median(decode_tps),
+        completion_tokens=tokens,
+        runs_generation_tps=generation_tps,
+    )
+
+
+def release_mlx_memory() -> None:
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
+
+
+# ---------------------------------------------------------------- server processes
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((HOST, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def venv_script(name: str) -> str:
+    beside_python = Path(sys.executable).parent / name
+    if beside_python.is_file():
+        return str(beside_python)
+    found = shutil.which(name)
+    if found is None:
+        raise BenchmarkError(f"cannot find the {name!r} command next to {sys.executable} or on PATH")
+    return found
+
+
+def server_command(name: str, port: int, cache_dir: Path, model_dir: Path | None, max_clients: int) -> list[str]:
+    if name == COURIER:
+        return [venv_script("courier"), "serve", "--port", str(port), "--cache-dir", str(cache_dir)]
+    command = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port", str(port)]
+    if name == MLX_LM_F32:
+        command += ["--decode-concurrency", str(max_clients), "--prompt-concurrency", str(max_clients)]
+        command += ["--log-level", "WARNING"]
+    return command
+
+
+def server_extra_env(name: str, openblas: str, cache_dir: Path) -> dict[str, str]:
+    """Environment a server gets on top of ours (which loses any LD_PRELOAD).
+
+    mlx_lm.server's `/v1/models` lists the Hugging Face hub cache and fails mid-answer when
+    there is none, so it gets an empty one of its own; nothing is loaded from it.
+    """
+    if name == COURIER:
+        return {}
+    hub_cache = cache_dir / "bench-hf-hub"
+    hub_cache.mkdir(parents=True, exist_ok=True)
+    extra = {"HF_HUB_CACHE": str(hub_cache)}
+    if name == MLX_LM_F32:
+        extra["LD_PRELOAD"] = openblas
+    return extra
+
+
+def server_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+    env.update(extra)
+    return env
+
+
+def ready_path(name: str) -> str:
+    return "/health" if name == COURIER else "/v1/models"
+
+
+def model_id(name: str) -> str:
+    return COURIER_MODEL_ID if name == COURIER else MLX_LM_MODEL_ID
+
+
+def log_tail(log_path: Path) -> str:
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return text[-LOG_TAIL_CHARS:]
+
+
+@contextmanager
+def running_server(command: list[str], env: dict[str, str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Start a server process, logging to `log_path`; stop it (SIGTERM, then SIGKILL) on exit."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            yield process
+        finally:
+            stop_server(process)
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def wait_until_ready(process: subprocess.Popen[bytes], url: str, log_path: Path) -> float:
+    """Poll `url` until it answers 200; return the seconds it took."""
+    started = time.monotonic()
+    deadline = started + READY_TIMEOUT_S
+    last_problem = "no answer yet"
+    with httpx.Client(timeout=5.0) as http:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise BenchmarkError(
+                    f"server exited with {process.returncode} before it was ready:\n{log_tail(log_path)}"
+                )
+            try:
+                response = http.get(url)
+                if response.status_code == 200:
+                    return time.monotonic() - started
+                last_problem = f"HTTP {response.status_code}"
+            except httpx.HTTPError as error:
+                last_problem = f"{type(error).__name__}: {error}"
+            time.sleep(READY_POLL_S)
+    raise BenchmarkError(f"{url} not ready after {READY_TIMEOUT_S:.0f} s ({last_problem}):\n{log_tail(log_path)}")
+
+
+# ---------------------------------------------------------------- clients
+
+
+def make_client(port: int) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=f"http://{HOST}:{port}/v1", api_key="x", max_retries=0, timeout=REQUEST_TIMEOUT_S
+    )
+
+
+async def stream_completion(client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens: int) -> StreamResult:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
+    sent = time.perf_counter()
+    first_token: float | None = None
+    last_token = sent
+    deltas = 0
+    usage_tokens: int | None = None
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage_tokens = chunk.usage.completion_tokens
+        if any(choice.delta.content for choice in chunk.choices):
+            last_token = time.perf_counter()
+            first_token = last_token if first_token is None else first_token
+            deltas += 1
+    done = time.perf_counter()
+    if first_token is None:
+        raise BenchmarkError(f"the stream for {prompt!r} carried no content")
+    return StreamResult(
+        prompt=prompt,
+        completion_tokens=usage_tokens if usage_tokens is not None else deltas,
+        content_deltas=deltas,
+        sent=sent,
+        first_token=first_token,
+        last_token=last_token,
+        done=done,
+    )
+
+
+async def measure_single_stream(
+    client: openai.AsyncOpenAI, server: str, model: str, prompts: Sequence[str], max_tokens: int
+) -> SingleStreamResult:
+    streams = [await stream_completion(client, model, prompt, max_tokens) for prompt in prompts]
+    runs = [stream.decode_tps for stream in streams]
+    return SingleStreamResult(
+        server=server,
+        decode_tps=statistics.median(runs),
+        completion_tokens=[stream.completion_tokens for stream in streams],
+        runs_tps=runs,
+    )
+
+
+async def measure_level(
+    client: openai.AsyncOpenAI, server: str, model: str, prompts: Sequence[str], max_tokens: int
+) -> LevelResult:
+    streams = await asyncio.gather(*(stream_completion(client, model, prompt, max_tokens) for prompt in prompts))
+    wall_s = max(stream.done for stream in streams) - min(stream.sent for stream in streams)
+    tokens = sum(stream.completion_tokens for stream in streams)
+    ttfts = [stream.ttft_s for stream in streams]
+    return LevelResult(
+        server=server,
+        clients=len(prompts),
+        completion_tokens=tokens,
+        wall_s=wall_s,
+        aggregate_tps=tokens / wall_s,
+        ttft_p50_s=percentile(ttfts, 0.50),
+        ttft_p95_s=percentile(ttfts, 0.95),
+        streams=[StreamRecord.of(stream) for stream in streams],
+    )
+
+
+async def measure_server(
+    server: str, port: int, single_prompts: Sequence[str], args: argparse.Namespace
+) -> tuple[SingleStreamResult, list[LevelResult]]:
+    model = model_id(server)
+    pool = PromptPool()
+    async with make_client(port) as client:
+        await stream_completion(client, model, WARMUP_PROMPT, args.max_tokens)
+        progress(f"{server}: single stream, {len(single_prompts)} x {args.single_tokens} tokens")
+        single = await measure_single_stream(client, server, model, single_prompts, args.single_tokens)
+        levels: list[LevelResult] = []
+        for clients in args.concurrency:
+            progress(f"{server}: {clients} concurrent streams x {args.max_tokens} tokens")
+            levels.append(await measure_level(client, server, model, pool.take(clients), args.max_tokens))
+    return single, levels
+
+
+def run_server(
+    server: str, model_dir: Path | None, cache_dir: Path, single_prompts: Sequence[str], args: argparse.Namespace
+) -> ServerRun:
+    port = free_port()
+    command = server_command(server, port, cache_dir, model_dir, max(args.concurrency))
+    extra_env = server_extra_env(server, args.openblas, cache_dir)
+    log_path = cache_dir / "bench-logs" / f"{server}.log"
+    env_text = " ".join(f"{key}={value}" for key, value in extra_env.items())
+    progress(f"{server}: starting {env_text + ' ' if env_text else ''}{' '.join(command)} (log: {log_path})")
+    try:
+        with running_server(command, server_env(extra_env), log_path) as process:
+            ready_s = wait_until_ready(process, f"http://{HOST}:{port}{ready_path(server)}", log_path)
+            progress(f"{server}: ready after {ready_s:.1f} s")
+            single, levels = asyncio.run(measure_server(server, port, single_prompts, args))
+    except (BenchmarkError, openai.OpenAIError, httpx.HTTPError, OSError) as error:
+        message = f"{type(error).__name__}: {error}"
+        progress(f"{server}: FAILED: {message}")
+        return ServerRun(name=server, command=command, extra_env=extra_env, error=message)
+    return ServerRun(
+        name=server, command=command, extra_env=extra_env, ready_s=ready_s, single_stream=single, levels=levels
+    )
+
+
+# ---------------------------------------------------------------- report
+
+
+def progress(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def environment(blas: BlasReport) -> dict[str, object]:
+    return {
+        "python": platform.python_version(),
+        "mlx": metadata.version("mlx"),
+        "mlx-lm": metadata.version("mlx-lm"),
+        "courier": metadata.version("courier"),
+        "openai": metadata.version("openai"),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or "unknown",
+        "cpu_count": os.cpu_count(),
+        "bench_process_blas": blas.as_dict(),
+    }
+
+
+def level_at(runs: Sequence[ServerRun], server: str, clients: int) -> LevelResult | None:
+    for run in runs:
+        if run.name == server:
+            return next((level for level in run.levels if level.clients == clients), None)
+    return None
+
+
+def compare(runs: Sequence[ServerRun], clients: int) -> Comparison:
+    courier = level_at(runs, COURIER, clients)
+    tuned = level_at(runs, MLX_LM_F32, clients)
+    shipped = level_at(runs, MLX_LM_4BIT, clients)
+    below_both = None
+    if courier is not None and tuned is not None and shipped is not None:
+        below_both = courier.ttft_p95_s < min(tuned.ttft_p95_s, shipped.ttft_p95_s)
+    return Comparison(
+        clients=clients,
+        courier_vs_tuned=courier.aggregate_tps / tuned.aggregate_tps if courier and tuned else None,
+        courier_vs_as_shipped=courier.aggregate_tps / shipped.aggregate_tps if courier and shipped else None,
+        courier_ttft_p95_below_both=below_both,
+    )
+
+
+def verdict(value: float | None, target: float) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.2f}x ({'meets' if value >= target else 'misses'} target >= {target}x)"
+
+
+def print_report(report: Report) -> None:
+    env = report.environment
+    print("## Courier throughput benchmark\n")
+    print(f"- python {env['python']}, mlx {env['mlx']}, mlx-lm {env['mlx-lm']}, courier {env['courier']}")
+    print(f"- machine: {env['platform']} ({env['machine']}, {env['processor']}), {env['cpu_count']} CPUs")
+    print(f"- settings: {report.settings}\n")
+    print_commands(report.servers)
+    print_single_stream(report)
+    print_sweep(report.servers)
+    print_comparison(report.comparison)
+
+
+def print_commands(runs: Sequence[ServerRun]) -> None:
+    print("### Servers\n")
+    for run in runs:
+        env_text = " ".join(f"{key}={value}" for key, value in run.extra_env.items())
+        status = f"ready in {run.ready_s:.1f} s" if run.ready_s is not None else f"FAILED: {run.error}"
+        print(f"- `{run.name}`: `{(env_text + ' ') if env_text else ''}{' '.join(run.command)}` ({status})")
+    print()
+
+
+def print_single_stream(report: Report) -> None:
+    reference = report.in_process
+    print("### Single-stream decode\n")
+    if reference is not None:
+        print(
+            f"In-process mlx-lm `stream_generate`, {reference.weights}, BLAS {reference.blas['library']}: "
+            f"generation_tps {reference.generation_tps:.1f} tok/s (same formula as HTTP: {reference.decode_tps:.1f}), "
+            f"tokens {reference.completion_tokens}\n"
+        )
+    print("| server | HTTP decode tok/s | tokens | in-process tok/s | HTTP / in-process |")
+    print("|---|---|---|---|---|")
+    for run in report.servers:
+        single = run.single_stream
+        if single is None:
+            continue
+        in_tps = reference.generation_tps if reference else math.nan
+        ratio = single.decode_tps / in_tps
+        target = f" (target >= {TARGET_SINGLE_STREAM_RATIO})" if run.name == COURIER else ""
+        tokens = single.completion_tokens
+        print(f"| {run.name} | {single.decode_tps:.1f} | {tokens} | {in_tps:.1f} | {ratio:.3f}{target} |")
+    print()
+
+
+def print_sweep(runs: Sequence[ServerRun]) -> None:
+    print("### Concurrency sweep\n")
+    print("| server | clients | aggregate tok/s | TTFT p50 s | TTFT p95 s | tokens | wall s |")
+    print("|---|---|---|---|---|---|---|")
+    for run in runs:
+        for level in run.levels:
+            print(
+                f"| {run.name} | {level.clients} | {level.aggregate_tps:.1f} | {level.ttft_p50_s:.3f} "
+                f"| {level.ttft_p95_s:.3f} | {level.completion_tokens} | {level.wall_s:.2f} |"
+            )
+    print()
+
+
+def print_comparison(comparison: Comparison) -> None:
+    below = comparison.courier_ttft_p95_below_both
+    vs_tuned = verdict(comparison.courier_vs_tuned, TARGET_VS_TUNED)
+    vs_shipped = verdict(comparison.courier_vs_as_shipped, TARGET_VS_AS_SHIPPED)
+    print(f"### Targets at {comparison.clients} streams\n")
+    print(f"- Courier / tuned mlx_lm.server (float32, OpenBLAS): {vs_tuned}")
+    print(f"- Courier / as-shipped mlx_lm.server (4-bit): {vs_shipped}")
+    print(f"- Courier TTFT p95 below both: {'n/a' if below is None else ('yes' if below else 'no')}")
+
+
+def write_json(report: Report, path: Path) -> None:
+    path.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
+
+
+# ---------------------------------------------------------------- main
+
+
+def positive_ints(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or any(value <= 0 for value in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
+
+
+def server_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in SERVER_NAMES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"servers must be among {', '.join(SERVER_NAMES)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=positive_ints, default=[1, 4, 8, 16], help="client counts (1,4,8,16)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="completion tokens per sweep request (32)")
+    parser.add_argument("--servers", type=server_list, default=list(SERVER_NAMES), help=",".join(SERVER_NAMES))
+    parser.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: a temporary directory)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
+    parser.add_argument("--single-tokens", type=int, default=128, help="max tokens per single-stream request (128)")
+    parser.add_argument("--single-repeats", type=int, default=3, help="single-stream requests per server (3)")
+    parser.add_argument("--compare-at", type=int, default=8, help="client count the targets are checked at (8)")
+    parser.add_argument("--openblas", default=OPENBLAS_PATH, help=f"LD_PRELOAD for {MLX_LM_F32} ({OPENBLAS_PATH})")
+    return parser.parse_args(argv)
+
+
+@contextmanager
+def cache_directory(requested: Path | None) -> Iterator[Path]:
+    if requested is not None:
+        requested.mkdir(parents=True, exist_ok=True)
+        yield requested.resolve()
+        return
+    with tempfile.TemporaryDirectory(prefix="courier-bench-") as temporary:
+        yield Path(temporary)
+
+
+def prepare_reference(
+    cache_dir: Path, single_prompts: Sequence[str], args: argparse.Namespace, blas: BlasReport
+) -> tuple[Path, Path | None, InProcessResult]:
+    """Convert the GGUF, write the float32 directory if needed, and measure mlx-lm in process."""
+    progress("converting the embedded GGUF to a 4-bit MLX directory")
+    dir4 = prepare_4bit_dir(cache_dir)
+    progress(f"4-bit directory: {dir4}; dequantizing to float32")
+    model, tokenizer = load_float32(dir4)
+    dir_f32 = None
+    if MLX_LM_F32 in args.servers:
+        dir_f32 = save_float32_dir(model, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
+        progress(f"float32 directory: {dir_f32}")
+    progress(f"in-process mlx-lm: {len(single_prompts)} x {args.single_tokens} tokens")
+    reference = measure_in_process(model, tokenizer, single_prompts, args.single_tokens, blas)
+    del model, tokenizer
+    release_mlx_memory()
+    return dir4, dir_f32, reference
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if MLX_LM_F32 in args.servers and not Path(args.openblas).is_file():
+        progress(f"OpenBLAS not found at {args.openblas}; pass --openblas PATH or leave out {MLX_LM_F32}")
+        return 2
+    # Before anything imports MLX, so the in-process reference runs on OpenBLAS as Courier does.
+    blas = load_optimized_blas()
+    single_prompts = essay_prompts(args.single_repeats)
+    runs: list[ServerRun] = []
+    with cache_directory(args.cache_dir) as cache_dir:
+        dir4, dir_f32, reference = prepare_reference(cache_dir, single_prompts, args, blas)
+        model_dirs = {COURIER: None, MLX_LM_4BIT: dir4, MLX_LM_F32: dir_f32}
+        for server in args.servers:
+            runs.append(run_server(server, model_dirs[server], cache_dir, single_prompts, args))
+    settings = {
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "single_tokens": args.single_tokens,
+        "single_repeats": args.single_repeats,
+        "servers": args.servers,
+    }
+    report = Report(
+        environment=environment(blas),
+        settings=settings,
+        in_process=reference,
+        servers=runs,
+        comparison=compare(runs, args.compare_at),
+    )
+    print_report(report)
+    if args.json is not None:
+        write_json(report, args.json)
+        progress(f"raw results written to {args.json}")
+    return 1 if any(run.error for run in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""IngressActor: admits generation requests before anything is queued.
+
+Receives `AdmitGeneration`; asks the token counter to render and count the
+prompt, refuses a prompt that with its requested output would overflow the
+model's context (400 `context_length_exceeded`), then asks the scheduler to
+queue it. Replies `Admitted` with the request's event stream, or `RequestFailed`
+(invalid input, or OVERLOADED when the scheduler's queue is full). Invariant: a
+refused request leaves nothing queued and no stream open.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from anyio import create_memory_object_stream
+from anyio.streams.memory import MemoryObjectSendStream
+
+from courier.messages.base import FailureKind, RequestFailed
+from courier.messages.generation import GenerationEvent
+from courier.messages.ingress import AdmitGeneration, Admitted, ChatPrompt, IngressMessage, TextPrompt, TokenPrompt
+from courier.messages.scheduler import GenerationQueued, SchedulerMessage, SubmitGeneration, SubmitReply
+from courier.messages.token_counter import (
+    TokenCounterMessage,
+    TokenizeChat,
+    TokenizeReply,
+    TokenizeResult,
+    TokenizeText,
+)
+from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
+
+# Events per request: one per generated token at most, plus the terminal event.
+EVENT_SLACK = 2
+
+
+class IngressActor(Actor[IngressMessage]):
+    name = "ingress"
+
+    def __init__(
+        self,
+        token_counter: MemoryObjectSendStream[TokenCounterMessage],
+        scheduler: MemoryObjectSendStream[SchedulerMessage],
+        *,
+        context_length: int,
+        vocabulary_size: int,
+    ) -> None:
+        self._token_counter = token_counter
+        self._scheduler = scheduler
+        self._context_length = context_length
+        self._vocabulary_size = vocabulary_size
+
+    async def handle(self, message: IngressMessage) -> None:
+        match message:
+            case AdmitGeneration():
+                await self._on_admit_generation(message)
+
+    async def _on_admit_generation(self, message: AdmitGeneration) -> None:
+        try:
+            reply = await self._admit(message)
+        except ActorBusy:
+            reply = RequestFailed(kind=FailureKind.OVERLOADED, message="the server is busy; retry shortly")
+        except ActorStopped:
+            reply = RequestFailed(kind=FailureKind.UNAVAILABLE, message="the server is shutting down")
+        await message.reply.send(reply)
+
+    async def _admit(self, message: AdmitGeneration) -> Admitted | RequestFailed:
+        tokens = await self._prompt_tokens(message)
+        if isinstance(tokens, RequestFailed):
+            return tokens
+        param = "messages" if isinstance(message.prompt, ChatPrompt) else "prompt"
+        if not tokens:
+            return _invalid("the prompt is empty", param)
+        sampling = message.sampling
+        max_tokens = sampling.max_tokens or self._context_length - len(tokens)
+        if max_tokens <= 0 or len(tokens) + max_tokens > self._context_length:
+            return _context_exceeded(self._context_length, len(tokens), max_tokens, param)
+        sampling = replace(sampling, max_tokens=max_tokens)
+        send, receive = create_memory_object_stream[GenerationEvent](max_tokens + EVENT_SLACK)
+        try:
+            queued: SubmitReply = await ask(
+                self._scheduler,
+                lambda reply: SubmitGeneration(
+                    request_id=message.request_id, prompt_tokens=tokens, sampling=sampling, events=send, reply=reply
+                ),
+            )
+        except BaseException:
+            send.close()
+            receive.close()
+            raise
+        if not isinstance(queued, GenerationQueued):
+            send.close()
+            receive.close()
+            return queued
+        return Admitted(request_id=message.request_id, prompt_tokens=len(tokens), max_tokens=max_tokens, events=receive)
+
+    async def _prompt_tokens(self, message: AdmitGeneration) -> tuple[int, ...] | RequestFailed:
+        prompt = message.prompt
+        if isinstance(prompt, TokenPrompt):
+            out_of_range = [token for token in prompt.tokens if not 0 <= token < self._vocabulary_size]
+            if out_of_range:
+                return _invalid(f"token ids outside the vocabulary (0..{self._vocabulary_size - 1})", "prompt")
+            return prompt.tokens
+        if isinstance(prompt, TextPrompt):
+            text = prompt.text
+            result: TokenizeReply = await ask(
+                self._token_counter, lambda reply: TokenizeText(text=text, add_special_tokens=True, reply=reply)
+            )
+        else:
+            chat = prompt
+            result = await ask(
+                self._token_counter,
+                lambda reply: TokenizeChat(
+                    messages=chat.messages, tools=chat.tools, add_generation_prompt=True, reply=reply
+                ),
+            )
+        return result.tokens if isinstance(result, TokenizeResult) else result
+
+
+def _invalid(message: str, param: str) -> RequestFailed:
+    return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=message, param=param)
+
+
+def _context_exceeded(context: int, prompt: int, completion: int, param: str) -> RequestFailed:
+    message = (
+        f"This model's maximum context length is {context} tokens. However, you requested "
+        f"{prompt + max(completion, 0)} tokens ({prompt} in the {param}, {max(completion, 0)} for the completion). "
+        "Please reduce the length of the input or of max_tokens."
+    )
+    return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=message, param=param, code="context_length_exceeded")

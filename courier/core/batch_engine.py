@@ -1,0 +1,202 @@
+"""The batch engine: continuous batching over mlx-lm's `BatchGenerator`, on the MLX thread only.
+
+Each `step` admits new requests into the running batch, drops cancelled ones,
+advances every sequence by one decode token (and new ones by one prefill chunk),
+and turns the raw tokens into events: detokenized text with stop strings and
+end-of-sequence tokens removed, optional logprobs, and a finish when a sequence
+ends. A failure inside the batched forward pass fails the requests that were in
+the batch and starts a fresh generator, so the engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from courier.core.sampling import build_sampler
+from courier.core.stop_text import StopTextMatcher
+from courier.messages.base import RequestId
+from courier.messages.generation import (
+    FinishReason,
+    GenerationEvent,
+    GenerationFailed,
+    GenerationFinished,
+    SamplingParams,
+    TokenLogprob,
+    TokensGenerated,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineRequest:
+    request_id: RequestId
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    request_id: RequestId
+    event: GenerationEvent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchLimits:
+    max_batch: int
+    prefill_batch: int
+    prefill_step_size: int
+
+
+@dataclass(slots=True, kw_only=True)
+class _Sequence:
+    request: EngineRequest
+    uid: int
+    detokenizer: Any
+    stop: StopTextMatcher
+    generated: int = 0
+
+
+class BatchEngine:
+    def __init__(self, model: Any, tokenizer: TokenizerWrapper, limits: BatchLimits) -> None:
+        self._model = model
+        self._tokenizer = tokenizer
+        self._limits = limits
+        self._eos = frozenset(int(token) for token in tokenizer.eos_token_ids)
+        self._generator = self._new_generator()
+        self._by_uid: dict[int, _Sequence] = {}
+        self._uid_by_request: dict[RequestId, int] = {}
+
+    @property
+    def active(self) -> int:
+        return len(self._by_uid)
+
+    def step(self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId]) -> list[EngineOutput]:
+        outputs: list[EngineOutput] = []
+        for request in added:
+            outputs.extend(self._admit(request))
+        self._cancel(cancelled)
+        if not self._by_uid:
+            return outputs
+        try:
+            _, responses = self._generator.next()
+        except Exception as error:  # a fault in the batched forward pass: fail this batch, keep serving
+            logger.exception("generation step failed; failing %d requests", len(self._by_uid))
+            return outputs + self._fail_all(f"generation failed: {type(error).__name__}: {error}")
+        for response in responses:
+            sequence = self._by_uid.get(response.uid)
+            if sequence is not None:
+                outputs.extend(self._advance(sequence, response))
+        return outputs
+
+    def fail_all(self, message: str) -> list[EngineOutput]:
+        return self._fail_all(message)
+
+    def _new_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self._model,
+            stop_tokens=[[token] for token in self._eos],
+            completion_batch_size=self._limits.max_batch,
+            prefill_batch_size=self._limits.prefill_batch,
+            prefill_step_size=self._limits.prefill_step_size,
+        )
+
+    def _admit(self, request: EngineRequest) -> list[EngineOutput]:
+        sampling = request.sampling
+        try:
+            sampler = build_sampler(sampling.temperature, sampling.top_p, sampling.seed)
+            (uid,) = self._generator.insert(
+                [list(request.prompt_tokens)], max_tokens=[sampling.max_tokens], samplers=[sampler]
+            )
+        except (ValueError, TypeError) as error:
+            return [EngineOutput(request.request_id, GenerationFailed(message=f"cannot start generation: {error}"))]
+        self._by_uid[uid] = _Sequence(
+            request=request,
+            uid=uid,
+            detokenizer=self._tokenizer.detokenizer,
+            stop=StopTextMatcher(sampling.stop),
+        )
+        self._uid_by_request[request.request_id] = uid
+        return []
+
+    def _cancel(self, request_ids: Sequence[RequestId]) -> None:
+        uids = [uid for request_id in request_ids if (uid := self._uid_by_request.pop(request_id, None)) is not None]
+        if uids:
+            self._generator.remove(uids)
+            for uid in uids:
+                del self._by_uid[uid]
+
+    def _advance(self, sequence: _Sequence, response: Any) -> list[EngineOutput]:
+        token = int(response.token)
+        sequence.generated += 1
+        finish = response.finish_reason
+        ended_by_eos = finish == "stop" and token in self._eos
+        text = ""
+        if not ended_by_eos:
+            sequence.detokenizer.add_token(token)
+            text = sequence.detokenizer.last_segment
+        if finish is not None:
+            sequence.detokenizer.finalize()
+            text += sequence.detokenizer.last_segment
+        scan = sequence.stop.feed(text)
+        text = scan.text
+        reason: FinishReason | None = None
+        if scan.stopped:
+            reason = FinishReason.STOP
+            if finish is None:
+                self._generator.remove([sequence.uid])
+        elif finish is not None:
+            text += sequence.stop.flush()
+            reason = FinishReason.STOP if finish == "stop" else FinishReason.LENGTH
+        logprobs = self._logprobs(sequence, token, response.logprobs) if not ended_by_eos else ()
+        request_id = sequence.request.request_id
+        outputs: list[EngineOutput] = []
+        if text or logprobs:
+            outputs.append(EngineOutput(request_id, TokensGenerated(text=text, token_ids=(token,), logprobs=logprobs)))
+        if reason is not None:
+            self._forget(sequence)
+            finished = GenerationFinished(
+                reason=reason,
+                prompt_tokens=len(sequence.request.prompt_tokens),
+                completion_tokens=sequence.generated,
+            )
+            outputs.append(EngineOutput(request_id, finished))
+        return outputs
+
+    def _logprobs(self, sequence: _Sequence, token: int, logprobs: mx.array) -> tuple[TokenLogprob, ...]:
+        sampling = sequence.request.sampling
+        if not sampling.logprobs:
+            return ()
+        top: tuple[tuple[int, str, float], ...] = ()
+        if sampling.top_logprobs > 0:
+            count = min(sampling.top_logprobs, logprobs.shape[-1])
+            indices = mx.argpartition(-logprobs, count - 1)[:count]
+            values = logprobs[indices]
+            order = mx.argsort(-values)
+            top_ids = cast("list[int]", indices[order].tolist())
+            top_values = cast("list[float]", values[order].tolist())
+            top = tuple((index, self._piece(index), value) for index, value in zip(top_ids, top_values, strict=True))
+        chosen = cast("float", logprobs[token].item())
+        entry = TokenLogprob(token_id=token, token=self._piece(token), logprob=chosen, top=top)
+        return (entry,)
+
+    def _piece(self, token: int) -> str:
+        return str(self._tokenizer.decode([token]))
+
+    def _forget(self, sequence: _Sequence) -> None:
+        self._by_uid.pop(sequence.uid, None)
+        self._uid_by_request.pop(sequence.request.request_id, None)
+
+    def _fail_all(self, message: str) -> list[EngineOutput]:
+        failed = [EngineOutput(s.request.request_id, GenerationFailed(message=message)) for s in self._by_uid.values()]
+        self._by_uid.clear()
+        self._uid_by_request.clear()
+        self._generator = self._new_generator()
+        return failed

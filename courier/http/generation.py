@@ -1,0 +1,92 @@
+"""From a validated request to generated events: admission, the deadline, cancellation.
+
+`admit` asks the ingress (refusals become OpenAI errors before any byte of the
+response is sent); `generated_events` yields the request's events until its
+terminal one, enforcing the per-request deadline, and always closes the event
+stream on the way out, which is what takes an abandoned request out of the batch.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+import orjson
+
+from courier.http.asking import ask_actor
+from courier.http.context import AppContext
+from courier.http.errors import ApiError
+from courier.http.openai_requests import GenerationRequest
+from courier.messages.base import RequestId
+from courier.messages.generation import GenerationFailed, GenerationFinished, TokenLogprob, TokensGenerated
+from courier.messages.ingress import AdmitGeneration, Admitted
+
+
+@dataclass(slots=True)
+class Collected:
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finished: GenerationFinished | None = None
+
+
+def new_request_id() -> RequestId:
+    return RequestId(uuid.uuid4().hex)
+
+
+async def admit(context: AppContext, request: GenerationRequest, request_id: RequestId) -> Admitted:
+    context.require_ready()
+    context.require_model(request.model)
+    return await ask_actor(
+        context.outboxes.ingress,
+        lambda reply: AdmitGeneration(
+            request_id=request_id, prompt=request.prompt, sampling=request.sampling, reply=reply
+        ),
+        Admitted,
+    )
+
+
+async def generated_events(admitted: Admitted, timeout_s: float) -> AsyncIterator[TokensGenerated | GenerationFinished]:
+    """Events until `GenerationFinished`; a failure or the deadline raises `ApiError`."""
+    deadline = time.monotonic() + timeout_s
+    with admitted.events as events:
+        while True:
+            event = None
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+                event = await _next_event(events)
+            if event is None:
+                raise ApiError(504, f"the request did not finish within {timeout_s:g} s", code="deadline_exceeded")
+            if isinstance(event, GenerationFailed):
+                raise ApiError(500, event.message, code="generation_failed")
+            yield event
+            if isinstance(event, GenerationFinished):
+                return
+
+
+async def collect(admitted: Admitted, timeout_s: float) -> Collected:
+    collected = Collected()
+    async for event in generated_events(admitted, timeout_s):
+        if isinstance(event, TokensGenerated):
+            collected.text += event.text
+            collected.logprobs.extend(event.logprobs)
+        else:
+            collected.finished = event
+    return collected
+
+
+def sse(payload: object) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def _next_event(
+    events: anyio.abc.ObjectReceiveStream[TokensGenerated | GenerationFinished | GenerationFailed],
+) -> TokensGenerated | GenerationFinished | GenerationFailed:
+    try:
+        return await events.receive()
+    except anyio.EndOfStream:
+        return GenerationFailed(message="the generation ended without a result")

@@ -1,0 +1,163 @@
+"""OpenAI response shapes for Chat Completions and Completions (whole objects and stream chunks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from courier.core.tool_calls import ToolCall
+from courier.messages.generation import GenerationFinished, TokenLogprob
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Header:
+    """What every object and chunk of one completion repeats."""
+
+    completion_id: str
+    created: int
+    model: str
+
+
+def usage(finished: GenerationFinished) -> JsonObject:
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> JsonObject:
+    def item(token: str, logprob: float) -> JsonObject:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {
+        "content": [
+            {**item(entry.token, entry.logprob), "top_logprobs": [item(text, lp) for _, text, lp in entry.top]}
+            for entry in entries
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], text_offset: int) -> JsonObject:
+    offsets: list[int] = []
+    for entry in entries:
+        offsets.append(text_offset)
+        text_offset += len(entry.token)
+    return {
+        "tokens": [entry.token for entry in entries],
+        "token_logprobs": [entry.logprob for entry in entries],
+        "top_logprobs": [{text: lp for _, text, lp in entry.top} for entry in entries],
+        "text_offset": offsets,
+    }
+
+
+def tool_call_objects(calls: Sequence[ToolCall], *, indexed: bool = False) -> list[JsonObject]:
+    objects: list[JsonObject] = []
+    for index, call in enumerate(calls):
+        obj: JsonObject = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        objects.append({"index": index, **obj} if indexed else obj)
+    return objects
+
+
+def chat_completion(
+    header: Header,
+    *,
+    content: str,
+    calls: Sequence[ToolCall],
+    logprobs: Sequence[TokenLogprob] | None,
+    finish_reason: str,
+    finished: GenerationFinished,
+) -> JsonObject:
+    message: JsonObject = {"role": "assistant", "content": content if content or not calls else None, "refusal": None}
+    if calls:
+        message["tool_calls"] = tool_call_objects(calls)
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
+        "finish_reason": finish_reason,
+    }
+    return {
+        "id": header.completion_id,
+        "object": "chat.completion",
+        "created": header.created,
+        "model": header.model,
+        "choices": [choice],
+        "usage": usage(finished),
+        "system_fingerprint": None,
+    }
+
+
+def chat_chunk(
+    header: Header,
+    *,
+    delta: JsonObject | None,
+    logprobs: Sequence[TokenLogprob] | None = None,
+    finish_reason: str | None = None,
+    usage_object: JsonObject | None = None,
+    include_usage: bool = False,
+) -> JsonObject:
+    chunk: JsonObject = {
+        "id": header.completion_id,
+        "object": "chat.completion.chunk",
+        "created": header.created,
+        "model": header.model,
+        "system_fingerprint": None,
+        "choices": []
+        if delta is None
+        else [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": chat_logprobs(logprobs) if logprobs else None,
+                "finish_reason": finish_reason,
+            }
+        ],
+    }
+    if include_usage:
+        chunk["usage"] = usage_object
+    return chunk
+
+
+def text_completion(
+    header: Header,
+    *,
+    text: str,
+    logprobs: Sequence[TokenLogprob] | None,
+    finish_reason: str | None,
+    usage_object: JsonObject | None,
+    text_offset: int = 0,
+    with_choice: bool = True,
+    include_usage: bool = True,
+) -> JsonObject:
+    """A whole completion, or (finish_reason None / with_choice False) one stream chunk."""
+    obj: JsonObject = {
+        "id": header.completion_id,
+        "object": "text_completion",
+        "created": header.created,
+        "model": header.model,
+        "system_fingerprint": None,
+        "choices": []
+        if not with_choice
+        else [
+            {
+                "text": text,
+                "index": 0,
+                "logprobs": completion_logprobs(logprobs, text_offset) if logprobs is not None else None,
+                "finish_reason": finish_reason,
+            }
+        ],
+    }
+    if include_usage:
+        obj["usage"] = usage_object
+    return obj

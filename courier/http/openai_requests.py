@@ -1,0 +1,257 @@
+"""Validation of Chat Completions and Completions bodies into typed requests.
+
+Each refusal is a 400 naming the offending `param`. Unknown fields are ignored:
+real clients send extras. Features the engine cannot honour are refused rather
+than silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from courier.http.errors import ApiError
+from courier.http.validation import optional_bool
+from courier.messages.generation import SamplingParams
+from courier.messages.ingress import ChatPrompt, Prompt, TextPrompt, TokenPrompt
+
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS_CHAT = 20
+MAX_LOGPROBS_COMPLETIONS = 5
+MAX_TEMPERATURE = 2.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationRequest:
+    model: str | None
+    prompt: Prompt
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool
+    tools: tuple[Mapping[str, Any], ...] | None = None
+
+
+def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError.invalid("'messages' must be a non-empty list of message objects", param="messages")
+    normalized = [_chat_message(message, index) for index, message in enumerate(messages)]
+    tools = _tools(body.get("tools"))
+    if _tool_choice(body.get("tool_choice")) == "none":
+        tools = None
+    logprobs = optional_bool(body, "logprobs", False)
+    top_logprobs = _int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
+    if top_logprobs and not logprobs:
+        raise ApiError.invalid("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
+    max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    sampling = _sampling(body, max_tokens_key, logprobs=logprobs, top_logprobs=top_logprobs)
+    return GenerationRequest(
+        model=_model(body),
+        prompt=ChatPrompt(messages=normalized, tools=tools),
+        sampling=sampling,
+        stream=optional_bool(body, "stream", False),
+        include_usage=_include_usage(body),
+        tools=tools,
+    )
+
+
+def parse_completion_request(body: dict[str, Any]) -> GenerationRequest:
+    if optional_bool(body, "echo", False):
+        raise ApiError.invalid("'echo' is not supported", param="echo")
+    if body.get("suffix"):
+        raise ApiError.invalid("'suffix' is not supported", param="suffix")
+    if body.get("best_of") not in (None, 1):
+        raise ApiError.invalid("'best_of' other than 1 is not supported", param="best_of")
+    logprobs_count = body.get("logprobs")
+    if logprobs_count is not None and (
+        isinstance(logprobs_count, bool)
+        or not isinstance(logprobs_count, int)
+        or not 0 <= logprobs_count <= MAX_LOGPROBS_COMPLETIONS
+    ):
+        raise ApiError.invalid(f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS_COMPLETIONS}", param="logprobs")
+    sampling = _sampling(
+        body, "max_tokens", logprobs=logprobs_count is not None, top_logprobs=logprobs_count or 0, default_max=16
+    )
+    return GenerationRequest(
+        model=_model(body),
+        prompt=_completion_prompt(body.get("prompt")),
+        sampling=sampling,
+        stream=optional_bool(body, "stream", False),
+        include_usage=_include_usage(body),
+    )
+
+
+def _sampling(
+    body: dict[str, Any], max_tokens_key: str, *, logprobs: bool, top_logprobs: int, default_max: int = 0
+) -> SamplingParams:
+    if body.get("n") not in (None, 1):
+        raise ApiError.invalid("only 'n': 1 is supported", param="n")
+    max_tokens = body.get(max_tokens_key)
+    if max_tokens is None:
+        max_tokens = default_max
+    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ApiError.invalid(f"'{max_tokens_key}' must be a positive integer", param=max_tokens_key)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_number_in(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
+        top_p=_number_in(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
+        seed=_seed(body),
+        stop=_stop(body.get("stop")),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+
+
+def _model(body: dict[str, Any]) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError.invalid("'model' must be a string", param="model")
+    return model
+
+
+def _chat_message(message: Any, index: int) -> dict[str, Any]:
+    param = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise ApiError.invalid(f"{param} must be an object", param=param)
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise ApiError.invalid(f"{param}.role must be one of {sorted(CHAT_ROLES)}, not {role!r}", param=f"{param}.role")
+    normalized: dict[str, Any] = {"role": role, "content": _content(message.get("content"), f"{param}.content")}
+    if role == "assistant" and message.get("tool_calls") is not None:
+        normalized["tool_calls"] = _tool_calls(message["tool_calls"], f"{param}.tool_calls")
+    elif normalized["content"] is None:
+        raise ApiError.invalid(f"{param}.content is required", param=f"{param}.content")
+    if role == "tool" and isinstance(message.get("tool_call_id"), str):
+        normalized["tool_call_id"] = message["tool_call_id"]
+    if isinstance(message.get("name"), str):
+        normalized["name"] = message["name"]
+    return normalized
+
+
+def _content(content: Any, param: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError.invalid(f"{param} must be a string or a list of content parts", param=param)
+    texts: list[str] = []
+    for index, part in enumerate(content):
+        part_param = f"{param}[{index}]"
+        if not isinstance(part, dict):
+            raise ApiError.invalid(f"{part_param} must be an object", param=part_param)
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image_url", "input_image", "input_audio", "file"):
+            raise ApiError.invalid(f"{part_param}: this model accepts text only ({kind} parts)", param=part_param)
+        else:
+            raise ApiError.invalid(f"{part_param} must be a text part with a string 'text'", param=part_param)
+    return "".join(texts)
+
+
+def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise ApiError.invalid(f"{param} must be a list", param=param)
+    normalized: list[dict[str, Any]] = []
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ApiError.invalid(f"{param}[{index}] must have a function with a name", param=f"{param}[{index}]")
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str | dict):
+            raise ApiError.invalid(f"{param}[{index}].function.arguments must be a JSON string", param=param)
+        normalized.append(
+            {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+        )
+    return normalized
+
+
+def _tools(tools: Any) -> tuple[Mapping[str, Any], ...] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ApiError.invalid("'tools' must be a list", param="tools")
+    for index, tool in enumerate(tools):
+        param = f"tools[{index}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise ApiError.invalid(f"{param} must be an object with type 'function'", param=param)
+        function = tool.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise ApiError.invalid(f"{param}.function.name must be a non-empty string", param=f"{param}.function")
+        if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
+            raise ApiError.invalid(f"{param}.function.parameters must be an object", param=f"{param}.function")
+    return tuple(tools) or None
+
+
+def _tool_choice(choice: Any) -> str:
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice == "none":
+        return "none"
+    message = "'tool_choice' must be 'auto' or 'none': this engine cannot force a tool call"
+    raise ApiError.invalid(message, param="tool_choice")
+
+
+def _completion_prompt(prompt: Any) -> Prompt:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return TextPrompt(text=prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return TokenPrompt(tokens=tuple(prompt))
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise ApiError.invalid("batched prompts are not supported: send one prompt per request", param="prompt")
+    raise ApiError.invalid("'prompt' must be a string or a non-empty list of token ids", param="prompt")
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= MAX_STOP_SEQUENCES:
+        return tuple(s for s in stop if s)
+    raise ApiError.invalid(f"'stop' must be a string or a list of at most {MAX_STOP_SEQUENCES} strings", param="stop")
+
+
+def _seed(body: dict[str, Any]) -> int | None:
+    seed = body.get("seed")
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ApiError.invalid("'seed' must be a non-negative integer", param="seed")
+    return seed
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise ApiError.invalid("'stream_options' must be an object", param="stream_options")
+    return optional_bool(options, "include_usage", False)
+
+
+def _number_in(
+    body: dict[str, Any], key: str, low: float, high: float, default: float, *, open_low: bool = False
+) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ApiError.invalid(f"'{key}' must be a number", param=key)
+    if value > high or value < low or (open_low and value == low):
+        bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+        raise ApiError.invalid(f"'{key}' must be in {bounds}", param=key)
+    return float(value)
+
+
+def _int_in(body: dict[str, Any], key: str, low: int, high: int, default: int) -> int:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ApiError.invalid(f"'{key}' must be an integer from {low} to {high}", param=key)
+    return value

@@ -1,0 +1,111 @@
+"""POST /v1/chat/completions (and /chat/completions), streamed or whole."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Blueprint, Response
+
+from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_call
+from courier.http import openai_format
+from courier.http.context import AppContext
+from courier.http.generation import admit, collect, generated_events, new_request_id, sse
+from courier.http.json_body import read_json_object
+from courier.http.openai_format import Header
+from courier.http.openai_requests import GenerationRequest, parse_chat_request
+from courier.http.streaming import event_stream_response
+from courier.messages.generation import GenerationFinished
+from courier.messages.ingress import Admitted
+
+
+def blueprint(context: AppContext) -> Blueprint:
+    routes = Blueprint("chat", __name__)
+
+    @routes.post("/v1/chat/completions")
+    @routes.post("/chat/completions")
+    async def chat_completions() -> Response | dict[str, Any]:
+        request = parse_chat_request(await read_json_object())
+        request_id = new_request_id()
+        admitted = await admit(context, request, request_id)
+        tool_format = context.state.tool_format if request.tools else None
+        header = Header(completion_id=f"chatcmpl-{request_id}", created=int(time.time()), model=context.state.model_id)
+        if request.stream:
+            return event_stream_response(_stream(context, request, admitted, header, tool_format))
+        collected = await collect(admitted, context.settings.request_timeout)
+        assert collected.finished is not None
+        content, calls = _split_tool_calls(collected.text, request, tool_format)
+        return openai_format.chat_completion(
+            header,
+            content=content,
+            calls=calls,
+            logprobs=collected.logprobs if request.sampling.logprobs else None,
+            finish_reason=_finish_reason(collected.finished, calls),
+            finished=collected.finished,
+        )
+
+    return routes
+
+
+async def _stream(
+    context: AppContext,
+    request: GenerationRequest,
+    admitted: Admitted,
+    header: Header,
+    tool_format: ToolCallFormat | None,
+) -> AsyncIterator[bytes]:
+    usage_field = request.include_usage
+    splitter = ToolCallSplitter(tool_format.start, tool_format.end) if tool_format else None
+    raw_calls: list[str] = []
+
+    def chunk(delta: dict[str, Any] | None, **fields: Any) -> bytes:
+        return sse(openai_format.chat_chunk(header, delta=delta, include_usage=usage_field, **fields))
+
+    yield chunk({"role": "assistant", "content": ""})
+    async for event in generated_events(admitted, context.settings.request_timeout):
+        if isinstance(event, GenerationFinished):
+            if splitter is not None:
+                rest = splitter.finish()
+                raw_calls.extend(rest.calls)
+                if rest.content:
+                    yield chunk({"content": rest.content})
+            calls = _parse_calls(raw_calls, request, tool_format)
+            if calls:
+                yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)})
+            yield chunk({}, finish_reason=_finish_reason(event, calls))
+            if usage_field:
+                yield chunk(None, usage_object=openai_format.usage(event))
+            return
+        text = event.text
+        if splitter is not None:
+            split = splitter.feed(text)
+            raw_calls.extend(split.calls)
+            text = split.content
+        logprobs = event.logprobs if request.sampling.logprobs else None
+        if text or logprobs:
+            yield chunk({"content": text}, logprobs=logprobs)
+
+
+def _split_tool_calls(
+    text: str, request: GenerationRequest, tool_format: ToolCallFormat | None
+) -> tuple[str, list[ToolCall]]:
+    if tool_format is None:
+        return text, []
+    splitter = ToolCallSplitter(tool_format.start, tool_format.end)
+    first, rest = splitter.feed(text), splitter.finish()
+    calls = _parse_calls([*first.calls, *rest.calls], request, tool_format)
+    return first.content + rest.content, calls
+
+
+def _parse_calls(
+    raw_calls: list[str], request: GenerationRequest, tool_format: ToolCallFormat | None
+) -> list[ToolCall]:
+    if tool_format is None:
+        return []
+    parsed = (parse_tool_call(raw, tool_format.parser, request.tools) for raw in raw_calls)
+    return [call for call in parsed if call is not None]
+
+
+def _finish_reason(finished: GenerationFinished, calls: list[ToolCall]) -> str:
+    return "tool_calls" if calls else finished.reason.value

@@ -1,0 +1,40 @@
+"""Server-sent events responses: OpenAI's `data:` lines, `[DONE]`, and errors mid-stream.
+
+Once the first byte is sent the status is 200 for good, so a failure after that
+is sent as one `data: {"error": ...}` event (the OpenAI client raises it) and the
+stream ends without `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from quart import Response
+
+from courier.http.errors import ApiError
+from courier.http.generation import SSE_DONE, sse
+
+logger = logging.getLogger(__name__)
+
+
+def event_stream_response(events: AsyncIterator[bytes]) -> Response:
+    response = Response(_with_errors(events), content_type="text/event-stream")
+    response.headers["Cache-Control"] = "no-cache"
+    response.headers["X-Accel-Buffering"] = "no"
+    response.timeout = None  # the request deadline governs, not Quart's
+    return response
+
+
+async def _with_errors(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in events:
+            yield chunk
+    except ApiError as error:
+        yield sse(error.body())
+        return
+    except Exception as error:
+        logger.exception("stream failed")
+        yield sse(ApiError(500, f"internal server error: {type(error).__name__}").body())
+        return
+    yield SSE_DONE

@@ -1,0 +1,64 @@
+"""What a generation is asked for, and the events it streams back.
+
+Shared by the ingress (which admits a request) and the scheduler (which runs it).
+Events flow on a per-request stream the ingress creates: zero or more
+`TokensGenerated`, then exactly one of `GenerationFinished` or `GenerationFailed`,
+then the stream closes. A consumer that closes its end cancels the generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TypeAlias
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokensGenerated:
+    """New text (stop strings and end-of-sequence tokens removed) and the tokens behind it."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+class FinishReason(Enum):
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationFinished:
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationFailed:
+    """The generation failed inside the engine; the server keeps serving."""
+
+    message: str
+
+
+GenerationEvent: TypeAlias = TokensGenerated | GenerationFinished | GenerationFailed

@@ -1,0 +1,59 @@
+"""The ingress's inbox: admit a generation request (validate, render, check context, queue)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from courier.messages.base import Message, ReplyStream, RequestFailed, RequestId
+from courier.messages.generation import GenerationEvent, SamplingParams
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatPrompt:
+    """Chat messages rendered with the model's chat template (and tools, when given)."""
+
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextPrompt:
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenPrompt:
+    tokens: tuple[int, ...]
+
+
+Prompt: TypeAlias = ChatPrompt | TextPrompt | TokenPrompt
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Admitted:
+    """The request is queued; its events arrive on `events` (close it to cancel)."""
+
+    request_id: RequestId
+    prompt_tokens: int
+    max_tokens: int
+    events: MemoryObjectReceiveStream[GenerationEvent]
+
+
+AdmitReply: TypeAlias = Admitted | RequestFailed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmitGeneration(Message):
+    """`sampling.max_tokens` of 0 means: as many as the context leaves room for."""
+
+    request_id: RequestId
+    prompt: Prompt
+    sampling: SamplingParams
+    reply: ReplyStream[AdmitReply]
+
+
+IngressMessage: TypeAlias = AdmitGeneration

@@ -1,0 +1,34 @@
+"""The scheduler's inbox: queue a generation (or be told the queue is full)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from anyio.streams.memory import MemoryObjectSendStream
+
+from courier.messages.base import Message, ReplyStream, RequestFailed, RequestId
+from courier.messages.generation import GenerationEvent, SamplingParams
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationQueued:
+    request_id: RequestId
+    queue_position: int
+
+
+SubmitReply: TypeAlias = GenerationQueued | RequestFailed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitGeneration(Message):
+    """Run `prompt_tokens` with `sampling`; events go to `events`, which the scheduler closes at the end."""
+
+    request_id: RequestId
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams
+    events: MemoryObjectSendStream[GenerationEvent]
+    reply: ReplyStream[SubmitReply]
+
+
+SchedulerMessage: TypeAlias = SubmitGeneration

@@ -1,0 +1,173 @@
+"""Admission, the bounded queue, disconnects, deadlines and bad input, through real servers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.support.server import RunningServer, running_server
+
+LONG = 2000  # more tokens than any test waits for: a request that is not cancelled keeps its slot
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Write a very long essay."}]
+
+
+def serve(tiny_llama_dir: Path, cache_dir: Path, *extra: str) -> Iterator[RunningServer]:
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", "tiny", *extra]
+    with running_server(args) as running:
+        yield running
+        assert running.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def one_slot(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
+    """One sequence at a time and one waiting: a third request gets 429."""
+    yield from serve(tiny_llama_dir, cache_dir, "--max-batch", "1", "--max-queue", "1")
+
+
+def error_code(error: openai.APIStatusError) -> object:
+    body = error.body
+    assert isinstance(body, dict)
+    return body.get("code")
+
+
+def stats(server: RunningServer) -> dict[str, int]:
+    with server.http() as http:
+        scheduler: dict[str, int] = http.get("/health").json()["scheduler"]
+        return scheduler
+
+
+def open_stream(http: httpx.Client, max_tokens: int) -> tuple[httpx.Response, Iterator[str]]:
+    """A streaming request and its `data:` lines; the caller keeps both alive while it wants the stream open."""
+    request = http.build_request(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": MESSAGES, "max_tokens": max_tokens, "stream": True},
+    )
+    response = http.send(request, stream=True)
+    assert response.status_code == 200
+    return response, (line for line in response.iter_lines() if line.startswith("data:"))
+
+
+def test_full_queue_answers_429_and_a_disconnect_frees_the_slot(one_slot: RunningServer) -> None:
+    before = stats(one_slot)
+    with one_slot.http() as http, one_slot.openai_client() as client:
+        running, running_lines = open_stream(http, LONG)
+        next(running_lines)
+        waiting, waiting_lines = open_stream(http, 3)  # admitted into the one waiting place
+        next(waiting_lines)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+        assert refused.value.response.headers["Retry-After"]
+        assert error_code(refused.value) == "queue_full"
+
+        running.close()  # the client goes away mid-stream: the waiting request gets the slot
+        rest = list(waiting_lines)
+        waiting.close()
+    assert rest[-1] == "data: [DONE]"
+    assert '"finish_reason":"length"' in rest[-2]
+    after = stats(one_slot)
+    assert after["cancelled"] == before["cancelled"] + 1  # the abandoned stream left the batch early
+    assert after["completed"] == before["completed"] + 1
+    assert after["rejected"] == before["rejected"] + 1
+    assert (after["running"], after["waiting"]) == (0, 0)
+
+
+def test_deadline_ends_a_request_with_504(tiny_llama_dir: Path, cache_dir: Path) -> None:
+    for server in serve(tiny_llama_dir, cache_dir, "--request-timeout", "0.2"):
+        with server.openai_client() as client:
+            with pytest.raises(openai.InternalServerError) as error:
+                client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=LONG)
+            assert error.value.status_code == 504
+            assert error_code(error.value) == "deadline_exceeded"
+            stream = client.chat.completions.create(
+                model="tiny",
+                messages=MESSAGES,
+                max_tokens=LONG,
+                stream=True,
+            )
+            with pytest.raises(openai.APIError, match="did not finish within"):
+                list(stream)
+        assert stats(server)["running"] == 0
+
+
+BAD_CHAT_BODIES: list[tuple[bytes, int, str | None, str | None]] = [
+    # body, status, param, code
+    (b"{not json", 400, None, "invalid_json"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}', 400, "max_tokens", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400, "max_tokens", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "9"}', 400, "max_tokens", None),
+    (
+        b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1.5}',
+        400,
+        "max_completion_tokens",
+        None,
+    ),
+    (b'{"messages": "hello"}', 400, "messages", None),
+    (b'{"messages": []}', 400, "messages", None),
+    (b"{}", 400, "messages", None),
+    (b'{"messages": [{"role": "wizard", "content": "hi"}]}', 400, "messages[0].role", None),
+    (b'{"messages": [{"role": "user"}]}', 400, "messages[0].content", None),
+    (b'{"messages": [{"role": "user", "content": 5}]}', 400, "messages[0].content", None),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', 400, "messages[0].content[0]", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 3}', 400, "temperature", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "top_p": 0}', 400, "top_p", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}', 400, "stop", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stop": 7}', 400, "stop", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": -4}', 400, "seed", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": "yes"}', 400, "logprobs", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}', 400, "top_logprobs", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "no"}', 400, "stream", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "web"}]}', 400, "tools[0]", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}', 400, "tool_choice", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}', 404, "model", "model_not_found"),
+    (
+        b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000}',
+        400,
+        "messages",
+        "context_length_exceeded",
+    ),
+    (
+        b'{"messages": [{"role": "user", "content": "' + b"word " * 2100 + b'"}], "max_tokens": 5}',
+        400,
+        "messages",
+        "context_length_exceeded",
+    ),
+]
+
+BAD_COMPLETION_BODIES: list[tuple[bytes, int, str | None, str | None]] = [
+    (b'{"max_tokens": 3}', 400, "prompt", None),
+    (b'{"prompt": 5}', 400, "prompt", None),
+    (b'{"prompt": ["a", "b"]}', 400, "prompt", None),
+    (b'{"prompt": [1, 99999999]}', 400, "prompt", None),
+    (b'{"prompt": "hi", "echo": true}', 400, "echo", None),
+    (b'{"prompt": "hi", "logprobs": 9}', 400, "logprobs", None),
+    (b'{"prompt": "hi", "max_tokens": 4000}', 400, "prompt", "context_length_exceeded"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "code"),
+    [("/v1/chat/completions", *case) for case in BAD_CHAT_BODIES]
+    + [("/v1/completions", *case) for case in BAD_COMPLETION_BODIES],
+)
+def test_bad_generation_input_is_refused_with_an_envelope(
+    one_slot: RunningServer, path: str, body: bytes, status: int, param: str | None, code: str | None
+) -> None:
+    before = stats(one_slot)
+    with one_slot.http() as http:
+        response = http.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    after = stats(one_slot)
+    assert after["completed"] == before["completed"]  # refused before anything was queued
+    assert (after["running"], after["waiting"]) == (0, 0)
