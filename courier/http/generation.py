@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 import orjson
@@ -25,11 +25,11 @@ from courier.messages.generation import GenerationFailed, GenerationFinished, To
 from courier.messages.ingress import AdmitGeneration, Admitted
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Collected:
-    text: str = ""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finished: GenerationFinished | None = None
+    text: str
+    logprobs: list[TokenLogprob]
+    finished: GenerationFinished
 
 
 def new_request_id() -> RequestId:
@@ -66,14 +66,15 @@ async def generated_events(admitted: Admitted, timeout_s: float) -> AsyncIterato
 
 
 async def collect(admitted: Admitted, timeout_s: float) -> Collected:
-    collected = Collected()
+    texts: list[str] = []
+    logprobs: list[TokenLogprob] = []
     async for event in generated_events(admitted, timeout_s):
         if isinstance(event, TokensGenerated):
-            collected.text += event.text
-            collected.logprobs.extend(event.logprobs)
+            texts.append(event.text)
+            logprobs.extend(event.logprobs)
         else:
-            collected.finished = event
-    return collected
+            return Collected(text="".join(texts), logprobs=logprobs, finished=event)
+    raise ApiError(500, "the generation ended without a result", code="generation_failed")
 
 
 def sse(payload: object) -> bytes:

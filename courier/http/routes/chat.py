@@ -34,7 +34,6 @@ def blueprint(context: AppContext) -> Blueprint:
         if request.stream:
             return event_stream_response(_stream(context, request, admitted, header, tool_format))
         collected = await collect(admitted, context.settings.request_timeout)
-        assert collected.finished is not None
         content, calls = _split_tool_calls(collected.text, request, tool_format)
         return openai_format.chat_completion(
             header,

@@ -32,7 +32,6 @@ def blueprint(context: AppContext) -> Blueprint:
         if request.stream:
             return event_stream_response(_stream(context, request, admitted, header))
         collected = await collect(admitted, context.settings.request_timeout)
-        assert collected.finished is not None
         return openai_format.text_completion(
             header,
             text=collected.text,
