@@ -7,6 +7,7 @@ than silently ignored.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -162,10 +163,22 @@ def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
         arguments = function.get("arguments", "{}")
         if not isinstance(arguments, str | dict):
             raise ApiError.invalid(f"{param}[{index}].function.arguments must be a JSON string", param=param)
+        # Chat templates render arguments as a mapping (as the model saw them in training), not as a string.
+        arguments = _json_object_or_text(arguments)
         normalized.append(
             {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
         )
     return normalized
+
+
+def _json_object_or_text(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
 
 
 def _tools(tools: Any) -> tuple[Mapping[str, Any], ...] | None:

@@ -1,0 +1,82 @@
+"""A tool-call round trip through the real server, on a tiny model trained to call `get_weather`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
+
+from tests.support import tool_model
+from tests.support.server import RunningServer, running_server
+
+MODEL = "tool-model"
+TOOLS: list[ChatCompletionToolParam] = [tool_model.TOOL]  # type: ignore[list-item]
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": tool_model.USER_QUESTION}]
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    model_dir = tool_model.build_tool_model(smollm2_dir, tmp_path_factory.mktemp("tool-model"))
+    args = ["--model", str(model_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
+    server: RunningServer
+    with running_server(args) as server, server.openai_client() as client:
+        yield client
+        assert server.stop() == 0
+
+
+def test_tool_call_round_trip(client: openai.OpenAI) -> None:
+    first = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, temperature=0)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    assert choice.message.tool_calls is not None and len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.type == "function"
+    assert call.function.name == tool_model.TOOL_NAME
+    assert json.loads(call.function.arguments) == tool_model.TOOL_ARGUMENTS
+    assert call.id.startswith("call_")
+
+    assistant: dict[str, Any] = choice.message.model_dump(exclude_none=True)
+    tool_result: ChatCompletionMessageParam = {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "content": tool_model.TOOL_RESULT,
+    }
+    second = client.chat.completions.create(
+        model=MODEL,
+        messages=[*QUESTION, assistant, tool_result],  # type: ignore[list-item]
+        tools=TOOLS,
+        temperature=0,
+    )
+    assert second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.content == tool_model.FINAL_ANSWER
+    assert second.choices[0].message.tool_calls is None
+
+
+def test_streamed_tool_call_arrives_as_a_tool_calls_delta(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, temperature=0, stream=True)
+    chunks = [chunk for chunk in stream if chunk.choices]
+    content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+    calls = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or []]
+    assert "<tool_call>" not in content and content.strip() == ""
+    assert len(calls) == 1
+    assert calls[0].function is not None and calls[0].function.name == tool_model.TOOL_NAME
+    assert json.loads(calls[0].function.arguments or "") == tool_model.TOOL_ARGUMENTS
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_none_keeps_tools_out_of_the_prompt(client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=1, temperature=0)
+    none = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=TOOLS, tool_choice="none", max_tokens=1, temperature=0
+    )
+    with_tools = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=TOOLS, max_tokens=1, temperature=0
+    )
+    assert none.usage is not None and plain.usage is not None and with_tools.usage is not None
+    assert none.usage.prompt_tokens == plain.usage.prompt_tokens < with_tools.usage.prompt_tokens
