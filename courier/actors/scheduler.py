@@ -44,8 +44,16 @@ class _Queued:
 class SchedulerActor(Actor[SchedulerMessage]):
     name = "scheduler"
 
-    def __init__(self, mlx: MlxThread, make_engine: Callable[[], BatchEngine], stats: SchedulerStats) -> None:
+    def __init__(
+        self,
+        mlx: MlxThread,
+        make_engine: Callable[[], BatchEngine],
+        stats: SchedulerStats,
+        *,
+        admission_window_s: float = 0.0,
+    ) -> None:
         self._mlx = mlx
+        self._admission_window_s = admission_window_s
         self._make_engine = make_engine
         self._stats = stats
         self._waiting: deque[_Queued] = deque()
@@ -95,6 +103,9 @@ class SchedulerActor(Actor[SchedulerMessage]):
             if not self._running and not self._waiting:
                 self._wake = anyio.Event()
                 await self._wake.wait()
+                # Requests that arrive together (a burst of clients) get one batched prefill instead of a lone
+                # first prefill that delays all the others; only an idle engine waits, never a running batch.
+                await anyio.sleep(self._admission_window_s)
                 continue
             self._drop_abandoned()
             added = self._promote()

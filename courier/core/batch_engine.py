@@ -70,6 +70,9 @@ class BatchEngine:
         self._tokenizer = tokenizer
         self._limits = limits
         self._eos = frozenset(int(token) for token in tokenizer.eos_token_ids)
+        # The calling thread's own default stream: the engine is built and stepped on the MLX thread, and a
+        # stream created on another thread (mlx-lm's module-level one) costs a cross-thread sync every step.
+        self._stream = mx.default_stream(mx.default_device())
         self._generator = self._new_generator()
         self._by_uid: dict[int, _Sequence] = {}
         self._uid_by_request: dict[RequestId, int] = {}
@@ -106,6 +109,7 @@ class BatchEngine:
             completion_batch_size=self._limits.max_batch,
             prefill_batch_size=self._limits.prefill_batch,
             prefill_step_size=self._limits.prefill_step_size,
+            stream=self._stream,
         )
 
     def _admit(self, request: EngineRequest) -> list[EngineOutput]:

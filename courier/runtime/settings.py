@@ -57,6 +57,13 @@ def parse_positive_float(text: str) -> float:
     return value
 
 
+def parse_non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"must not be negative: {text!r}")
+    return value
+
+
 def parse_positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
@@ -121,6 +128,7 @@ class Settings:
     max_batch: int = 16
     max_queue: int = 64
     prefill_step_size: int = 512
+    admission_window_ms: float = 20.0
     request_timeout: float = 600.0
     shutdown_timeout: float = 30.0
     trace_file: Path | None = None
@@ -201,6 +209,13 @@ OPTIONS: tuple[Option, ...] = (
         default=_DEFAULTS.prefill_step_size,
         help="prompt tokens prefilled per step; smaller keeps running streams flowing during long prefills",
         metavar="TOKENS",
+    ),
+    Option(
+        name="admission_window_ms",
+        parse=parse_non_negative_float,
+        default=_DEFAULTS.admission_window_ms,
+        help="an idle scheduler waits this long for more arrivals so a burst is prefilled as one batch; 0 disables",
+        metavar="MS",
     ),
     Option(
         name="request_timeout",

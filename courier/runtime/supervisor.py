@@ -5,10 +5,11 @@ model on the MLX thread, then each actor with `task_group.start` in dependency
 order (the token counter needs the tokenizer), then READY.
 
 Shutdown on SIGINT/SIGTERM (RUNNING -> DRAINING -> STOPPED): new requests get a
-503, Hypercorn stops accepting and gives in-flight requests `--shutdown-timeout`
-seconds, actor inboxes are closed so each actor answers what is queued and ends,
-and whatever is still running after a short grace is cancelled. A second signal
-cancels at once.
+503, Hypercorn stops accepting and in-flight requests get `--shutdown-timeout`
+seconds to finish. Then actor inboxes are closed, dependants first, so each actor
+answers what is queued and ends; the scheduler fails the generations still
+running, whose clients get an error event; after a short flush everything left
+is cancelled. A second signal cancels at once.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ SCHEDULER_INBOX = 64
 # After in-flight HTTP requests are done or timed out, actors get this long to finish.
 ACTOR_STOP_GRACE_S = 5.0
 MLX_THREAD_JOIN_S = 2.0
+# After failing in-flight requests at the drain deadline, how long their responses get to reach the clients.
+ERROR_FLUSH_S = 2.0
 PREFILL_BATCH = 8
 # When the model's config names no context length.
 DEFAULT_CONTEXT_LENGTH = 4096
@@ -116,7 +119,9 @@ class Supervisor:
         config = HypercornConfig()
         host, port = listener.getsockname()[:2]
         config.bind = [f"fd://{listener.detach()}"]
-        config.graceful_timeout = self._settings.shutdown_timeout
+        # Hypercorn waits a little longer than the drain deadline, so requests failed at the deadline can still
+        # send their error to the client.
+        config.graceful_timeout = self._settings.shutdown_timeout + ERROR_FLUSH_S
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
         logger.info("listening on http://%s:%d (model %s loading)", _url_host(host), port, self._state.model_id)
@@ -168,7 +173,10 @@ class Supervisor:
         token_counter = TokenCounterActor(loaded.tokenizer)
         await task_group.start(self._run_actor, token_counter, self._token_counter_receive, self._token_counter_send)
         scheduler = SchedulerActor(
-            self._mlx, lambda: BatchEngine(loaded.model, loaded.tokenizer, limits), self._state.scheduler
+            self._mlx,
+            lambda: BatchEngine(loaded.model, loaded.tokenizer, limits),
+            self._state.scheduler,
+            admission_window_s=settings.admission_window_ms / 1000,
         )
         await task_group.start(self._run_actor, scheduler, self._scheduler_receive, self._scheduler_send)
         ingress = IngressActor(
@@ -197,15 +205,18 @@ class Supervisor:
     async def _drain(self, task_group: TaskGroup, http_done: anyio.Event) -> None:
         self._state.mark_draining()
         logger.info("draining: finishing in-flight requests (up to %.0f s)", self._settings.shutdown_timeout)
-        with anyio.move_on_after(self._settings.shutdown_timeout + ACTOR_STOP_GRACE_S):
+        with anyio.move_on_after(self._settings.shutdown_timeout):
             await http_done.wait()
-        # Closing the inboxes, dependants first, ends each actor's loop once it has answered what is queued.
+        # Past the deadline, or with nothing left in flight: close the inboxes, dependants first. Each actor answers
+        # what is queued and ends; the scheduler fails what still runs, so open streams get a clear error event.
         with anyio.move_on_after(ACTOR_STOP_GRACE_S):
             for outbox, done in reversed(self._started_actors):
                 outbox.close()
                 await done.wait()
         for outbox in (self._ingress_send, self._scheduler_send, self._token_counter_send):
             outbox.close()
+        with anyio.move_on_after(ERROR_FLUSH_S):
+            await http_done.wait()
         task_group.cancel_scope.cancel()
         logger.info("stopped")
 

@@ -79,3 +79,18 @@ def test_a_gguf_that_cannot_be_converted_exits_nonzero_with_the_reason(tmp_path:
     assert result.returncode == 1
     assert "cannot convert" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_sigterm_with_a_stream_in_flight_ends_it_with_an_error_and_exits(tiny_llama_dir: Path, cache_dir: Path) -> None:
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--shutdown-timeout", "1"]
+    with running_server(args) as server, server.http() as http:
+        body = {"messages": [{"role": "user", "content": "Go on forever."}], "max_tokens": 2000, "stream": True}
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:
+            lines = (line for line in response.iter_lines() if line.startswith("data:"))
+            next(lines)
+            server.process.send_signal(signal.SIGTERM)
+            rest = list(lines)  # ends: the server must not leave the client hanging
+        assert server.stop(timeout=30) == 0
+    assert rest, "the stream ended without any further event"
+    assert "shutting down" in rest[-1]
+    assert rest[-1] != "data: [DONE]"
