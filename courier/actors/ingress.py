@@ -63,9 +63,10 @@ class IngressActor(Actor[IngressMessage]):
         await message.reply.send(reply)
 
     async def _admit(self, message: AdmitGeneration) -> Admitted | RequestFailed:
-        tokens = await self._prompt_tokens(message)
-        if isinstance(tokens, RequestFailed):
-            return tokens
+        rendered = await self._prompt_tokens(message)
+        if isinstance(rendered, RequestFailed):
+            return rendered
+        tokens, boundary = rendered
         param = "messages" if isinstance(message.prompt, ChatPrompt) else "prompt"
         if not tokens:
             return _invalid("the prompt is empty", param)
@@ -79,7 +80,14 @@ class IngressActor(Actor[IngressMessage]):
             queued: SubmitReply = await ask(
                 self._scheduler,
                 lambda reply: SubmitGeneration(
-                    request_id=message.request_id, prompt_tokens=tokens, sampling=sampling, events=send, reply=reply
+                    request_id=message.request_id,
+                    prompt_tokens=tokens,
+                    sampling=sampling,
+                    events=send,
+                    reply=reply,
+                    session=message.session,
+                    boundary=boundary,
+                    cache_prompt=message.cache_prompt,
                 ),
             )
         except BaseException:
@@ -92,13 +100,14 @@ class IngressActor(Actor[IngressMessage]):
             return queued
         return Admitted(request_id=message.request_id, prompt_tokens=len(tokens), max_tokens=max_tokens, events=receive)
 
-    async def _prompt_tokens(self, message: AdmitGeneration) -> tuple[int, ...] | RequestFailed:
+    async def _prompt_tokens(self, message: AdmitGeneration) -> tuple[tuple[int, ...], int] | RequestFailed:
+        """The prompt's tokens and, for chat, where the conversation's history ends in them."""
         prompt = message.prompt
         if isinstance(prompt, TokenPrompt):
             out_of_range = [token for token in prompt.tokens if not 0 <= token < self._vocabulary_size]
             if out_of_range:
                 return _invalid(f"token ids outside the vocabulary (0..{self._vocabulary_size - 1})", "prompt")
-            return prompt.tokens
+            return prompt.tokens, 0
         if isinstance(prompt, TextPrompt):
             text = prompt.text
             result: TokenizeReply = await ask(
@@ -109,10 +118,14 @@ class IngressActor(Actor[IngressMessage]):
             result = await ask(
                 self._token_counter,
                 lambda reply: TokenizeChat(
-                    messages=chat.messages, tools=chat.tools, add_generation_prompt=True, reply=reply
+                    messages=chat.messages,
+                    tools=chat.tools,
+                    add_generation_prompt=True,
+                    reply=reply,
+                    with_history_boundary=message.cache_prompt,
                 ),
             )
-        return result.tokens if isinstance(result, TokenizeResult) else result
+        return (result.tokens, result.history_boundary) if isinstance(result, TokenizeResult) else result
 
 
 def _invalid(message: str, param: str) -> RequestFailed:

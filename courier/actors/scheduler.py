@@ -17,18 +17,20 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from courier.core.batch_engine import BatchEngine, EngineOutput, EngineRequest
+from courier.core.batch_engine import BatchEngine, CachedPrefix, EngineOutput, EngineRequest, SnapshotTaken
+from courier.core.snapshot_store import Bucket
 from courier.messages.base import FailureKind, RequestFailed, RequestId
 from courier.messages.generation import GenerationEvent, GenerationFailed, GenerationFinished, TokensGenerated
 from courier.messages.scheduler import GenerationQueued, SchedulerMessage, SubmitGeneration
-from courier.runtime.actor import Actor
+from courier.messages.snapshot_store import InsertSnapshot, LookupPrefix, LookupReply, PrefixFound, SnapshotStoreMessage
+from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.scheduler_stats import SchedulerStats
 
@@ -39,6 +41,16 @@ SHUTDOWN_MESSAGE = "the server is shutting down"
 class _Queued:
     request: EngineRequest
     events: MemoryObjectSendStream[GenerationEvent]
+    session: str
+    cache_prompt: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptCaching:
+    """Where snapshots live and which bucket this model's snapshots belong to."""
+
+    store: MemoryObjectSendStream[SnapshotStoreMessage]
+    bucket: Bucket
 
 
 class SchedulerActor(Actor[SchedulerMessage]):
@@ -51,13 +63,15 @@ class SchedulerActor(Actor[SchedulerMessage]):
         stats: SchedulerStats,
         *,
         admission_window_s: float = 0.0,
+        caching: PromptCaching | None = None,
     ) -> None:
         self._mlx = mlx
+        self._caching = caching
         self._admission_window_s = admission_window_s
         self._make_engine = make_engine
         self._stats = stats
         self._waiting: deque[_Queued] = deque()
-        self._running: dict[RequestId, MemoryObjectSendStream[GenerationEvent]] = {}
+        self._running: dict[RequestId, _Queued] = {}
         self._cancelled: list[RequestId] = []
         self._wake = anyio.Event()
         self._engine: BatchEngine | None = None
@@ -90,10 +104,16 @@ class SchedulerActor(Actor[SchedulerMessage]):
             full = f"the server is at capacity ({stats.max_batch} running, {stats.max_queue} waiting); retry shortly"
             await message.reply.send(RequestFailed(kind=FailureKind.OVERLOADED, message=full, code="queue_full"))
             return
+        caching = self._caching is not None and message.cache_prompt
         request = EngineRequest(
-            request_id=message.request_id, prompt_tokens=message.prompt_tokens, sampling=message.sampling
+            request_id=message.request_id,
+            prompt_tokens=message.prompt_tokens,
+            sampling=message.sampling,
+            boundary=message.boundary if caching else 0,
+            snapshots=caching,
         )
-        self._waiting.append(_Queued(request=request, events=message.events))
+        queued = _Queued(request=request, events=message.events, session=message.session, cache_prompt=caching)
+        self._waiting.append(queued)
         self._update_counts()
         self._wake.set()
         await message.reply.send(GenerationQueued(request_id=message.request_id, queue_position=len(self._waiting)))
@@ -108,19 +128,42 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 await anyio.sleep(self._admission_window_s)
                 continue
             self._drop_abandoned()
-            added = self._promote()
+            added = await self._promote()
             cancelled, self._cancelled = self._cancelled, []
             outputs = await self._mlx.call(partial(engine.step, added, cancelled))
             self._deliver(outputs)
 
-    def _promote(self) -> list[EngineRequest]:
+    async def _promote(self) -> list[EngineRequest]:
         added: list[EngineRequest] = []
         while self._waiting and len(self._running) < self._stats.max_batch:
             queued = self._waiting.popleft()
-            self._running[queued.request.request_id] = queued.events
-            added.append(queued.request)
+            self._running[queued.request.request_id] = queued
+            added.append(await self._with_cached_prefix(queued))
         self._update_counts()
         return added
+
+    async def _with_cached_prefix(self, queued: _Queued) -> EngineRequest:
+        request = queued.request
+        if self._caching is None or not queued.cache_prompt:
+            return request
+        caching = self._caching
+        try:
+            found: LookupReply = await ask(
+                caching.store,
+                lambda reply: LookupPrefix(
+                    request_id=request.request_id,
+                    bucket=caching.bucket,
+                    session=queued.session,
+                    tokens=request.prompt_tokens,
+                    reply=reply,
+                ),
+            )
+        except (ActorBusy, ActorStopped):
+            return request  # a cache that cannot answer is a miss, never a failure
+        if not isinstance(found, PrefixFound):
+            return request
+        prefix = CachedPrefix(state=found.state, length=found.length, matched=found.matched)
+        return replace(request, prefix=prefix)
 
     def _drop_abandoned(self) -> None:
         """Consumers that closed their end: queued ones are dropped, running ones leave the batch."""
@@ -128,14 +171,18 @@ class SchedulerActor(Actor[SchedulerMessage]):
             self._waiting.remove(queued)
             queued.events.close()
             self._stats.cancelled += 1
-        for request_id in [r for r, events in self._running.items() if _abandoned(events)]:
+        for request_id in [r for r, queued in self._running.items() if _abandoned(queued.events)]:
             self._end(request_id, cancelled=True)
 
     def _deliver(self, outputs: list[EngineOutput]) -> None:
         for output in outputs:
-            events = self._running.get(output.request_id)
-            if events is None:
+            running = self._running.get(output.request_id)
+            if running is None:
                 continue
+            if isinstance(output.event, SnapshotTaken):
+                self._keep_snapshot(running, output.event)
+                continue
+            events = running.events
             if isinstance(output.event, TokensGenerated):
                 self._stats.generated_tokens += len(output.event.token_ids)
             try:
@@ -150,10 +197,26 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 self._stats.failed += 1
                 self._end(output.request_id)
 
+    def _keep_snapshot(self, running: _Queued, snapshot: SnapshotTaken) -> None:
+        if self._caching is None:
+            return
+        message = InsertSnapshot(
+            bucket=self._caching.bucket,
+            session=running.session,
+            origin=snapshot.origin,
+            tokens=snapshot.tokens,
+            state=snapshot.state,
+            nbytes=snapshot.nbytes,
+        )
+        try:
+            self._caching.store.send_nowait(message)
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._stats.snapshots_dropped += 1  # a busy store loses a snapshot, never delays generation
+
     def _end(self, request_id: RequestId, *, cancelled: bool = False) -> None:
-        events = self._running.pop(request_id, None)
-        if events is not None:
-            events.close()
+        running = self._running.pop(request_id, None)
+        if running is not None:
+            running.events.close()
         if cancelled:
             self._stats.cancelled += 1
             self._cancelled.append(request_id)
@@ -161,7 +224,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
 
     def _fail_everything(self, message: str) -> None:
         failure = GenerationFailed(message=message)
-        streams = [q.events for q in self._waiting] + list(self._running.values())
+        streams = [q.events for q in self._waiting] + [q.events for q in self._running.values()]
         self._waiting.clear()
         self._running.clear()
         for events in streams:

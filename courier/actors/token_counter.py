@@ -61,13 +61,11 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
                 )
                 return
             try:
-                tokens = await _off_loop(
-                    lambda: self._render_chat(message.messages, message.tools, message.add_generation_prompt)
-                )
+                result = await _off_loop(lambda: self._chat_tokens(message))
             except (TemplateError, TypeError, ValueError, KeyError) as error:
                 await message.reply.send(_invalid(f"the chat template rejected the messages: {error}", "messages"))
                 return
-            await message.reply.send(TokenizeResult(tokens=tuple(tokens)))
+            await message.reply.send(result)
 
     async def _on_detokenize(self, message: Detokenize) -> None:
         async with message.reply:
@@ -80,6 +78,15 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
                 return
             text = await _off_loop(lambda: self._tokenizer.decode(list(message.tokens)))
             await message.reply.send(DetokenizeResult(text=text))
+
+    def _chat_tokens(self, message: TokenizeChat) -> TokenizeResult:
+        tokens = self._render_chat(message.messages, message.tools, message.add_generation_prompt)
+        if not message.with_history_boundary:
+            return TokenizeResult(tokens=tuple(tokens))
+        # The history rendered on its own, clipped to what it shares with the live prompt: the next turn of this
+        # conversation renders the same tokens, so a snapshot taken there can be extended by it.
+        history = self._render_chat(message.messages, message.tools, False)
+        return TokenizeResult(tokens=tuple(tokens), history_boundary=_common_prefix(history, tokens))
 
     def _render_chat(
         self,
@@ -98,6 +105,15 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
 
 async def _off_loop(work: Callable[[], T]) -> T:
     return await anyio.to_thread.run_sync(work)
+
+
+def _common_prefix(left: list[int], right: list[int]) -> int:
+    length = 0
+    for a, b in zip(left, right, strict=False):
+        if a != b:
+            break
+        length += 1
+    return length
 
 
 def _invalid(text: str, param: str) -> RequestFailed:

@@ -10,6 +10,7 @@ the batch and starts a fresh generator, so the engine keeps serving.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,9 +18,12 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from courier.core.model_state import compact_copy
 from courier.core.sampling import build_sampler
+from courier.core.snapshot_store import Origin
 from courier.core.stop_text import StopTextMatcher
 from courier.messages.base import RequestId
 from courier.messages.generation import (
@@ -36,16 +40,39 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CachedPrefix:
+    """A stored model state to start from: its first `matched` tokens are the prompt's first tokens."""
+
+    state: Any
+    length: int
+    matched: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineRequest:
     request_id: RequestId
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams
+    prefix: CachedPrefix | None = None
+    # Where the conversation's history ends in the prompt: a boundary snapshot is taken there (0: none).
+    boundary: int = 0
+    snapshots: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotTaken:
+    """A private copy of a sequence's model state after `tokens` (for the snapshot store)."""
+
+    origin: Origin
+    tokens: tuple[int, ...]
+    state: Any
+    nbytes: int
 
 
 @dataclass(frozen=True, slots=True)
 class EngineOutput:
     request_id: RequestId
-    event: GenerationEvent
+    event: GenerationEvent | SnapshotTaken
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +88,7 @@ class _Sequence:
     uid: int
     detokenizer: Any
     stop: StopTextMatcher
+    cached_tokens: int = 0
     generated: int = 0
 
 
@@ -89,10 +117,11 @@ class BatchEngine:
         if not self._by_uid:
             return outputs
         try:
-            _, responses = self._generator.next()
+            prompt_responses, responses = self._generator.next()
         except Exception as error:  # a fault in the batched forward pass: fail this batch, keep serving
             logger.exception("generation step failed; failing %d requests", len(self._by_uid))
             return outputs + self._fail_all(f"generation failed: {type(error).__name__}: {error}")
+        outputs.extend(self._boundary_snapshots(prompt_responses))
         for response in responses:
             sequence = self._by_uid.get(response.uid)
             if sequence is not None:
@@ -114,10 +143,19 @@ class BatchEngine:
 
     def _admit(self, request: EngineRequest) -> list[EngineOutput]:
         sampling = request.sampling
+        prompt = list(request.prompt_tokens)
+        start, cache = self._start_state(request)
+        segments = [prompt[start:]]
+        if start < request.boundary < len(prompt):
+            segments = [prompt[start : request.boundary], prompt[request.boundary :]]
         try:
             sampler = build_sampler(sampling.temperature, sampling.top_p, sampling.seed)
-            (uid,) = self._generator.insert(
-                [list(request.prompt_tokens)], max_tokens=[sampling.max_tokens], samplers=[sampler]
+            (uid,) = self._generator.insert_segments(
+                [segments],
+                max_tokens=[sampling.max_tokens],
+                caches=[cache] if cache is not None else None,
+                all_tokens=[prompt[:start]] if cache is not None else None,
+                samplers=[sampler],
             )
         except (ValueError, TypeError) as error:
             return [EngineOutput(request.request_id, GenerationFailed(message=f"cannot start generation: {error}"))]
@@ -126,9 +164,21 @@ class BatchEngine:
             uid=uid,
             detokenizer=self._tokenizer.detokenizer,
             stop=StopTextMatcher(sampling.stop),
+            cached_tokens=start,
         )
         self._uid_by_request[request.request_id] = uid
         return []
+
+    def _start_state(self, request: EngineRequest) -> tuple[int, Any]:
+        """How many prompt tokens a cached prefix covers, and a private, trimmed copy of its state."""
+        prefix = request.prefix
+        if prefix is None or not 0 < prefix.matched < len(request.prompt_tokens):
+            return 0, None
+        cache = copy.deepcopy(prefix.state)
+        excess = prefix.length - prefix.matched
+        if excess > 0 and (not can_trim_prompt_cache(cache) or trim_prompt_cache(cache, excess) != excess):
+            return 0, None
+        return prefix.matched, cache
 
     def _cancel(self, request_ids: Sequence[RequestId]) -> None:
         uids = [uid for request_id in request_ids if (uid := self._uid_by_request.pop(request_id, None)) is not None]
@@ -165,13 +215,32 @@ class BatchEngine:
         if text or logprobs:
             outputs.append(EngineOutput(request_id, TokensGenerated(text=text, token_ids=(token,), logprobs=logprobs)))
         if reason is not None:
+            if sequence.request.snapshots and response.prompt_cache is not None and response.all_tokens:
+                snapshot = _snapshot(Origin.COMPLETION, response.all_tokens, response.prompt_cache)
+                outputs.append(EngineOutput(request_id, snapshot))
             self._forget(sequence)
             finished = GenerationFinished(
                 reason=reason,
                 prompt_tokens=len(sequence.request.prompt_tokens),
                 completion_tokens=sequence.generated,
+                cached_tokens=sequence.cached_tokens,
             )
             outputs.append(EngineOutput(request_id, finished))
+        return outputs
+
+    def _boundary_snapshots(self, prompt_responses: Sequence[Any]) -> list[EngineOutput]:
+        """The state at the end of a conversation's history, just prefilled (end of its first segment)."""
+        wanted = [
+            r.uid
+            for r in prompt_responses
+            if r.end_of_segment and not r.end_of_prompt and (s := self._by_uid.get(r.uid)) and s.request.snapshots
+        ]
+        if not wanted:
+            return []
+        outputs: list[EngineOutput] = []
+        for uid, (cache, tokens) in self._generator.extract_cache(wanted).items():
+            sequence = self._by_uid[uid]
+            outputs.append(EngineOutput(sequence.request.request_id, _snapshot(Origin.BOUNDARY, tokens, cache)))
         return outputs
 
     def _logprobs(self, sequence: _Sequence, token: int, logprobs: mx.array) -> tuple[TokenLogprob, ...]:
@@ -204,3 +273,8 @@ class BatchEngine:
         self._uid_by_request.clear()
         self._generator = self._new_generator()
         return failed
+
+
+def _snapshot(origin: Origin, tokens: Sequence[int], cache: list[Any]) -> SnapshotTaken:
+    state, nbytes = compact_copy(cache)
+    return SnapshotTaken(origin=origin, tokens=tuple(tokens), state=state, nbytes=nbytes)

@@ -8,6 +8,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.http.errors import ApiError
 from courier.messages.ingress import IngressMessage
+from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.service_state import Phase, ServiceState
 from courier.runtime.settings import Settings
@@ -17,6 +18,7 @@ from courier.runtime.settings import Settings
 class Outboxes:
     token_counter: MemoryObjectSendStream[TokenCounterMessage]
     ingress: MemoryObjectSendStream[IngressMessage]
+    snapshot_store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

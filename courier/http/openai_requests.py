@@ -33,6 +33,8 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     tools: tuple[Mapping[str, Any], ...] | None = None
+    session: str = ""
+    cache_prompt: bool = True
 
 
 def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
@@ -56,6 +58,8 @@ def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
         stream=optional_bool(body, "stream", False),
         include_usage=_include_usage(body),
         tools=tools,
+        session=session_key(body),
+        cache_prompt=optional_bool(body, "cache_prompt", True),
     )
 
 
@@ -82,7 +86,25 @@ def parse_completion_request(body: dict[str, Any]) -> GenerationRequest:
         sampling=sampling,
         stream=optional_bool(body, "stream", False),
         include_usage=_include_usage(body),
+        session=session_key(body),
+        cache_prompt=optional_bool(body, "cache_prompt", True),
     )
+
+
+def session_key(body: dict[str, Any], fallback_field: str | None = None) -> str:
+    """Whose conversation this is, for the prompt cache: `prompt_cache_key`, else `user` (else `fallback_field`).
+
+    Empty strings count as absent; callers that send none of them share one anonymous session.
+    """
+    for key in ("prompt_cache_key", "user", fallback_field):
+        if key is None:
+            continue
+        value = body.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ApiError.invalid(f"'{key}' must be a string", param=key)
+        if value:
+            return value
+    return ""
 
 
 def _sampling(

@@ -54,6 +54,8 @@ class AdmitGeneration(Message):
     prompt: Prompt
     sampling: SamplingParams
     reply: ReplyStream[AdmitReply]
+    session: str = ""
+    cache_prompt: bool = True
 
 
 IngressMessage: TypeAlias = AdmitGeneration

@@ -29,6 +29,10 @@ class SubmitGeneration(Message):
     sampling: SamplingParams
     events: MemoryObjectSendStream[GenerationEvent]
     reply: ReplyStream[SubmitReply]
+    # Prompt caching: the conversation's session key, where its history ends in the prompt, and whether to use it.
+    session: str = ""
+    boundary: int = 0
+    cache_prompt: bool = True
 
 
 SchedulerMessage: TypeAlias = SubmitGeneration

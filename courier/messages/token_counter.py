@@ -12,6 +12,8 @@ from courier.messages.base import Message, ReplyStream, RequestFailed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenizeResult:
     tokens: tuple[int, ...]
+    # For chat: where the conversation's history ends in `tokens` (0 when not asked for).
+    history_boundary: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +40,7 @@ class TokenizeChat(Message):
     tools: Sequence[Mapping[str, Any]] | None
     add_generation_prompt: bool
     reply: ReplyStream[TokenizeReply]
+    with_history_boundary: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

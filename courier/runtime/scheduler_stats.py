@@ -18,6 +18,7 @@ class SchedulerStats:
     failed: int = 0
     rejected: int = 0
     generated_tokens: int = 0
+    snapshots_dropped: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from courier.core.snapshot_store import SnapshotStore
 from courier.core.tool_calls import ToolCallFormat
 from courier.runtime.blas import BlasReport
 from courier.runtime.model_info import ModelInfo
@@ -30,6 +31,8 @@ class ServiceState:
     phase: Phase = Phase.LOADING
     model: ModelInfo | None = None
     tool_format: ToolCallFormat | None = None
+    # Read-only for HTTP handlers; the snapshot store actor is its only writer.
+    snapshot_store: SnapshotStore | None = None
     started_at: float = field(default_factory=time.time)
 
     def mark_ready(self, model: ModelInfo, tool_format: ToolCallFormat | None) -> None:

@@ -34,6 +34,13 @@ def parse_bytes(text: str) -> int:
     return int(match.group(1)) * _BYTE_UNITS[(match.group(2) or "").lower()]
 
 
+def parse_positive_bytes(text: str) -> int:
+    value = parse_bytes(text)
+    if value <= 0:
+        raise ValueError(f"must be positive: {text!r}")
+    return value
+
+
 def parse_bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -130,6 +137,11 @@ class Settings:
     prefill_step_size: int = 512
     admission_window_ms: float = 20.0
     request_timeout: float = 600.0
+    prompt_cache: bool = True
+    prompt_cache_snapshot_capacity_bytes: int | None = None
+    prompt_cache_snapshot_max_entries: int = 4096
+    prompt_cache_snapshot_ttl: float = 7200.0
+    prompt_cache_min_prefix: int = 32
     shutdown_timeout: float = 30.0
     trace_file: Path | None = None
     log_level: str = "info"
@@ -223,6 +235,41 @@ OPTIONS: tuple[Option, ...] = (
         default=_DEFAULTS.request_timeout,
         help="deadline in seconds for one generation request, queueing included (504 beyond)",
         metavar="SECONDS",
+    ),
+    Option(
+        name="prompt_cache",
+        parse=parse_bool,
+        default=_DEFAULTS.prompt_cache,
+        help="keep model state snapshots so a conversation's next turn prefills only its new tokens",
+        is_flag=True,
+    ),
+    Option(
+        name="prompt_cache_snapshot_capacity_bytes",
+        parse=parse_positive_bytes,
+        default=None,
+        help="byte budget of the snapshot store (default: sized from the model's state and the device's memory)",
+        metavar="BYTES",
+    ),
+    Option(
+        name="prompt_cache_snapshot_max_entries",
+        parse=parse_positive_int,
+        default=_DEFAULTS.prompt_cache_snapshot_max_entries,
+        help="most snapshots kept",
+        metavar="N",
+    ),
+    Option(
+        name="prompt_cache_snapshot_ttl",
+        parse=parse_positive_float,
+        default=_DEFAULTS.prompt_cache_snapshot_ttl,
+        help="seconds a snapshot is kept after its last use",
+        metavar="SECONDS",
+    ),
+    Option(
+        name="prompt_cache_min_prefix",
+        parse=parse_positive_int,
+        default=_DEFAULTS.prompt_cache_min_prefix,
+        help="shortest cached prefix (tokens) worth reusing; shorter matches count as misses",
+        metavar="TOKENS",
     ),
     Option(
         name="shutdown_timeout",

@@ -14,9 +14,11 @@ is cancelled. A second signal cancels at once.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import signal
 import socket
+import time
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, TypeVar
@@ -28,14 +30,17 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config as HypercornConfig
 
 from courier.actors.ingress import IngressActor
-from courier.actors.scheduler import SchedulerActor
+from courier.actors.scheduler import PromptCaching, SchedulerActor
+from courier.actors.snapshot_store import SnapshotStoreActor
 from courier.actors.token_counter import TokenCounterActor
 from courier.core.batch_engine import BatchEngine, BatchLimits
+from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
 from courier.http.app import create_app
 from courier.http.context import AppContext, Outboxes
 from courier.messages.base import Message
 from courier.messages.ingress import IngressMessage
 from courier.messages.scheduler import SchedulerMessage
+from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.actor import Actor
 from courier.runtime.blas import BlasReport
@@ -46,6 +51,7 @@ from courier.runtime.progress import Progress
 from courier.runtime.scheduler_stats import SchedulerStats
 from courier.runtime.service_state import ServiceState
 from courier.runtime.settings import Settings
+from courier.runtime.snapshot_budget import available_memory, default_budget, measure_footprint
 from courier.runtime.tracing import configure_tracing
 
 logger = logging.getLogger(__name__)
@@ -55,6 +61,8 @@ TOKEN_COUNTER_INBOX = 256
 # Admissions beyond this many waiting for the ingress get a 503: far above --max-batch + --max-queue.
 INGRESS_INBOX = 256
 SCHEDULER_INBOX = 64
+# Snapshot inserts beyond this many queued are dropped (counted), never waited for.
+SNAPSHOT_STORE_INBOX = 256
 # After in-flight HTTP requests are done or timed out, actors get this long to finish.
 ACTOR_STOP_GRACE_S = 5.0
 MLX_THREAD_JOIN_S = 2.0
@@ -86,6 +94,9 @@ class Supervisor:
             SCHEDULER_INBOX
         )
         self._ingress_send, self._ingress_receive = anyio.create_memory_object_stream[IngressMessage](INGRESS_INBOX)
+        self._snapshots_send, self._snapshots_receive = anyio.create_memory_object_stream[SnapshotStoreMessage](
+            SNAPSHOT_STORE_INBOX
+        )
         stats = SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue)
         self._state = ServiceState(blas=blas, model_id=settings.served_model_name or source.default_id, scheduler=stats)
 
@@ -101,7 +112,12 @@ class Supervisor:
                 await self._stop.wait()
                 await self._drain(task_group, http_done)
         finally:
-            for inbox in (self._token_counter_receive, self._scheduler_receive, self._ingress_receive):
+            for inbox in (
+                self._token_counter_receive,
+                self._scheduler_receive,
+                self._ingress_receive,
+                self._snapshots_receive,
+            ):
                 inbox.close()
             self._mlx.close(MLX_THREAD_JOIN_S)
             provider.shutdown()
@@ -114,7 +130,11 @@ class Supervisor:
         context = AppContext(
             settings=self._settings,
             state=self._state,
-            outboxes=Outboxes(token_counter=self._token_counter_send, ingress=self._ingress_send),
+            outboxes=Outboxes(
+                token_counter=self._token_counter_send,
+                ingress=self._ingress_send,
+                snapshot_store=self._snapshots_send if self._settings.prompt_cache else None,
+            ),
         )
         config = HypercornConfig()
         host, port = listener.getsockname()[:2]
@@ -172,11 +192,13 @@ class Supervisor:
         )
         token_counter = TokenCounterActor(loaded.tokenizer)
         await task_group.start(self._run_actor, token_counter, self._token_counter_receive, self._token_counter_send)
+        caching = await self._start_snapshot_store(task_group, loaded) if settings.prompt_cache else None
         scheduler = SchedulerActor(
             self._mlx,
             lambda: BatchEngine(loaded.model, loaded.tokenizer, limits),
             self._state.scheduler,
             admission_window_s=settings.admission_window_ms / 1000,
+            caching=caching,
         )
         await task_group.start(self._run_actor, scheduler, self._scheduler_receive, self._scheduler_send)
         ingress = IngressActor(
@@ -186,6 +208,31 @@ class Supervisor:
             vocabulary_size=len(loaded.tokenizer.get_vocab()),
         )
         await task_group.start(self._run_actor, ingress, self._ingress_receive, self._ingress_send)
+
+    async def _start_snapshot_store(self, task_group: TaskGroup, loaded: LoadedModel) -> PromptCaching:
+        settings = self._settings
+        capacity = settings.prompt_cache_snapshot_capacity_bytes
+        if capacity is None:
+            footprint = await self._mlx.call(partial(measure_footprint, loaded.model))
+            budget = default_budget(footprint, available_memory())
+            capacity = budget.capacity_bytes
+            logger.info("prompt cache budget %d bytes: %s", capacity, budget.explanation)
+        else:
+            logger.info("prompt cache budget %d bytes (configured)", capacity)
+        limits = StoreLimits(
+            capacity_bytes=capacity,
+            max_entries=settings.prompt_cache_snapshot_max_entries,
+            ttl_s=settings.prompt_cache_snapshot_ttl,
+            min_prefix=settings.prompt_cache_min_prefix,
+        )
+        store = SnapshotStore(limits, trimmable=loaded.info.prompt_cache_trimmable, clock=time.monotonic)
+        self._state.snapshot_store = store
+        actor = SnapshotStoreActor(store)
+        await task_group.start(self._run_actor, actor, self._snapshots_receive, self._snapshots_send)
+        template = str(getattr(loaded.tokenizer, "chat_template", None) or "")
+        signature = hashlib.sha256(template.encode()).hexdigest()[:16]
+        bucket = Bucket(model_id=loaded.info.model_id, template_signature=signature)
+        return PromptCaching(store=self._snapshots_send, bucket=bucket)
 
     async def _run_actor(
         self,
@@ -213,7 +260,7 @@ class Supervisor:
             for outbox, done in reversed(self._started_actors):
                 outbox.close()
                 await done.wait()
-        for outbox in (self._ingress_send, self._scheduler_send, self._token_counter_send):
+        for outbox in (self._ingress_send, self._scheduler_send, self._snapshots_send, self._token_counter_send):
             outbox.close()
         with anyio.move_on_after(ERROR_FLUSH_S):
             await http_done.wait()

@@ -1,0 +1,93 @@
+"""SnapshotStoreActor: owns the snapshot store (the prompt cache of model states).
+
+Receives `LookupPrefix` (replies `PrefixFound` or `PrefixMissed`), `InsertSnapshot`
+(no reply) and `ResetSnapshots` (replies freed entries and bytes). The store's
+invariants (supersede before byte accounting; the byte cap never exceeded) live in
+`core/snapshot_store.py`; this shell moves messages, sweeps expired entries on a
+periodic tick, and records what each operation did on its span.
+"""
+
+from __future__ import annotations
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream
+from opentelemetry import trace
+
+from courier.core.snapshot_store import SnapshotStore
+from courier.messages.snapshot_store import (
+    InsertSnapshot,
+    LookupPrefix,
+    PrefixFound,
+    PrefixMissed,
+    ResetSnapshots,
+    SnapshotStoreMessage,
+)
+from courier.runtime import trace_attributes
+from courier.runtime.actor import Actor
+
+SWEEP_INTERVAL_S = 60.0
+
+
+class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
+    name = "snapshot_store"
+
+    def __init__(self, store: SnapshotStore) -> None:
+        self._store = store
+
+    async def run(
+        self,
+        inbox: MemoryObjectReceiveStream[SnapshotStoreMessage],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(self._sweep_periodically)
+            try:
+                await super().run(inbox, task_status=task_status)
+            finally:
+                task_group.cancel_scope.cancel()
+
+    async def handle(self, message: SnapshotStoreMessage) -> None:
+        match message:
+            case LookupPrefix():
+                await self._on_lookup_prefix(message)
+            case InsertSnapshot():
+                self._on_insert_snapshot(message)
+            case ResetSnapshots():
+                await message.reply.send(self._store.reset())
+
+    async def _on_lookup_prefix(self, message: LookupPrefix) -> None:
+        result = self._store.lookup(message.bucket, message.session, message.tokens)
+        span = trace.get_current_span()
+        span.set_attribute(trace_attributes.SNAPSHOT_MATCHED, result.matched)
+        if result.snapshot is None:
+            await message.reply.send(PrefixMissed())
+            return
+        found = PrefixFound(
+            state=result.snapshot.state,
+            length=len(result.snapshot.tokens),
+            matched=result.matched,
+            trimmed=result.trimmed,
+        )
+        await message.reply.send(found)
+
+    def _on_insert_snapshot(self, message: InsertSnapshot) -> None:
+        result = self._store.insert(
+            bucket=message.bucket,
+            session=message.session,
+            origin=message.origin,
+            tokens=message.tokens,
+            state=message.state,
+            nbytes=message.nbytes,
+        )
+        span = trace.get_current_span()
+        span.set_attribute(trace_attributes.SNAPSHOT_ACCEPTED, result.accepted)
+        span.set_attribute(trace_attributes.SNAPSHOT_SUPERSEDED, result.superseded)
+        span.set_attribute(trace_attributes.SNAPSHOT_FREED_BYTES, result.freed_bytes)
+        span.set_attribute(trace_attributes.SNAPSHOT_EVICTED, result.evicted)
+
+    async def _sweep_periodically(self) -> None:
+        while True:
+            await anyio.sleep(SWEEP_INTERVAL_S)
+            self._store.sweep()

@@ -1,0 +1,56 @@
+"""The snapshot store's inbox: find the longest cached prefix of a prompt; keep a new snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from courier.core.snapshot_store import Bucket, Origin
+from courier.messages.base import Message, ReplyStream, RequestId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixFound:
+    """Reuse `state` for the first `matched` tokens (trim it to that length first when `trimmed`)."""
+
+    state: Any
+    length: int
+    matched: int
+    trimmed: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixMissed:
+    pass
+
+
+LookupReply: TypeAlias = PrefixFound | PrefixMissed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LookupPrefix(Message):
+    request_id: RequestId
+    bucket: Bucket
+    session: str
+    tokens: tuple[int, ...]
+    reply: ReplyStream[LookupReply]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InsertSnapshot(Message):
+    """Keep `state` (already a private copy) for `tokens`; no reply."""
+
+    bucket: Bucket
+    session: str
+    origin: Origin
+    tokens: tuple[int, ...]
+    state: Any
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResetSnapshots(Message):
+    reply: ReplyStream[tuple[int, int]]
+
+
+SnapshotStoreMessage: TypeAlias = LookupPrefix | InsertSnapshot | ResetSnapshots

@@ -1,0 +1,203 @@
+"""Table tests of the snapshot store core, with an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from courier.core.snapshot_store import ANONYMOUS_SESSION, Bucket, Origin, SnapshotStore, StoreLimits
+
+BUCKET = Bucket(model_id="m")
+OTHER_BUCKET = Bucket(model_id="m", template_signature="other")
+BASE = tuple(range(100, 140))  # 40 tokens: above the default minimum prefix
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def store(
+    *, capacity: int = 10_000, entries: int = 100, ttl: float = 60.0, min_prefix: int = 8, trimmable: bool = True
+) -> tuple[SnapshotStore, Clock]:
+    clock = Clock()
+    limits = StoreLimits(capacity_bytes=capacity, max_entries=entries, ttl_s=ttl, min_prefix=min_prefix)
+    return SnapshotStore(limits, trimmable=trimmable, clock=clock), clock
+
+
+def put(
+    s: SnapshotStore,
+    tokens: tuple[int, ...],
+    *,
+    session: str = "a",
+    origin: Origin = Origin.BOUNDARY,
+    nbytes: int = 10,
+    bucket: Bucket = BUCKET,
+) -> bool:
+    result = s.insert(bucket=bucket, session=session, origin=origin, tokens=tokens, state=tokens, nbytes=nbytes)
+    return result.accepted
+
+
+def test_a_conversation_chain_collapses_to_its_newest_snapshot() -> None:
+    s, _ = store()
+    turns = [BASE[:10], BASE[:20], BASE[:30], BASE]
+    for turn in turns:
+        assert put(s, turn)
+    assert [snapshot.tokens for snapshot in s.snapshots()] == [BASE]
+    assert s.counters.supersedes == 3
+    assert s.counters.evictions_lru == 0
+    assert s.nbytes == 10
+
+
+def test_supersede_touches_only_same_bucket_session_and_origin() -> None:
+    s, _ = store()
+    put(s, BASE[:20], session="a")
+    put(s, BASE[:20], session="b")
+    put(s, BASE[:20], session="a", origin=Origin.COMPLETION)
+    put(s, BASE[:20], session="a", bucket=OTHER_BUCKET)
+    put(s, BASE, session="a")
+    remaining = {(x.session, x.origin, x.bucket, len(x.tokens)) for x in s.snapshots()}
+    assert remaining == {
+        ("b", Origin.BOUNDARY, BUCKET, 20),
+        ("a", Origin.COMPLETION, BUCKET, 20),
+        ("a", Origin.BOUNDARY, OTHER_BUCKET, 20),
+        ("a", Origin.BOUNDARY, BUCKET, 40),
+    }
+    assert s.counters.supersedes == 1
+
+
+def test_only_a_strict_extension_supersedes() -> None:
+    s, _ = store()
+    put(s, BASE[:30])
+    put(s, BASE[:20] + (1, 2, 3, 4, 5, 6, 7, 8, 9, 10))  # diverges: both stay
+    assert s.entries == 2
+    put(s, BASE[:30])  # identical: replaced, not counted as a supersede
+    assert s.entries == 2
+    assert (s.counters.supersedes, s.counters.replacements) == (0, 1)
+
+
+def test_an_oversized_snapshot_is_refused_and_removes_nothing() -> None:
+    s, _ = store(capacity=100)
+    put(s, BASE[:20], nbytes=60)
+    assert not put(s, BASE, nbytes=101)
+    assert [len(x.tokens) for x in s.snapshots()] == [20]
+    assert s.counters.rejections_oversized == 1
+    assert s.counters.supersedes == 0
+
+
+def test_supersede_frees_bytes_before_the_capacity_check() -> None:
+    s, _ = store(capacity=100)
+    put(s, (1,) * 12, session="other", nbytes=15)
+    put(s, BASE[:20], nbytes=60)
+    assert put(s, BASE, nbytes=80)  # does not fit beside its ancestor, fits instead of it
+    assert s.counters.evictions_lru == 0
+    assert {len(x.tokens) for x in s.snapshots()} == {12, 40}
+    assert s.nbytes == 95
+
+
+def test_lru_evicts_the_least_recently_used_and_counts_self_evictions() -> None:
+    s, clock = store(capacity=30)
+    put(s, (1,) * 10, session="x")
+    clock.now += 1
+    put(s, (2,) * 10, session="y")
+    clock.now += 1
+    put(s, (3,) * 10, session="z")
+    clock.now += 1
+    assert s.lookup(BUCKET, "x", (1,) * 10 + (5,)).snapshot is not None  # x is now the most recent
+    put(s, (4,) * 10, session="y")
+    assert sorted(x.session for x in s.snapshots()) == ["x", "y", "z"]
+    assert [x.tokens[0] for x in s.snapshots()] == [3, 1, 4]
+    assert (s.counters.evictions_lru, s.counters.self_evictions) == (1, 1)
+    assert s.nbytes <= 30
+
+
+def test_entry_cap_holds() -> None:
+    s, _ = store(entries=2)
+    for first in range(5):
+        put(s, (first,) * 10, session=str(first))
+    assert s.entries == 2
+    assert s.counters.evictions_lru == 3
+
+
+def test_ttl_counts_from_last_use() -> None:
+    s, clock = store(ttl=60)
+    put(s, BASE[:20])
+    clock.now += 50
+    assert s.lookup(BUCKET, "a", BASE).matched == 20  # refreshes last use
+    clock.now += 50
+    assert s.entries == 1
+    clock.now += 11
+    assert s.sweep() == 1
+    assert s.entries == 0
+    assert s.counters.evictions_ttl == 1
+
+
+def test_lookup_prefers_the_longest_own_prefix_and_crosses_sessions_only_when_strictly_longer() -> None:
+    s, _ = store(trimmable=False)
+    put(s, BASE[:20], session="a")
+    put(s, BASE[:20], session="b", origin=Origin.COMPLETION)
+    own = s.lookup(BUCKET, "a", BASE)
+    assert own.snapshot is not None and own.snapshot.session == "a" and not own.cross_session
+    put(s, BASE[:30], session="b")
+    other = s.lookup(BUCKET, "a", BASE)
+    assert other.snapshot is not None and other.snapshot.session == "b" and other.cross_session
+    assert other.matched == 30
+
+
+def test_anonymous_callers_share_one_session() -> None:
+    s, _ = store()
+    put(s, BASE[:20], session=ANONYMOUS_SESSION)
+    put(s, BASE, session=ANONYMOUS_SESSION)
+    assert s.entries == 1
+    result = s.lookup(BUCKET, ANONYMOUS_SESSION, BASE + (1, 2))
+    assert result.matched == 40 and not result.cross_session
+
+
+def test_short_matches_are_misses_and_do_not_refresh() -> None:
+    s, _ = store(min_prefix=32)
+    put(s, BASE[:20])
+    assert s.lookup(BUCKET, "a", BASE).snapshot is None
+    assert (s.counters.lookups, s.counters.hits) == (1, 0)
+
+
+def test_other_buckets_never_match() -> None:
+    s, _ = store()
+    put(s, BASE[:20], bucket=OTHER_BUCKET)
+    assert s.lookup(BUCKET, "a", BASE).snapshot is None
+
+
+@pytest.mark.parametrize(("trimmable", "matched"), [(True, 25), (False, 0)])
+def test_a_diverging_snapshot_is_trimmed_only_when_the_cache_can_be_trimmed(trimmable: bool, matched: int) -> None:
+    s, _ = store(trimmable=trimmable)
+    put(s, BASE[:25] + (7,) * 10)
+    result = s.lookup(BUCKET, "a", BASE)
+    assert result.matched == matched
+    assert result.trimmed is trimmable
+
+
+def test_the_whole_prompt_leaves_one_token_to_feed() -> None:
+    s, _ = store(trimmable=True)
+    put(s, BASE)
+    result = s.lookup(BUCKET, "a", BASE)
+    assert (result.matched, result.trimmed) == (39, True)
+    exact, _ = store(trimmable=False)
+    put(exact, BASE)
+    assert exact.lookup(BUCKET, "a", BASE).snapshot is None  # a hybrid state cannot be rewound one token
+
+
+def test_reset_clears_entries_and_keeps_counters() -> None:
+    s, _ = store()
+    put(s, BASE)
+    s.lookup(BUCKET, "a", BASE + (1,))
+    assert s.reset() == (1, 10)
+    assert (s.entries, s.nbytes) == (0, 0)
+    assert s.counters.hits == 1
+
+
+@pytest.mark.parametrize("bad", [{"capacity_bytes": 0}, {"max_entries": 0}, {"ttl_s": 0}, {"min_prefix": 0}])
+def test_zero_limits_are_refused(bad: dict[str, float]) -> None:
+    values: dict[str, float] = {"capacity_bytes": 1, "max_entries": 1, "ttl_s": 1, "min_prefix": 1} | bad
+    with pytest.raises(ValueError, match="must be positive"):
+        StoreLimits(**values)  # type: ignore[arg-type]
