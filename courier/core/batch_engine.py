@@ -167,6 +167,10 @@ class BatchEngine:
             cached_tokens=start,
         )
         self._uid_by_request[request.request_id] = uid
+        if request.snapshots and cache is not None and start >= request.boundary > 0:
+            # Started at or past its history boundary from another session's (or an older) snapshot: keep that
+            # state for this conversation too, or its next turn would find nothing of its own to extend.
+            return [EngineOutput(request.request_id, _snapshot(Origin.BOUNDARY, prompt[:start], cache))]
         return []
 
     def _start_state(self, request: EngineRequest) -> tuple[int, Any]:

@@ -42,7 +42,12 @@ async def admit(context: AppContext, request: GenerationRequest, request_id: Req
     return await ask_actor(
         context.outboxes.ingress,
         lambda reply: AdmitGeneration(
-            request_id=request_id, prompt=request.prompt, sampling=request.sampling, reply=reply
+            request_id=request_id,
+            prompt=request.prompt,
+            sampling=request.sampling,
+            reply=reply,
+            session=request.session,
+            cache_prompt=request.cache_prompt,
         ),
         Admitted,
     )

@@ -54,8 +54,8 @@ class AdmitGeneration(Message):
     prompt: Prompt
     sampling: SamplingParams
     reply: ReplyStream[AdmitReply]
-    session: str = ""
-    cache_prompt: bool = True
+    session: str  # the prompt-cache session ("" for anonymous callers, who share one)
+    cache_prompt: bool
 
 
 IngressMessage: TypeAlias = AdmitGeneration

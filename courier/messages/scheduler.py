@@ -30,9 +30,9 @@ class SubmitGeneration(Message):
     events: MemoryObjectSendStream[GenerationEvent]
     reply: ReplyStream[SubmitReply]
     # Prompt caching: the conversation's session key, where its history ends in the prompt, and whether to use it.
-    session: str = ""
-    boundary: int = 0
-    cache_prompt: bool = True
+    session: str
+    boundary: int
+    cache_prompt: bool
 
 
 SchedulerMessage: TypeAlias = SubmitGeneration

@@ -71,7 +71,7 @@ def test_supersede_touches_only_same_bucket_session_and_origin() -> None:
 def test_only_a_strict_extension_supersedes() -> None:
     s, _ = store()
     put(s, BASE[:30])
-    put(s, BASE[:20] + (1, 2, 3, 4, 5, 6, 7, 8, 9, 10))  # diverges: both stay
+    put(s, (*BASE[:20], 1, 2, 3, 4, 5, 6, 7, 8, 9, 10))  # diverges: both stay
     assert s.entries == 2
     put(s, BASE[:30])  # identical: replaced, not counted as a supersede
     assert s.entries == 2
@@ -151,7 +151,7 @@ def test_anonymous_callers_share_one_session() -> None:
     put(s, BASE[:20], session=ANONYMOUS_SESSION)
     put(s, BASE, session=ANONYMOUS_SESSION)
     assert s.entries == 1
-    result = s.lookup(BUCKET, ANONYMOUS_SESSION, BASE + (1, 2))
+    result = s.lookup(BUCKET, ANONYMOUS_SESSION, (*BASE, 1, 2))
     assert result.matched == 40 and not result.cross_session
 
 
@@ -190,7 +190,7 @@ def test_the_whole_prompt_leaves_one_token_to_feed() -> None:
 def test_reset_clears_entries_and_keeps_counters() -> None:
     s, _ = store()
     put(s, BASE)
-    s.lookup(BUCKET, "a", BASE + (1,))
+    s.lookup(BUCKET, "a", (*BASE, 1))
     assert s.reset() == (1, 10)
     assert (s.entries, s.nbytes) == (0, 0)
     assert s.counters.hits == 1

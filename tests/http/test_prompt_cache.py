@@ -1,0 +1,101 @@
+"""Multi-turn conversations through the real server: each turn reuses the previous turn's state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.support.server import RunningServer, running_server
+
+SYSTEM = "You are a careful assistant who answers in full sentences. " * 6  # well past the minimum prefix
+TURNS = 5
+GENERATION_PROMPT = 3  # "<|im_start|>assistant\n" after the history: only a trimmable (dense) cache can skip it
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def server(
+    request: pytest.FixtureRequest, tiny_llama_dir: Path, tiny_qwen3_next_dir: Path, cache_dir: Path
+) -> Iterator[RunningServer]:
+    model = tiny_llama_dir if request.param == "dense" else tiny_qwen3_next_dir
+    args = ["--model", str(model), "--cache-dir", str(cache_dir), "--served-model-name", "tiny"]
+    with running_server(args) as running:
+        yield running
+        assert running.stop() == 0
+
+
+def cache_stats(server: RunningServer) -> dict[str, Any]:
+    with server.http() as http:
+        stats: dict[str, Any] = http.get("/v1/cache/stats").json()
+        return stats
+
+
+def converse(client: openai.OpenAI, user: str, turns: int = TURNS, **extra: Any) -> list[tuple[int, int]]:
+    """(prompt tokens, cached tokens) per turn of one conversation."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": SYSTEM}]
+    usage: list[tuple[int, int]] = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Turn {turn}: what comes next in the story?"})
+        reply = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=8, temperature=0, user=user, extra_body=extra or None
+        )
+        assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+        usage.append((reply.usage.prompt_tokens, reply.usage.prompt_tokens_details.cached_tokens or 0))
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+    return usage
+
+
+def test_every_turn_from_the_second_reuses_the_previous_history(server: RunningServer) -> None:
+    with server.openai_client() as client:
+        before = cache_stats(server)
+        usage = converse(client, "alice")
+        after = cache_stats(server)
+    assert usage[0][1] == 0
+    for (previous_prompt, previous_cached), (prompt, cached) in pairwise(usage):
+        assert previous_cached < cached < prompt
+        assert cached >= previous_prompt - GENERATION_PROMPT  # the whole previous history came from the cache
+    assert after["snapshot_supersedes"] - before["snapshot_supersedes"] >= TURNS - 1
+    assert after["snapshot_hits"] - before["snapshot_hits"] == TURNS - 1
+    assert after["tokens_reused"] - before["tokens_reused"] == sum(cached for _, cached in usage)
+    assert after["snapshot_bytes"] <= after["snapshot_capacity_bytes"]
+
+
+def test_conversations_of_different_users_stay_apart_and_stay_warm(server: RunningServer) -> None:
+    with server.openai_client() as client:
+        converse(client, "bob", turns=1)
+        converse(client, "carol", turns=1)
+        bob = converse(client, "bob", turns=2)
+        carol = converse(client, "carol", turns=2)
+    assert bob[0][1] > 0 and carol[0][1] > 0  # both first turns were kept warm
+    assert cache_stats(server)["snapshot_evictions_lru"] == 0
+
+
+def test_cache_prompt_false_skips_lookup_and_insert(server: RunningServer) -> None:
+    with server.openai_client() as client:
+        before = cache_stats(server)
+        usage = converse(client, "dave", turns=2, cache_prompt=False)
+        after = cache_stats(server)
+    assert [cached for _, cached in usage] == [0, 0]
+    assert after["snapshot_inserts"] == before["snapshot_inserts"]
+    assert after["snapshot_lookups"] == before["snapshot_lookups"]
+
+
+def test_reset_frees_everything_and_keeps_counters(server: RunningServer) -> None:
+    with server.openai_client() as client:
+        converse(client, "erin", turns=1)
+    before = cache_stats(server)
+    with server.http() as http:
+        freed = http.post("/v1/cache/reset").json()
+    after = cache_stats(server)
+    assert freed == {
+        "cleared": True,
+        "freed_bytes": before["snapshot_bytes"],
+        "freed_entries": before["snapshot_entries"],
+    }
+    assert (after["snapshot_entries"], after["snapshot_bytes"]) == (0, 0)
+    assert after["snapshot_inserts"] == before["snapshot_inserts"]
