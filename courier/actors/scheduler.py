@@ -162,7 +162,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             return request  # a cache that cannot answer is a miss, never a failure
         if not isinstance(found, PrefixFound):
             return request
-        prefix = CachedPrefix(state=found.state, length=found.length, matched=found.matched)
+        prefix = CachedPrefix(state=found.state, length=found.length, matched=found.matched, continues=found.continues)
         return replace(request, prefix=prefix)
 
     def _drop_abandoned(self) -> None:
@@ -207,6 +207,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             tokens=snapshot.tokens,
             state=snapshot.state,
             nbytes=snapshot.nbytes,
+            continues=snapshot.continues,
         )
         try:
             self._caching.store.send_nowait(message)

@@ -69,6 +69,7 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
             length=len(result.snapshot.tokens),
             matched=result.matched,
             trimmed=result.trimmed,
+            continues=result.continues,
         )
         await message.reply.send(found)
 
@@ -80,6 +81,7 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
             tokens=message.tokens,
             state=message.state,
             nbytes=message.nbytes,
+            continues=message.continues,
         )
         span = trace.get_current_span()
         span.set_attribute(trace_attributes.SNAPSHOT_ACCEPTED, result.accepted)

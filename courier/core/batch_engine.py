@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import mlx.core as mx
@@ -46,6 +46,8 @@ class CachedPrefix:
     state: Any
     length: int
     matched: int
+    # The store entry it came from, when it is this conversation's own last completion (superseded by the next).
+    continues: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +69,7 @@ class SnapshotTaken:
     tokens: tuple[int, ...]
     state: Any
     nbytes: int
+    continues: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +224,9 @@ class BatchEngine:
         if reason is not None:
             if sequence.request.snapshots and response.prompt_cache is not None and response.all_tokens:
                 snapshot = _snapshot(Origin.COMPLETION, response.all_tokens, response.prompt_cache)
-                outputs.append(EngineOutput(request_id, snapshot))
+                prefix = sequence.request.prefix
+                continues = prefix.continues if prefix is not None else None
+                outputs.append(EngineOutput(request_id, replace(snapshot, continues=continues)))
             self._forget(sequence)
             finished = GenerationFinished(
                 reason=reason,

@@ -18,11 +18,11 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from courier.core.radix_index import RadixIndex
+from courier.core.radix_index import PathMatch, RadixIndex
 
 ANONYMOUS_SESSION = ""
 EntryId = int
@@ -76,6 +76,9 @@ class LookupResult:
     matched: int
     trimmed: bool = False
     cross_session: bool = False
+    # This session's last completion that the prompt continues (it diverges where the reply was re-rendered):
+    # the completion snapshot of this request supersedes it.
+    continues: EntryId | None = None
 
 
 MISS = LookupResult(snapshot=None, matched=0)
@@ -135,7 +138,12 @@ class SnapshotStore:
         """The longest usable prefix of `tokens` held for `bucket`; same-session entries win ties."""
         self.counters.lookups += 1
         self._sweep_expired()
-        result = self._best_match(bucket, session, tuple(tokens))
+        vector = tuple(tokens)
+        indexed = self._buckets.get(bucket)
+        if indexed is None or not vector:
+            return MISS
+        match = indexed.index.match(vector)
+        result = replace(self._best_match(match, session, vector), continues=self._continued(match, session))
         if result.snapshot is None or result.matched < self.limits.min_prefix:
             return MISS
         result.snapshot.last_used = self._clock()
@@ -153,12 +161,21 @@ class SnapshotStore:
         tokens: Sequence[int],
         state: Any,
         nbytes: int,
+        continues: EntryId | None = None,
     ) -> InsertResult:
+        """`continues`: the entry this snapshot's generation started from; when it is the same conversation's
+        (same bucket, session and origin) it is superseded too, even though a reply re-rendered by the chat
+        template rarely makes the old vector a strict prefix of the new one."""
         if nbytes > self.limits.capacity_bytes:
             self.counters.rejections_oversized += 1
             return InsertResult(accepted=False)
         vector = tuple(tokens)
         superseded, freed = self._supersede(bucket, session, origin, vector)
+        ancestor = self._entries.get(continues) if continues is not None else None
+        if ancestor is not None and (ancestor.bucket, ancestor.session, ancestor.origin) == (bucket, session, origin):
+            superseded, freed = superseded + 1, freed + ancestor.nbytes
+            self.counters.supersedes += 1
+            self._remove(ancestor)
         evicted, self_evicted = self._make_room(nbytes, session)
         now = self._clock()
         snapshot = Snapshot(
@@ -192,11 +209,15 @@ class SnapshotStore:
         self._bytes = 0
         return freed
 
-    def _best_match(self, bucket: Bucket, session: str, tokens: tuple[int, ...]) -> LookupResult:
-        indexed = self._buckets.get(bucket)
-        if indexed is None or not tokens:
-            return MISS
-        match = indexed.index.match(tokens)
+    def _continued(self, match: PathMatch[EntryId], session: str) -> EntryId | None:
+        candidates = [self._entries[key] for key in match.keys_below_shared]
+        candidates += [self._entries[key] for _, keys in match.prefixes for key in keys]
+        own = [s for s in candidates if s.session == session and s.origin is Origin.COMPLETION]
+        if match.shared_length < self.limits.min_prefix or not own:
+            return None
+        return max(own, key=lambda snapshot: snapshot.last_used).entry_id
+
+    def _best_match(self, match: PathMatch[EntryId], session: str, tokens: tuple[int, ...]) -> LookupResult:
         # A usable prefix must leave at least one token to feed: the state after the whole prompt has no logits.
         usable = len(tokens) - 1
         own: tuple[int, Snapshot] | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from courier.core.snapshot_store import Bucket, Origin
+from courier.core.snapshot_store import Bucket, EntryId, Origin
 from courier.messages.base import Message, ReplyStream, RequestId
 
 
@@ -17,6 +17,8 @@ class PrefixFound:
     length: int
     matched: int
     trimmed: bool
+    # This conversation's last completion snapshot, which the coming completion snapshot supersedes.
+    continues: EntryId | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +48,7 @@ class InsertSnapshot(Message):
     tokens: tuple[int, ...]
     state: Any
     nbytes: int
+    continues: EntryId | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

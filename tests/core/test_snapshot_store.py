@@ -201,3 +201,43 @@ def test_zero_limits_are_refused(bad: dict[str, float]) -> None:
     values: dict[str, float] = {"capacity_bytes": 1, "max_entries": 1, "ttl_s": 1, "min_prefix": 1} | bad
     with pytest.raises(ValueError, match="must be positive"):
         StoreLimits(**values)  # type: ignore[arg-type]
+
+
+def test_a_snapshot_continuing_an_entry_of_its_conversation_supersedes_it() -> None:
+    s, _ = store()
+    put(s, (*BASE[:30], 1, 2, 3), origin=Origin.COMPLETION)
+    (older,) = s.snapshots()
+    diverging = (*BASE[:30], 9, 9, 9, 9)  # the reply re-rendered differently: not a strict extension
+    result = s.insert(
+        bucket=BUCKET,
+        session="a",
+        origin=Origin.COMPLETION,
+        tokens=diverging,
+        state=None,
+        nbytes=10,
+        continues=older.entry_id,
+    )
+    assert result.superseded == 1
+    assert [x.tokens for x in s.snapshots()] == [diverging]
+    other = s.insert(
+        bucket=BUCKET,
+        session="b",
+        origin=Origin.COMPLETION,
+        tokens=BASE,
+        state=None,
+        nbytes=10,
+        continues=s.snapshots()[0].entry_id,  # another session's entry is never removed this way
+    )
+    assert other.superseded == 0
+    assert s.entries == 2
+
+
+def test_lookup_names_the_sessions_completion_that_the_prompt_continues() -> None:
+    s, _ = store(trimmable=False)
+    put(s, BASE[:20], origin=Origin.BOUNDARY)
+    put(s, (*BASE[:30], 5, 5), origin=Origin.COMPLETION)
+    put(s, (*BASE[:30], 6, 6), session="b", origin=Origin.COMPLETION)
+    (completion,) = [x for x in s.snapshots() if x.origin is Origin.COMPLETION and x.session == "a"]
+    result = s.lookup(BUCKET, "a", BASE)  # reuses the boundary; continues the diverging completion
+    assert result.matched == 20
+    assert result.continues == completion.entry_id

@@ -63,6 +63,7 @@ def test_every_turn_from_the_second_reuses_the_previous_history(server: RunningS
     assert after["snapshot_hits"] - before["snapshot_hits"] == TURNS - 1
     assert after["tokens_reused"] - before["tokens_reused"] == sum(cached for _, cached in usage)
     assert after["snapshot_bytes"] <= after["snapshot_capacity_bytes"]
+    assert after["snapshot_entries"] <= 2  # the conversation's history and its last reply, not one per turn
 
 
 def test_conversations_of_different_users_stay_apart_and_stay_warm(server: RunningServer) -> None:
