@@ -14,6 +14,7 @@ new requests join the running batch at the next step.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
@@ -43,6 +44,8 @@ class _Queued:
     events: MemoryObjectSendStream[GenerationEvent]
     session: str
     cache_prompt: bool
+    queued_at: float
+    first_token_seen: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,8 +67,10 @@ class SchedulerActor(Actor[SchedulerMessage]):
         *,
         admission_window_s: float = 0.0,
         caching: PromptCaching | None = None,
+        observe_time_to_first_token: Callable[[float], None] | None = None,
     ) -> None:
         self._mlx = mlx
+        self._observe_ttft = observe_time_to_first_token
         self._caching = caching
         self._admission_window_s = admission_window_s
         self._make_engine = make_engine
@@ -112,7 +117,13 @@ class SchedulerActor(Actor[SchedulerMessage]):
             boundary=message.boundary if caching else 0,
             snapshots=caching,
         )
-        queued = _Queued(request=request, events=message.events, session=message.session, cache_prompt=caching)
+        queued = _Queued(
+            request=request,
+            events=message.events,
+            session=message.session,
+            cache_prompt=caching,
+            queued_at=time.monotonic(),
+        )
         self._waiting.append(queued)
         self._update_counts()
         self._wake.set()
@@ -185,6 +196,9 @@ class SchedulerActor(Actor[SchedulerMessage]):
             events = running.events
             if isinstance(output.event, TokensGenerated):
                 self._stats.generated_tokens += len(output.event.token_ids)
+                if not running.first_token_seen and self._observe_ttft is not None:
+                    running.first_token_seen = True
+                    self._observe_ttft(time.monotonic() - running.queued_at)
             try:
                 events.send_nowait(output.event)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):

@@ -9,6 +9,8 @@ periodic tick, and records what each operation did on its span.
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream
@@ -27,6 +29,9 @@ from courier.runtime import trace_attributes
 from courier.runtime.actor import Actor
 
 SWEEP_INTERVAL_S = 60.0
+MAX_LOGGED_SESSIONS = 1024
+
+logger = logging.getLogger(__name__)
 
 
 class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
@@ -34,6 +39,8 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
 
     def __init__(self, store: SnapshotStore) -> None:
         self._store = store
+        # Bounded: beyond this many sessions, further self-evictions are only counted.
+        self._self_evicted_sessions: set[str] = set()
 
     async def run(
         self,
@@ -88,6 +95,14 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
         span.set_attribute(trace_attributes.SNAPSHOT_SUPERSEDED, result.superseded)
         span.set_attribute(trace_attributes.SNAPSHOT_FREED_BYTES, result.freed_bytes)
         span.set_attribute(trace_attributes.SNAPSHOT_EVICTED, result.evicted)
+        logged = self._self_evicted_sessions
+        if result.self_evicted and message.session not in logged and len(logged) < MAX_LOGGED_SESSIONS:
+            logged.add(message.session)  # once per session
+            logger.warning(
+                "prompt cache: session %r evicted its own snapshots to make room; the cache budget "
+                "(--prompt-cache-snapshot-capacity-bytes) is too small for the conversations it serves",
+                message.session or "<anonymous>",
+            )
 
     async def _sweep_periodically(self) -> None:
         while True:

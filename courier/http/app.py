@@ -10,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
-from courier.http.routes import cache, chat, completions, health, models, tokenize
+from courier.http.routes import cache, chat, completions, health, metrics, models, tokenize
 from courier.http.tracing_middleware import TracingMiddleware, name_request_span
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def create_quart_app(context: AppContext) -> Quart:
     # Streams run as long as the request deadline allows; Quart's own 60 s limits would cut them.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = context.settings.request_timeout
-    for module in (health, models, tokenize, chat, completions, cache):
+    for module in (health, models, tokenize, chat, completions, cache, metrics):
         app.register_blueprint(module.blueprint(context))
 
     @app.before_request

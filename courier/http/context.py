@@ -10,6 +10,7 @@ from courier.http.errors import ApiError
 from courier.messages.ingress import IngressMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.token_counter import TokenCounterMessage
+from courier.runtime.metrics import CourierMetrics
 from courier.runtime.service_state import Phase, ServiceState
 from courier.runtime.settings import Settings
 
@@ -26,6 +27,7 @@ class AppContext:
     settings: Settings
     state: ServiceState
     outboxes: Outboxes
+    metrics: CourierMetrics
 
     def require_ready(self) -> None:
         """Refuse work the model is not ready for, with a retryable 503."""

@@ -44,6 +44,7 @@ from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.actor import Actor
 from courier.runtime.blas import BlasReport
+from courier.runtime.metrics import CourierMetrics
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.model_loader import LoadedModel, ModelLoadError, load_model, tool_call_format
 from courier.runtime.model_source import ModelSource
@@ -99,6 +100,7 @@ class Supervisor:
         )
         stats = SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue)
         self._state = ServiceState(blas=blas, model_id=settings.served_model_name or source.default_id, scheduler=stats)
+        self._metrics = CourierMetrics(self._state)
 
     async def run(self) -> None:
         provider = configure_tracing(self._environ, self._settings.trace_file)
@@ -130,6 +132,7 @@ class Supervisor:
         context = AppContext(
             settings=self._settings,
             state=self._state,
+            metrics=self._metrics,
             outboxes=Outboxes(
                 token_counter=self._token_counter_send,
                 ingress=self._ingress_send,
@@ -199,6 +202,7 @@ class Supervisor:
             self._state.scheduler,
             admission_window_s=settings.admission_window_ms / 1000,
             caching=caching,
+            observe_time_to_first_token=self._metrics.time_to_first_token.observe,
         )
         await task_group.start(self._run_actor, scheduler, self._scheduler_receive, self._scheduler_send)
         ingress = IngressActor(

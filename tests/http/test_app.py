@@ -10,6 +10,7 @@ from courier.http.context import AppContext, Outboxes
 from courier.messages.ingress import IngressMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.blas import BlasReport
+from courier.runtime.metrics import CourierMetrics
 from courier.runtime.scheduler_stats import SchedulerStats
 from courier.runtime.service_state import Phase, ServiceState
 from courier.runtime.settings import Settings
@@ -25,7 +26,7 @@ async def test_not_ready_answers_503_with_retry_after(phase: Phase, code: str) -
     stats = SchedulerStats(max_batch=1, max_queue=1)
     state = ServiceState(blas=BLAS, model_id="m", scheduler=stats, phase=phase)
     outboxes = Outboxes(token_counter=send, ingress=ingress_send)
-    context = AppContext(settings=Settings(), state=state, outboxes=outboxes)
+    context = AppContext(settings=Settings(), state=state, outboxes=outboxes, metrics=CourierMetrics(state))
     client = create_quart_app(context).test_client()
     health = await client.get("/health")
     assert health.status_code == 503

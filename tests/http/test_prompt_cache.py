@@ -100,3 +100,20 @@ def test_reset_frees_everything_and_keeps_counters(server: RunningServer) -> Non
     }
     assert (after["snapshot_entries"], after["snapshot_bytes"]) == (0, 0)
     assert after["snapshot_inserts"] == before["snapshot_inserts"]
+
+
+def test_metrics_export_the_cache_and_time_to_first_token(server: RunningServer) -> None:
+    with server.openai_client() as client:
+        converse(client, "frank", turns=2)
+    with server.http() as http:
+        response = http.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1]) for line in response.text.splitlines() if not line.startswith("#")
+    }
+    stats = cache_stats(server)
+    assert samples["courier_prompt_cache_hits_total"] == stats["snapshot_hits"]
+    assert samples["courier_prompt_cache_bytes"] == stats["snapshot_bytes"]
+    assert samples['courier_prompt_cache_evictions_total{reason="lru"}'] == stats["snapshot_evictions_lru"]
+    assert samples["courier_time_to_first_token_seconds_count"] >= 2
+    assert samples['courier_requests_total{outcome="completed"}'] >= 2
