@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.real_model
+
+
+SYSTEM = "You are a concise geography tutor. Answer in one sentence and name the country. " * 3
+
+
+def converse(client: openai.OpenAI, turns: int) -> list[tuple[int, int]]:
+    """(prompt tokens, cached tokens) per turn of one multi-turn conversation."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": SYSTEM}]
+    usage: list[tuple[int, int]] = []
+    for city in ("Paris", "Rome", "Madrid")[:turns]:
+        messages.append({"role": "user", "content": f"Which country is {city} in?"})
+        reply = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=messages, temperature=0, max_tokens=24, user="geo"
+        )
+        assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+        usage.append((reply.usage.prompt_tokens, reply.usage.prompt_tokens_details.cached_tokens or 0))
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+    return usage
 
 
 def test_default_server_serves_embedded_smollm2_and_traces_a_request(cache_dir: Path, tmp_path: Path) -> None:
@@ -32,12 +53,16 @@ def test_default_server_serves_embedded_smollm2_and_traces_a_request(cache_dir: 
                 stream=True,
             )
             streamed_text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
+            conversation = converse(client, turns=3)
         with server.http() as http:
             health = http.get("/health").json()
             question = [{"role": "user", "content": "What is the capital of France?"}]
             tokenized = http.post("/tokenize", json={"messages": question}).json()
             text = http.post("/detokenize", json={"tokens": tokenized["tokens"]}).json()["prompt"]
         assert server.stop() == 0
+    for (previous_prompt, previous_cached), (prompt, cached) in pairwise(conversation):
+        assert previous_cached < cached < prompt
+        assert cached >= previous_prompt - 3  # all of the previous history, at most the generation prompt not
     assert "Paris" in (answer.choices[0].message.content or "")
     assert answer.choices[0].finish_reason == "stop"
     assert streamed_text == answer.choices[0].message.content
@@ -61,10 +86,21 @@ def test_default_server_serves_embedded_smollm2_and_traces_a_request(cache_dir: 
         return [span for span in spans if span["name"] == name]
 
     # Each chat request: HTTP span -> ingress admission -> token counter render and scheduler submit.
-    assert [parent_name(span) for span in named("ingress.AdmitGeneration")] == ["POST /v1/chat/completions"] * 2
-    assert [parent_name(span) for span in named("scheduler.SubmitGeneration")] == ["ingress.AdmitGeneration"] * 2
+    chats = 2 + len(conversation)
+    assert [parent_name(span) for span in named("ingress.AdmitGeneration")] == ["POST /v1/chat/completions"] * chats
+    assert [parent_name(span) for span in named("scheduler.SubmitGeneration")] == ["ingress.AdmitGeneration"] * chats
     renders = sorted(parent_name(span) or "" for span in named("token_counter.TokenizeChat"))
-    assert renders == ["POST /tokenize", "ingress.AdmitGeneration", "ingress.AdmitGeneration"]
+    assert renders == ["POST /tokenize", *["ingress.AdmitGeneration"] * chats]
+    # The snapshot store's work for a request joins that request's trace, under the scheduler's handling of it.
+    assert [parent_name(span) for span in named("snapshot_store.LookupPrefix")] == [
+        "scheduler.SubmitGeneration"
+    ] * chats
+    inserts = {parent_name(span) for span in named("snapshot_store.InsertSnapshot")}
+    assert inserts == {"scheduler.SubmitGeneration"}
+    superseding = [
+        span for span in named("snapshot_store.InsertSnapshot") if span["attributes"]["courier.snapshot.superseded"]
+    ]
+    assert superseding  # a later turn's insert shows what it superseded
     tokenize = named("POST /tokenize")[0]
     assert tokenize["attributes"]["http.response.status_code"] == 200
     for span in spans:

@@ -34,6 +34,7 @@ from courier.messages.snapshot_store import InsertSnapshot, LookupPrefix, Lookup
 from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.scheduler_stats import SchedulerStats
+from courier.runtime.tracing import TraceCarrier, current_carrier
 
 SHUTDOWN_MESSAGE = "the server is shutting down"
 
@@ -45,6 +46,8 @@ class _Queued:
     session: str
     cache_prompt: bool
     queued_at: float
+    # The request's trace, so the snapshot store's spans for it join the request's trace.
+    trace: TraceCarrier
     first_token_seen: bool = False
 
 
@@ -123,6 +126,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             session=message.session,
             cache_prompt=caching,
             queued_at=time.monotonic(),
+            trace=current_carrier(),
         )
         self._waiting.append(queued)
         self._update_counts()
@@ -162,6 +166,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             found: LookupReply = await ask(
                 caching.store,
                 lambda reply: LookupPrefix(
+                    trace=queued.trace,
                     request_id=request.request_id,
                     bucket=caching.bucket,
                     session=queued.session,
@@ -215,6 +220,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         if self._caching is None:
             return
         message = InsertSnapshot(
+            trace=running.trace,
             bucket=self._caching.bucket,
             session=running.session,
             origin=snapshot.origin,
