@@ -32,7 +32,10 @@ b. K conversations (`--conversations`, 2,8,32) interleaved turn by turn (convers
      and `--prompt-cache-size 4096` (Courier's default entry cap), so that bytes, not its
      10-entry default, are what binds. `--budget-bytes` sets B directly.
 
-   mlx_lm.server has no sessions: it ignores `user` and shares one cache across requests.
+   mlx_lm.server (`mlx-lm-f32`) serves the tiny float32 weights with `LD_PRELOAD=<OpenBLAS>`
+   and `--log-level WARNING`. It has no sessions: it ignores `user` and shares one cache across
+   requests. It applies `--prompt-cache-bytes` when it admits a request, after that request's
+   cache lookup, so between requests its cache may hold more than B.
    Courier's `snapshot_entries`, `snapshot_evictions_lru` and `snapshot_self_evictions` are
    printed after each K (its store is reset after the warm-up request, so they count the
    conversations only; mlx_lm.server keeps its warm-up cache).
@@ -54,6 +57,8 @@ the repository root:
         [--a-servers courier,mlx-lm-f32,mlx-lm-4bit] [--b-models llama,qwen3_next]
         [--cache-dir DIR] [--json PATH] [--courier-arg=--admission-window-ms=0 ...]
 
+`--courier-arg` adds a flag to every Courier command line (none by default: defaults are measured).
+
 Markdown tables go to stdout, progress to stderr, server logs to CACHE/bench-logs.
 """
 
@@ -74,6 +79,7 @@ from typing import Any, TypeVar
 
 import httpx
 import openai
+from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletionMessageParam
 
 from bench.throughput import (
@@ -356,7 +362,7 @@ def chat_turn(
     first: float | None = None
     finish: float | None = None
     pieces: list[str] = []
-    usage: Any = None
+    usage: CompletionUsage | None = None
     stream = client.chat.completions.create(
         model=model,
         messages=messages,
@@ -555,8 +561,10 @@ def run_interleaved(
     later = [turn for turn in turns if turn.turn >= 2]
     if stats is not None:
         progress(
-            f"{log_name}: entries {stats['snapshot_entries']}, evictions_lru {stats['snapshot_evictions_lru']}, "
-            f"self_evictions {stats['snapshot_self_evictions']}, bytes/entry {stats['snapshot_bytes_per_entry']}"
+            f"{log_name}: entries {stats.get('snapshot_entries')}, "
+            f"evictions_lru {stats.get('snapshot_evictions_lru')}, "
+            f"self_evictions {stats.get('snapshot_self_evictions')}, "
+            f"bytes/entry {stats.get('snapshot_bytes_per_entry')}"
         )
     return InterleavedRun(
         model=model,
@@ -580,7 +588,7 @@ def derive_budget(model: str, default_runs: Sequence[InterleavedRun], args: argp
     k = max(args.conversations)
     source = next((run for run in default_runs if run.server.label == COURIER and run.conversations == k), None)
     stats = source.courier_stats if source is not None else None
-    if stats is None or not stats["snapshot_entries"]:
+    if stats is None or not stats.get("snapshot_entries") or not stats.get("snapshot_bytes_per_entry"):
         return ByteBudget(model=model, capacity_bytes=None, explanation=f"no Courier default run at K={k} to size it")
     per_entry, entries = int(stats["snapshot_bytes_per_entry"]), int(stats["snapshot_entries"])
     per_conversation = per_entry * entries / k
@@ -789,7 +797,9 @@ def print_part_a(runs: Sequence[ConversationRun]) -> None:
     for run in runs:
         if run.courier_stats is not None:
             keys = ("snapshot_entries", "snapshot_hits", "snapshot_lookups", "snapshot_supersedes", "tokens_reused")
-            print(f"- {run.server.label} cache stats: " + ", ".join(f"{key} {run.courier_stats[key]}" for key in keys))
+            print(
+                f"- {run.server.label} cache stats: " + ", ".join(f"{key} {run.courier_stats.get(key)}" for key in keys)
+            )
     print()
 
 
@@ -797,7 +807,7 @@ def courier_cells(stats: dict[str, Any] | None) -> str:
     if stats is None:
         return "- | - | -"
     keys = ("snapshot_entries", "snapshot_evictions_lru", "snapshot_self_evictions")
-    return " | ".join(str(stats[key]) for key in keys)
+    return " | ".join(str(stats.get(key, "?")) for key in keys)
 
 
 def print_part_b(runs: Sequence[InterleavedRun], budgets: Sequence[ByteBudget]) -> None:

@@ -10,15 +10,24 @@ refused request leaves nothing queued and no stream open.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import replace
 
-from anyio import create_memory_object_stream
+from anyio import BrokenResourceError, ClosedResourceError, WouldBlock, create_memory_object_stream
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.generation import GenerationEvent
-from courier.messages.ingress import AdmitGeneration, Admitted, ChatPrompt, IngressMessage, TextPrompt, TokenPrompt
-from courier.messages.scheduler import GenerationQueued, SchedulerMessage, SubmitGeneration, SubmitReply
+from courier.messages.ingress import (
+    AdmitGeneration,
+    Admitted,
+    ChatPrompt,
+    IngressMessage,
+    TextPrompt,
+    TokenPrompt,
+    WarmUpConversation,
+)
+from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration, SubmitReply
 from courier.messages.token_counter import (
     TokenCounterMessage,
     TokenizeChat,
@@ -52,6 +61,23 @@ class IngressActor(Actor[IngressMessage]):
         match message:
             case AdmitGeneration():
                 await self._on_admit_generation(message)
+            case WarmUpConversation():
+                await self._on_warm_up_conversation(message)
+
+    async def _on_warm_up_conversation(self, message: WarmUpConversation) -> None:
+        """Render the history through the reply, as the next turn will, and queue it for an idle scheduler."""
+        try:
+            result: TokenizeReply = await ask(
+                self._token_counter,
+                lambda reply: TokenizeChat(
+                    messages=message.messages, tools=message.tools, add_generation_prompt=False, reply=reply
+                ),
+            )
+        except (ActorBusy, ActorStopped):
+            return  # a warm-up is an optimisation: dropped, never waited for
+        if isinstance(result, TokenizeResult) and result.tokens:
+            with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
+                self._scheduler.send_nowait(QueueWarmUp(session=message.session, tokens=result.tokens))
 
     async def _on_admit_generation(self, message: AdmitGeneration) -> None:
         try:

@@ -15,7 +15,7 @@ new requests join the running batch at the next step.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, replace
@@ -25,11 +25,13 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from courier.core.batch_engine import BatchEngine, CachedPrefix, EngineOutput, EngineRequest, SnapshotTaken
+from courier.core.batch_engine import BatchEngine, EngineOutput, EngineRequest, SnapshotTaken
+from courier.core.model_state import CachedPrefix
 from courier.core.snapshot_store import Bucket
+from courier.core.warm_up import WarmUp
 from courier.messages.base import FailureKind, RequestFailed, RequestId
 from courier.messages.generation import GenerationEvent, GenerationFailed, GenerationFinished, TokensGenerated
-from courier.messages.scheduler import GenerationQueued, SchedulerMessage, SubmitGeneration
+from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration
 from courier.messages.snapshot_store import InsertSnapshot, LookupPrefix, LookupReply, PrefixFound, SnapshotStoreMessage
 from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.mlx_thread import MlxThread
@@ -37,6 +39,8 @@ from courier.runtime.scheduler_stats import SchedulerStats
 from courier.runtime.tracing import TraceCarrier, current_carrier
 
 SHUTDOWN_MESSAGE = "the server is shutting down"
+# Warm-ups waiting for an idle moment, one per session, newest kept.
+WARM_UP_QUEUE = 8
 
 
 @dataclass(slots=True, kw_only=True)
@@ -83,6 +87,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._cancelled: list[RequestId] = []
         self._wake = anyio.Event()
         self._engine: BatchEngine | None = None
+        self._warm_ups: OrderedDict[str, QueueWarmUp] = OrderedDict()
 
     async def run(
         self,
@@ -103,6 +108,21 @@ class SchedulerActor(Actor[SchedulerMessage]):
         match message:
             case SubmitGeneration():
                 await self._on_submit_generation(message)
+            case QueueWarmUp():
+                self._on_queue_warm_up(message)
+
+    def _on_queue_warm_up(self, message: QueueWarmUp) -> None:
+        if self._caching is None:
+            return
+        self._stats.warmups_queued += 1
+        if self._warm_ups.pop(message.session, None) is not None:
+            self._stats.warmups_skipped += 1  # superseded by this newer one of the same conversation
+        self._warm_ups[message.session] = message
+        while len(self._warm_ups) > WARM_UP_QUEUE:
+            self._warm_ups.popitem(last=False)
+            self._stats.warmups_skipped += 1
+        self._stats.warmups_pending = len(self._warm_ups)
+        self._wake.set()
 
     async def _on_submit_generation(self, message: SubmitGeneration) -> None:
         stats = self._stats
@@ -136,6 +156,13 @@ class SchedulerActor(Actor[SchedulerMessage]):
     async def _drive(self, engine: BatchEngine) -> None:
         while True:
             if not self._running and not self._waiting:
+                if self._warm_ups:
+                    _, warm_up = self._warm_ups.popitem(last=True)
+                    try:
+                        await self._warm_up(engine, warm_up)
+                    finally:
+                        self._stats.warmups_pending = len(self._warm_ups)
+                    continue
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 # Requests that arrive together (a burst of clients) get one batched prefill instead of a lone
@@ -159,27 +186,44 @@ class SchedulerActor(Actor[SchedulerMessage]):
 
     async def _with_cached_prefix(self, queued: _Queued) -> EngineRequest:
         request = queued.request
-        if self._caching is None or not queued.cache_prompt:
+        if not queued.cache_prompt:
             return request
+        prefix = await self._lookup(queued.session, request.prompt_tokens, queued.trace)
+        return replace(request, prefix=prefix) if prefix is not None else request
+
+    async def _lookup(self, session: str, tokens: tuple[int, ...], trace: TraceCarrier) -> CachedPrefix | None:
         caching = self._caching
+        if caching is None:
+            return None
         try:
             found: LookupReply = await ask(
                 caching.store,
                 lambda reply: LookupPrefix(
-                    trace=queued.trace,
-                    request_id=request.request_id,
-                    bucket=caching.bucket,
-                    session=queued.session,
-                    tokens=request.prompt_tokens,
-                    reply=reply,
+                    trace=trace, bucket=caching.bucket, session=session, tokens=tokens, reply=reply
                 ),
             )
         except (ActorBusy, ActorStopped):
-            return request  # a cache that cannot answer is a miss, never a failure
+            return None  # a cache that cannot answer is a miss, never a failure
         if not isinstance(found, PrefixFound):
-            return request
-        prefix = CachedPrefix(state=found.state, length=found.length, matched=found.matched, continues=found.continues)
-        return replace(request, prefix=prefix)
+            return None
+        return CachedPrefix(state=found.state, length=found.length, matched=found.matched, continues=found.continues)
+
+    async def _warm_up(self, engine: BatchEngine, message: QueueWarmUp) -> None:
+        """Extend the session's snapshot over `message.tokens`, yielding to live requests between chunks."""
+        tokens = message.tokens
+        prefix = await self._lookup(message.session, tokens, message.trace)
+        if prefix is not None and prefix.matched >= len(tokens) - 1:
+            self._stats.warmups_skipped += 1  # already covered
+            return
+        job = await self._mlx.call(partial(WarmUp, engine.model, tokens, prefix))
+        while not job.finished:
+            if self._running or self._waiting:
+                self._stats.warmups_skipped += 1  # live work first, always
+                return
+            await self._mlx.call(job.advance)
+        snapshot = await self._mlx.call(job.snapshot)
+        self._insert(message.session, snapshot, message.trace)
+        self._stats.warmups_run += 1
 
     def _drop_abandoned(self) -> None:
         """Consumers that closed their end: queued ones are dropped, running ones leave the batch."""
@@ -217,17 +261,21 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 self._end(output.request_id)
 
     def _keep_snapshot(self, running: _Queued, snapshot: SnapshotTaken) -> None:
+        self._insert(running.session, snapshot, running.trace)
+
+    def _insert(self, session: str, snapshot: SnapshotTaken, trace: TraceCarrier) -> None:
         if self._caching is None:
             return
         message = InsertSnapshot(
-            trace=running.trace,
+            trace=trace,
             bucket=self._caching.bucket,
-            session=running.session,
+            session=session,
             origin=snapshot.origin,
             tokens=snapshot.tokens,
             state=snapshot.state,
             nbytes=snapshot.nbytes,
             continues=snapshot.continues,
+            prompt_length=snapshot.prompt_length,
         )
         try:
             self._caching.store.send_nowait(message)

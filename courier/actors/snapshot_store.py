@@ -89,6 +89,7 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
             state=message.state,
             nbytes=message.nbytes,
             continues=message.continues,
+            prompt_length=message.prompt_length,
         )
         span = trace.get_current_span()
         span.set_attribute(trace_attributes.SNAPSHOT_ACCEPTED, result.accepted)

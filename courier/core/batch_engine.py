@@ -10,7 +10,6 @@ the batch and starts a fresh generator, so the engine keeps serving.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -18,10 +17,9 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from courier.core.model_state import compact_copy
+from courier.core.model_state import CachedPrefix, compact_copy, resume
 from courier.core.sampling import build_sampler
 from courier.core.snapshot_store import Origin
 from courier.core.stop_text import StopTextMatcher
@@ -37,17 +35,6 @@ from courier.messages.generation import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CachedPrefix:
-    """A stored model state to start from: its first `matched` tokens are the prompt's first tokens."""
-
-    state: Any
-    length: int
-    matched: int
-    # The store entry it came from, when it is this conversation's own last completion (superseded by the next).
-    continues: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +57,7 @@ class SnapshotTaken:
     state: Any
     nbytes: int
     continues: int | None = None
+    prompt_length: int | None = None  # for a completion: how many of `tokens` were the prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +95,10 @@ class BatchEngine:
         self._generator = self._new_generator()
         self._by_uid: dict[int, _Sequence] = {}
         self._uid_by_request: dict[RequestId, int] = {}
+
+    @property
+    def model(self) -> Any:
+        return self._model
 
     @property
     def active(self) -> int:
@@ -147,7 +139,7 @@ class BatchEngine:
     def _admit(self, request: EngineRequest) -> list[EngineOutput]:
         sampling = request.sampling
         prompt = list(request.prompt_tokens)
-        start, cache = self._start_state(request)
+        start, cache = resume(request.prefix, len(prompt))
         segments = [prompt[start:]]
         if start < request.boundary < len(prompt):
             segments = [prompt[start : request.boundary], prompt[request.boundary :]]
@@ -175,17 +167,6 @@ class BatchEngine:
             # state for this conversation too, or its next turn would find nothing of its own to extend.
             return [EngineOutput(request.request_id, _snapshot(Origin.BOUNDARY, prompt[:start], cache))]
         return []
-
-    def _start_state(self, request: EngineRequest) -> tuple[int, Any]:
-        """How many prompt tokens a cached prefix covers, and a private, trimmed copy of its state."""
-        prefix = request.prefix
-        if prefix is None or not 0 < prefix.matched < len(request.prompt_tokens):
-            return 0, None
-        cache = copy.deepcopy(prefix.state)
-        excess = prefix.length - prefix.matched
-        if excess > 0 and (not can_trim_prompt_cache(cache) or trim_prompt_cache(cache, excess) != excess):
-            return 0, None
-        return prefix.matched, cache
 
     def _cancel(self, request_ids: Sequence[RequestId]) -> None:
         uids = [uid for request_id in request_ids if (uid := self._uid_by_request.pop(request_id, None)) is not None]
@@ -226,7 +207,9 @@ class BatchEngine:
                 snapshot = _snapshot(Origin.COMPLETION, response.all_tokens, response.prompt_cache)
                 prefix = sequence.request.prefix
                 continues = prefix.continues if prefix is not None else None
-                outputs.append(EngineOutput(request_id, replace(snapshot, continues=continues)))
+                prompt_length = len(sequence.request.prompt_tokens)
+                snapshot = replace(snapshot, continues=continues, prompt_length=prompt_length)
+                outputs.append(EngineOutput(request_id, snapshot))
             self._forget(sequence)
             finished = GenerationFinished(
                 reason=reason,

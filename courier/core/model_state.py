@@ -10,17 +10,40 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CachedPrefix:
+    """A stored model state to start from: its first `matched` tokens are the prompt's first tokens."""
+
+    state: Any
+    length: int
+    matched: int
+    # The store entry of this conversation's last completion, which the next completion snapshot supersedes.
+    continues: int | None = None
+
+
+def resume(prefix: CachedPrefix | None, prompt_length: int) -> tuple[int, Any]:
+    """How many prompt tokens `prefix` covers, and a private copy of its state trimmed to them (0, None: none)."""
+    if prefix is None or not 0 < prefix.matched < prompt_length:
+        return 0, None
+    cache = copy.deepcopy(prefix.state)
+    excess = prefix.length - prefix.matched
+    if excess > 0 and (not can_trim_prompt_cache(cache) or trim_prompt_cache(cache, excess) != excess):
+        return 0, None
+    return prefix.matched, cache
 
 
 def compact_copy(cache: Sequence[Any]) -> tuple[list[Any], int]:
     """A private copy of `cache` holding only its contents, and its size in bytes."""
     copied = [_compact_layer(layer) for layer in cache]
-    arrays = [array for layer in copied for array in _arrays(layer)]
+    arrays = [array for layer in copied for array in state_arrays(layer)]
     mx.eval(arrays)
     return copied, sum(array.nbytes for array in arrays)
 
@@ -37,7 +60,8 @@ def _compact_layer(layer: Any) -> Any:
     return copied
 
 
-def _arrays(layer: Any) -> list[mx.array]:
+def state_arrays(layer: Any) -> list[mx.array]:
+    """The arrays holding one layer's cache contents."""
     if isinstance(layer, KVCache):
         return [array for array in (layer.keys, layer.values) if array is not None]
     return [item for _, item in tree_flatten(layer.state) if isinstance(item, mx.array)]

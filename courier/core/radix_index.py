@@ -97,11 +97,17 @@ class RadixIndex(Generic[K]):
         return PathMatch(prefixes=tuple(prefixes), shared_length=depth, keys_below_shared=shared_keys)
 
     def _keys_under(self, node: _Node[K]) -> Iterator[K]:
-        stack = [node]
+        """Depth first and lazy: a caller that stops after a few keys never touches the rest of a wide subtree."""
+        yield from node.keys
+        stack = [iter(node.edges.values())]
         while stack:
-            current = stack.pop()
-            yield from current.keys
-            stack.extend(child for _, child in current.edges.values())
+            edge = next(stack[-1], None)
+            if edge is None:
+                stack.pop()
+                continue
+            child = edge[1]
+            yield from child.keys
+            stack.append(iter(child.edges.values()))
 
     def _path(self, tokens: Tokens) -> list[_Node[K]] | None:
         node, rest, path = self._root, tokens, [self._root]

@@ -54,6 +54,8 @@ class Snapshot:
     origin: Origin
     created: float
     last_used: float
+    # How many of `tokens` were the prompt (the rest was generated); all of them for a boundary snapshot.
+    prompt_length: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,6 +122,8 @@ class SnapshotStore:
         self._clock = clock
         self._entries: OrderedDict[EntryId, Snapshot] = OrderedDict()  # least recently used first
         self._buckets: dict[Bucket, _BucketIndex] = {}
+        # Completion snapshots per conversation (bucket, session): few each, so a continuation is found cheaply.
+        self._completions: dict[tuple[Bucket, str], set[EntryId]] = {}
         self._bytes = 0
         self._ids = itertools.count(1)
 
@@ -143,7 +147,8 @@ class SnapshotStore:
         if indexed is None or not vector:
             return MISS
         match = indexed.index.match(vector)
-        result = replace(self._best_match(match, session, vector), continues=self._continued(match, session))
+        continued = self._continued(bucket, session, vector)
+        result = replace(self._best_match(match, session, vector), continues=continued)
         if result.snapshot is None or result.matched < self.limits.min_prefix:
             return MISS
         result.snapshot.last_used = self._clock()
@@ -162,6 +167,7 @@ class SnapshotStore:
         state: Any,
         nbytes: int,
         continues: EntryId | None = None,
+        prompt_length: int | None = None,
     ) -> InsertResult:
         """`continues`: the entry this snapshot's generation started from; when it is the same conversation's
         (same bucket, session and origin) it is superseded too, even though a reply re-rendered by the chat
@@ -188,8 +194,11 @@ class SnapshotStore:
             origin=origin,
             created=now,
             last_used=now,
+            prompt_length=len(vector) if prompt_length is None else prompt_length,
         )
         self._entries[snapshot.entry_id] = snapshot
+        if origin is Origin.COMPLETION:
+            self._completions.setdefault((bucket, session), set()).add(snapshot.entry_id)
         self._buckets.setdefault(bucket, _BucketIndex()).index.add(vector, snapshot.entry_id)
         self._bytes += nbytes
         self.counters.inserts += 1
@@ -206,16 +215,15 @@ class SnapshotStore:
         freed = (len(self._entries), self._bytes)
         self._entries.clear()
         self._buckets.clear()
+        self._completions.clear()
         self._bytes = 0
         return freed
 
-    def _continued(self, match: PathMatch[EntryId], session: str) -> EntryId | None:
-        candidates = [self._entries[key] for key in match.keys_below_shared]
-        candidates += [self._entries[key] for _, keys in match.prefixes for key in keys]
-        own = [s for s in candidates if s.session == session and s.origin is Origin.COMPLETION]
-        if match.shared_length < self.limits.min_prefix or not own:
-            return None
-        return max(own, key=lambda snapshot: snapshot.last_used).entry_id
+    def _continued(self, bucket: Bucket, session: str, vector: tuple[int, ...]) -> EntryId | None:
+        """This conversation's completion whose whole prompt the new prompt starts with: its previous turn."""
+        candidates = [self._entries[key] for key in self._completions.get((bucket, session), ())]
+        turns = [c for c in candidates if vector[: c.prompt_length] == c.tokens[: c.prompt_length]]
+        return max(turns, key=lambda snapshot: snapshot.prompt_length).entry_id if turns else None
 
     def _best_match(self, match: PathMatch[EntryId], session: str, tokens: tuple[int, ...]) -> LookupResult:
         # A usable prefix must leave at least one token to feed: the state after the whole prompt has no logits.
@@ -303,3 +311,8 @@ class SnapshotStore:
         self._bytes -= snapshot.nbytes
         indexed = self._buckets[snapshot.bucket]
         indexed.index.remove(snapshot.tokens, snapshot.entry_id)
+        if snapshot.origin is Origin.COMPLETION:
+            conversation = (snapshot.bucket, snapshot.session)
+            self._completions[conversation].discard(snapshot.entry_id)
+            if not self._completions[conversation]:
+                del self._completions[conversation]

@@ -186,14 +186,15 @@ def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
         if not isinstance(arguments, str | dict):
             raise ApiError.invalid(f"{param}[{index}].function.arguments must be a JSON string", param=param)
         # Chat templates render arguments as a mapping (as the model saw them in training), not as a string.
-        arguments = _json_object_or_text(arguments)
+        arguments = json_arguments(arguments)
         normalized.append(
             {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
         )
     return normalized
 
 
-def _json_object_or_text(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
+def json_arguments(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
+    """Tool-call arguments as chat templates expect them: a mapping when the JSON string holds one."""
     if isinstance(arguments, dict):
         return arguments
     try:

@@ -58,4 +58,13 @@ class AdmitGeneration(Message):
     cache_prompt: bool
 
 
-IngressMessage: TypeAlias = AdmitGeneration
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmUpConversation(Message):
+    """A chat turn just ended: prepare its conversation's next turn (the history including the reply)."""
+
+    session: str
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] | None
+
+
+IngressMessage: TypeAlias = AdmitGeneration | WarmUpConversation

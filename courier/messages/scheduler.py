@@ -35,4 +35,12 @@ class SubmitGeneration(Message):
     cache_prompt: bool
 
 
-SchedulerMessage: TypeAlias = SubmitGeneration
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueWarmUp(Message):
+    """When idle, extend `session`'s snapshot over `tokens` (the history through the last reply); no reply."""
+
+    session: str
+    tokens: tuple[int, ...]
+
+
+SchedulerMessage: TypeAlias = SubmitGeneration | QueueWarmUp

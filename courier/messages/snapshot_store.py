@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from courier.core.snapshot_store import Bucket, EntryId, Origin
-from courier.messages.base import Message, ReplyStream, RequestId
+from courier.messages.base import Message, ReplyStream
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,7 +31,6 @@ LookupReply: TypeAlias = PrefixFound | PrefixMissed
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LookupPrefix(Message):
-    request_id: RequestId
     bucket: Bucket
     session: str
     tokens: tuple[int, ...]
@@ -49,6 +48,7 @@ class InsertSnapshot(Message):
     state: Any
     nbytes: int
     continues: EntryId | None = None
+    prompt_length: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,6 +19,10 @@ class SchedulerStats:
     rejected: int = 0
     generated_tokens: int = 0
     snapshots_dropped: int = 0
+    warmups_run: int = 0
+    warmups_skipped: int = 0
+    warmups_pending: int = 0
+    warmups_queued: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

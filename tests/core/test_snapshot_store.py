@@ -235,9 +235,18 @@ def test_a_snapshot_continuing_an_entry_of_its_conversation_supersedes_it() -> N
 def test_lookup_names_the_sessions_completion_that_the_prompt_continues() -> None:
     s, _ = store(trimmable=False)
     put(s, BASE[:20], origin=Origin.BOUNDARY)
-    put(s, (*BASE[:30], 5, 5), origin=Origin.COMPLETION)
-    put(s, (*BASE[:30], 6, 6), session="b", origin=Origin.COMPLETION)
+    for session, reply in (("a", (5, 5)), ("b", (6, 6))):  # prompt BASE[:30], then a generated reply
+        s.insert(
+            bucket=BUCKET,
+            session=session,
+            origin=Origin.COMPLETION,
+            tokens=(*BASE[:30], *reply),
+            state=None,
+            nbytes=10,
+            prompt_length=30,
+        )
     (completion,) = [x for x in s.snapshots() if x.origin is Origin.COMPLETION and x.session == "a"]
-    result = s.lookup(BUCKET, "a", BASE)  # reuses the boundary; continues the diverging completion
+    result = s.lookup(BUCKET, "a", BASE)  # reuses the boundary; continues the completion whose prompt it extends
     assert result.matched == 20
     assert result.continues == completion.entry_id
+    assert s.lookup(BUCKET, "a", BASE[:25] + (1,) * 20).continues is None  # does not extend that prompt

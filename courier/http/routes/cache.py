@@ -42,6 +42,10 @@ def blueprint(context: AppContext) -> Blueprint:
             "snapshot_self_evictions": counters.self_evictions,
             "snapshot_bytes_per_entry": store.nbytes // store.entries if store.entries else 0,
             "tokens_reused": counters.tokens_reused,
+            "snapshot_warmups_run": context.state.scheduler.warmups_run,
+            "snapshot_warmups_skipped": context.state.scheduler.warmups_skipped,
+            "snapshot_warmups_pending": context.state.scheduler.warmups_pending,
+            "snapshot_warmups_queued": context.state.scheduler.warmups_queued,
         }
 
     @routes.post("/v1/cache/reset")

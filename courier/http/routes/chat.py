@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from typing import Any
 
+from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
 from quart import Blueprint, Response
 
 from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_call
@@ -14,10 +16,10 @@ from courier.http.context import AppContext
 from courier.http.generation import admit, collect, generated_events, new_request_id, sse
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
-from courier.http.openai_requests import GenerationRequest, parse_chat_request
+from courier.http.openai_requests import GenerationRequest, json_arguments, parse_chat_request
 from courier.http.streaming import event_stream_response
 from courier.messages.generation import GenerationFinished
-from courier.messages.ingress import Admitted
+from courier.messages.ingress import Admitted, ChatPrompt, WarmUpConversation
 
 
 def blueprint(context: AppContext) -> Blueprint:
@@ -35,6 +37,7 @@ def blueprint(context: AppContext) -> Blueprint:
             return event_stream_response(_stream(context, request, admitted, header, tool_format))
         collected = await collect(admitted, context.settings.request_timeout)
         content, calls = _split_tool_calls(collected.text, request, tool_format)
+        _warm_up_next_turn(context, request, content, calls)
         return openai_format.chat_completion(
             header,
             content=content,
@@ -57,6 +60,7 @@ async def _stream(
     usage_field = request.include_usage
     splitter = ToolCallSplitter(tool_format.start, tool_format.end) if tool_format else None
     raw_calls: list[str] = []
+    streamed: list[str] = []
 
     def chunk(delta: dict[str, Any] | None, **fields: Any) -> bytes:
         return sse(openai_format.chat_chunk(header, delta=delta, include_usage=usage_field, **fields))
@@ -67,9 +71,11 @@ async def _stream(
             if splitter is not None:
                 rest = splitter.finish()
                 raw_calls.extend(rest.calls)
+                streamed.append(rest.content)
                 if rest.content:
                     yield chunk({"content": rest.content})
             calls = _parse_calls(raw_calls, request, tool_format)
+            _warm_up_next_turn(context, request, "".join(streamed), calls)
             if calls:
                 yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)})
             yield chunk({}, finish_reason=_finish_reason(event, calls))
@@ -81,9 +87,35 @@ async def _stream(
             split = splitter.feed(text)
             raw_calls.extend(split.calls)
             text = split.content
+        streamed.append(text)
         logprobs = event.logprobs if request.sampling.logprobs else None
         if text or logprobs:
             yield chunk({"content": text}, logprobs=logprobs)
+
+
+def _warm_up_next_turn(context: AppContext, request: GenerationRequest, content: str, calls: list[ToolCall]) -> None:
+    """Ask for the conversation, reply included, to be prefilled while the server is idle (a tell; may be dropped)."""
+    if (
+        not request.cache_prompt
+        or context.outboxes.snapshot_store is None
+        or not isinstance(request.prompt, ChatPrompt)
+    ):
+        return
+    reply: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        reply["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json_arguments(call.arguments)},
+            }
+            for call in calls
+        ]
+    message = WarmUpConversation(
+        session=request.session, messages=[*request.prompt.messages, reply], tools=request.prompt.tools
+    )
+    with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
+        context.outboxes.ingress.send_nowait(message)
 
 
 def _split_tool_calls(
