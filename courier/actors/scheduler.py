@@ -3,7 +3,11 @@
 Receives `SubmitGeneration`; replies `GenerationQueued`, or `RequestFailed`
 (OVERLOADED) when the running batch and the waiting queue are both full. Sends
 each request's `GenerationEvent`s on the stream the request came with and closes
-it after the terminal event.
+it after the terminal event. With prompt caching, asks the snapshot store for a
+request's longest cached prefix before it joins the batch (`LookupPrefix`) and
+tells it the snapshots the engine takes (`InsertSnapshot`). Receives
+`QueueWarmUp` (no reply): run when idle, it extends a conversation's snapshot
+over the reply just given, and stops as soon as live requests arrive.
 
 Invariants: at most `max_batch` sequences run and at most `max_queue` wait; every
 queued request ends with exactly one `GenerationFinished` or `GenerationFailed`
