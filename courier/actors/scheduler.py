@@ -36,7 +36,14 @@ from courier.core.warm_up import WarmUp
 from courier.messages.base import FailureKind, RequestFailed, RequestId
 from courier.messages.generation import GenerationEvent, GenerationFailed, GenerationFinished, TokensGenerated
 from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration
-from courier.messages.snapshot_store import InsertSnapshot, LookupPrefix, LookupReply, PrefixFound, SnapshotStoreMessage
+from courier.messages.snapshot_store import (
+    InsertSnapshot,
+    LookupPrefix,
+    LookupReply,
+    PrefixFound,
+    PrefixMissed,
+    SnapshotStoreMessage,
+)
 from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.scheduler_stats import SchedulerStats
@@ -196,6 +203,11 @@ class SchedulerActor(Actor[SchedulerMessage]):
         return replace(request, prefix=prefix) if prefix is not None else request
 
     async def _lookup(self, session: str, tokens: tuple[int, ...], trace: TraceCarrier) -> CachedPrefix | None:
+        return _cached_prefix(await self._ask_store(session, tokens, trace))
+
+    async def _ask_store(
+        self, session: str, tokens: tuple[int, ...], trace: TraceCarrier, *, check_extended: bool = False
+    ) -> LookupReply | None:
         caching = self._caching
         if caching is None:
             return None
@@ -203,21 +215,26 @@ class SchedulerActor(Actor[SchedulerMessage]):
             found: LookupReply = await ask(
                 caching.store,
                 lambda reply: LookupPrefix(
-                    trace=trace, bucket=caching.bucket, session=session, tokens=tokens, reply=reply
+                    trace=trace,
+                    bucket=caching.bucket,
+                    session=session,
+                    tokens=tokens,
+                    reply=reply,
+                    check_extended=check_extended,
                 ),
             )
         except (ActorBusy, ActorStopped):
             return None  # a cache that cannot answer is a miss, never a failure
-        if not isinstance(found, PrefixFound):
-            return None
-        return CachedPrefix(state=found.state, length=found.length, matched=found.matched, continues=found.continues)
+        return found
 
     async def _warm_up(self, engine: BatchEngine, message: QueueWarmUp) -> None:
         """Extend the session's snapshot over `message.tokens`, yielding to live requests between chunks."""
         tokens = message.tokens
-        prefix = await self._lookup(message.session, tokens, message.trace)
-        if prefix is not None and prefix.matched >= len(tokens) - 1:
-            self._stats.warmups_skipped += 1  # already covered
+        found = await self._ask_store(message.session, tokens, message.trace, check_extended=True)
+        prefix = _cached_prefix(found)
+        already = isinstance(found, PrefixMissed) and found.extended
+        if already or (prefix is not None and prefix.matched >= len(tokens) - 1):
+            self._stats.warmups_skipped += 1  # the conversation has moved on, or this is covered already
             return
         job = await self._mlx.call(partial(WarmUp, engine.model, tokens, prefix))
         while not job.finished:
@@ -310,6 +327,12 @@ class SchedulerActor(Actor[SchedulerMessage]):
     def _update_counts(self) -> None:
         self._stats.running = len(self._running)
         self._stats.waiting = len(self._waiting)
+
+
+def _cached_prefix(found: LookupReply | None) -> CachedPrefix | None:
+    if not isinstance(found, PrefixFound):
+        return None
+    return CachedPrefix(state=found.state, length=found.length, matched=found.matched, continues=found.continues)
 
 
 def _abandoned(events: MemoryObjectSendStream[GenerationEvent]) -> bool:

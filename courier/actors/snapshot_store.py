@@ -65,6 +65,9 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
                 await message.reply.send(self._store.reset())
 
     async def _on_lookup_prefix(self, message: LookupPrefix) -> None:
+        if message.check_extended and self._store.extended(message.bucket, message.session, message.tokens):
+            await message.reply.send(PrefixMissed(extended=True))
+            return
         result = self._store.lookup(message.bucket, message.session, message.tokens)
         span = trace.get_current_span()
         span.set_attribute(trace_attributes.SNAPSHOT_MATCHED, result.matched)

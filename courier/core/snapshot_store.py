@@ -157,6 +157,20 @@ class SnapshotStore:
         self.counters.tokens_reused += result.matched
         return result
 
+    def extended(self, bucket: Bucket, session: str, tokens: Sequence[int]) -> bool:
+        """Whether `session` already holds a snapshot at or beyond `tokens` (a vector that starts with them)."""
+        indexed = self._buckets.get(bucket)
+        vector = tuple(tokens)
+        if indexed is None or not vector:
+            return False
+        match = indexed.index.match(vector)
+        if match.shared_length < len(vector):
+            return False
+        keys = list(match.keys_below_shared) + [
+            key for length, keys in match.prefixes if length == len(vector) for key in keys
+        ]
+        return any(self._entries[key].session == session for key in keys)
+
     def insert(
         self,
         *,

@@ -23,7 +23,8 @@ class PrefixFound:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrefixMissed:
-    pass
+    # Asked with `check_extended`: the session already holds a snapshot that starts with the looked-up tokens.
+    extended: bool = False
 
 
 LookupReply: TypeAlias = PrefixFound | PrefixMissed
@@ -35,6 +36,7 @@ class LookupPrefix(Message):
     session: str
     tokens: tuple[int, ...]
     reply: ReplyStream[LookupReply]
+    check_extended: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -250,3 +250,12 @@ def test_lookup_names_the_sessions_completion_that_the_prompt_continues() -> Non
     assert result.matched == 20
     assert result.continues == completion.entry_id
     assert s.lookup(BUCKET, "a", BASE[:25] + (1,) * 20).continues is None  # does not extend that prompt
+
+
+def test_extended_tells_whether_the_session_already_holds_the_vector_or_beyond() -> None:
+    s, _ = store(trimmable=False)
+    put(s, BASE, session="a")
+    assert s.extended(BUCKET, "a", BASE[:30])
+    assert s.extended(BUCKET, "a", BASE)
+    assert not s.extended(BUCKET, "b", BASE[:30])
+    assert not s.extended(BUCKET, "a", (*BASE, 1))
