@@ -236,7 +236,13 @@ class SnapshotStore:
     def _continued(self, bucket: Bucket, session: str, vector: tuple[int, ...]) -> EntryId | None:
         """This conversation's completion whose whole prompt the new prompt starts with: its previous turn."""
         candidates = [self._entries[key] for key in self._completions.get((bucket, session), ())]
-        turns = [c for c in candidates if vector[: c.prompt_length] == c.tokens[: c.prompt_length]]
+        # All but the prompt's last token: the generation prompt's trailing newline can merge with the start of the
+        # reply when the history is re-rendered (byte-level BPE), so that one token may differ.
+        turns = [
+            c
+            for c in candidates
+            if c.prompt_length > 1 and vector[: c.prompt_length - 1] == c.tokens[: c.prompt_length - 1]
+        ]
         return max(turns, key=lambda snapshot: snapshot.prompt_length).entry_id if turns else None
 
     def _best_match(self, match: PathMatch[EntryId], session: str, tokens: tuple[int, ...]) -> LookupResult:

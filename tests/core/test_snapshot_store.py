@@ -259,3 +259,20 @@ def test_extended_tells_whether_the_session_already_holds_the_vector_or_beyond()
     assert s.extended(BUCKET, "a", BASE)
     assert not s.extended(BUCKET, "b", BASE[:30])
     assert not s.extended(BUCKET, "a", (*BASE, 1))
+
+
+def test_the_next_turn_continues_a_completion_even_if_its_last_prompt_token_re_tokenized() -> None:
+    s, _ = store(trimmable=False)
+    prompt = (*BASE[:30], 198)  # ends with the generation prompt's newline
+    s.insert(
+        bucket=BUCKET,
+        session="a",
+        origin=Origin.COMPLETION,
+        tokens=(*prompt, 198, 198),
+        state=None,
+        nbytes=10,
+        prompt_length=len(prompt),
+    )
+    (completion,) = s.snapshots()
+    next_turn = (*BASE[:30], 22342, 7, 8, 9)  # "\n" + the reply's newlines re-rendered as one token
+    assert s._continued(BUCKET, "a", next_turn) == completion.entry_id

@@ -90,7 +90,7 @@ def test_sigterm_with_a_stream_in_flight_ends_it_with_an_error_and_exits(tiny_ll
             next(lines)
             server.process.send_signal(signal.SIGTERM)
             rest = list(lines)  # ends: the server must not leave the client hanging
-        assert server.stop(timeout=30) == 0
+        assert server.wait_exit(timeout=30) == 0
     assert rest, "the stream ended without any further event"
     assert "shutting down" in rest[-1]
     assert rest[-1] != "data: [DONE]"

@@ -68,6 +68,12 @@ class RunningServer:
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=60)
 
+    def wait_exit(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """The exit code of a server already told to stop (a second signal would force it)."""
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout)
+        return code
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
