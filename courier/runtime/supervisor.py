@@ -85,6 +85,7 @@ class Supervisor:
         self._environ = environ
         self._stop = anyio.Event()
         self._failure: str | None = None
+        self._forced = False
         self._mlx = MlxThread()
         # Each started actor's inbox (send side) and an event set when it has ended, in start order.
         self._started_actors: list[tuple[MemoryObjectSendStream[Any], anyio.Event]] = []
@@ -151,6 +152,11 @@ class Supervisor:
         task_status.started()
         try:
             await hypercorn_serve(create_app(context), config, shutdown_trigger=self._stop.wait, mode="asgi")
+        except Exception:
+            # Hypercorn cancelled in the middle of its own graceful shutdown (a second signal) fails with
+            # asyncio.InvalidStateError; the process is stopping on purpose, so that is not worth a traceback.
+            if not self._forced:
+                raise
         finally:
             http_done.set()
 
@@ -276,6 +282,7 @@ class Supervisor:
             async for received in signals:
                 if self._stop.is_set():
                     logger.warning("second %s: stopping now", signal.Signals(received).name)
+                    self._forced = True
                     task_group.cancel_scope.cancel()
                     return
                 logger.info("received %s: shutting down", signal.Signals(received).name)

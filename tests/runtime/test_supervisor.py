@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -94,3 +95,17 @@ def test_sigterm_with_a_stream_in_flight_ends_it_with_an_error_and_exits(tiny_ll
     assert rest, "the stream ended without any further event"
     assert "shutting down" in rest[-1]
     assert rest[-1] != "data: [DONE]"
+
+
+def test_a_second_signal_stops_at_once_without_a_traceback(tiny_llama_dir: Path, cache_dir: Path) -> None:
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir)]
+    with running_server(args) as server, server.http() as http:
+        body = {"messages": [{"role": "user", "content": "Go on forever."}], "max_tokens": 2000, "stream": True}
+        with http.stream("POST", "/v1/chat/completions", json=body) as response:  # keeps the drain waiting
+            next(line for line in response.iter_lines() if line.startswith("data:"))
+            server.process.send_signal(signal.SIGTERM)
+            server.wait_for(re.compile("draining"))
+            server.process.send_signal(signal.SIGTERM)
+            assert server.wait_exit(timeout=30) == 0
+    assert "second SIGTERM: stopping now" in server.log()
+    assert "Traceback" not in server.log()
