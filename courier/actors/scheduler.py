@@ -26,8 +26,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import anyio
-from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.core.batch_engine import BatchEngine, EngineOutput, EngineRequest, SnapshotTaken
 from courier.core.model_state import CachedPrefix
@@ -100,20 +99,15 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._engine: BatchEngine | None = None
         self._warm_ups: OrderedDict[str, QueueWarmUp] = OrderedDict()
 
-    async def run(
-        self,
-        inbox: MemoryObjectReceiveStream[SchedulerMessage],
-        *,
-        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
+    async def setup(self) -> None:
         self._engine = await self._mlx.call(self._make_engine)
-        async with anyio.create_task_group() as task_group:
-            task_group.start_soon(self._drive, self._engine)
-            try:
-                await super().run(inbox, task_status=task_status)
-            finally:
-                task_group.cancel_scope.cancel()
-                self._fail_everything(SHUTDOWN_MESSAGE)
+
+    async def background(self) -> None:
+        assert self._engine is not None, "setup() builds the engine"
+        await self._drive(self._engine)
+
+    def stopped(self) -> None:
+        self._fail_everything(SHUTDOWN_MESSAGE)
 
     async def handle(self, message: SchedulerMessage) -> None:
         match message:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 
 import anyio
-from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectReceiveStream
 from opentelemetry import trace
 
 from courier.core.snapshot_store import SnapshotStore
@@ -42,18 +40,11 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
         # Bounded: beyond this many sessions, further self-evictions are only counted.
         self._self_evicted_sessions: set[str] = set()
 
-    async def run(
-        self,
-        inbox: MemoryObjectReceiveStream[SnapshotStoreMessage],
-        *,
-        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        async with anyio.create_task_group() as task_group:
-            task_group.start_soon(self._sweep_periodically)
-            try:
-                await super().run(inbox, task_status=task_status)
-            finally:
-                task_group.cancel_scope.cancel()
+    async def background(self) -> None:
+        """Sweep expired snapshots on a periodic tick (lookups also sweep lazily)."""
+        while True:
+            await anyio.sleep(SWEEP_INTERVAL_S)
+            self._store.sweep()
 
     async def handle(self, message: SnapshotStoreMessage) -> None:
         match message:
@@ -107,8 +98,3 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
                 "(--prompt-cache-snapshot-capacity-bytes) is too small for the conversations it serves",
                 message.session or "<anonymous>",
             )
-
-    async def _sweep_periodically(self) -> None:
-        while True:
-            await anyio.sleep(SWEEP_INTERVAL_S)
-            self._store.sweep()

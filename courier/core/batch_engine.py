@@ -123,9 +123,6 @@ class BatchEngine:
                 outputs.extend(self._advance(sequence, response))
         return outputs
 
-    def fail_all(self, message: str) -> list[EngineOutput]:
-        return self._fail_all(message)
-
     def _new_generator(self) -> BatchGenerator:
         return BatchGenerator(
             self._model,

@@ -1,8 +1,9 @@
 """The actor base and the ask pattern.
 
 An actor owns its state and handles one message at a time from a bounded inbox.
-`run` is started with `task_group.start(actor.run, inbox)`: it sets up, reports
-started, handles messages until the inbox's senders are all closed, and on the way
+`run` is started with `task_group.start(actor.run, inbox)`: it sets up, starts
+its `background` work, reports started, handles messages until the inbox's
+senders are all closed, cancels the background work, and on the way
 out closes the reply stream of every message it never handled, so no asker waits
 forever (their `ask` raises `ActorStopped`). A message's reply stream is closed
 after its handler returns or fails, so a handler needs no bookkeeping for that.
@@ -52,19 +53,29 @@ class Actor(ABC, Generic[M]):
         async with inbox:
             try:
                 await self.setup()
-                task_status.started()
-                async for message in inbox:
-                    with message_span(self.name, message, message.trace):
-                        try:
-                            await self.handle(message)
-                        finally:
-                            # Even a handler cancelled before it replied leaves no asker waiting.
-                            _close_reply(message)
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(self.background)
+                    task_status.started()
+                    async for message in inbox:
+                        with message_span(self.name, message, message.trace):
+                            try:
+                                await self.handle(message)
+                            finally:
+                                # Even a handler cancelled before it replied leaves no asker waiting.
+                                _close_reply(message)
+                    task_group.cancel_scope.cancel()
             finally:
                 _refuse_unhandled(inbox)
+                self.stopped()
 
     async def setup(self) -> None:
         """Prepare state before the actor reports itself started."""
+
+    async def background(self) -> None:
+        """Work the actor does beside its inbox (a drive loop, a periodic tick); cancelled when the inbox ends."""
+
+    def stopped(self) -> None:
+        """Last words once the actor has stopped handling messages, however it stopped."""
 
     @abstractmethod
     async def handle(self, message: M) -> None:
