@@ -10,7 +10,17 @@ from werkzeug.exceptions import HTTPException
 
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
-from courier.http.routes import cache, chat, completions, health, metrics, models, tokenize
+from courier.http.routes import (
+    cache,
+    chat,
+    completions,
+    conversations,
+    health,
+    metrics,
+    models,
+    responses,
+    tokenize,
+)
 from courier.http.tracing_middleware import TracingMiddleware, name_request_span
 
 logger = logging.getLogger(__name__)
@@ -27,8 +37,8 @@ def create_quart_app(context: AppContext) -> Quart:
     # Streams run as long as the request deadline allows; Quart's own 60 s limits would cut them.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = context.settings.request_timeout
-    for module in (health, models, tokenize, chat, completions, cache, metrics):
-        app.register_blueprint(module.blueprint(context))
+    for module in (health, models, tokenize, chat, completions, responses, conversations, cache, metrics):
+        app.register_blueprint(module.blueprint(context), url_prefix=context.settings.api_prefix or None)
 
     @app.before_request
     async def name_span() -> None:

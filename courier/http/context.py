@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.http.errors import ApiError
+from courier.http.responses.in_flight import InFlightResponses
 from courier.messages.ingress import IngressMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
+from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.metrics import CourierMetrics
 from courier.runtime.service_state import Phase, ServiceState
@@ -19,6 +21,7 @@ from courier.runtime.settings import Settings
 class Outboxes:
     token_counter: MemoryObjectSendStream[TokenCounterMessage]
     ingress: MemoryObjectSendStream[IngressMessage]
+    storage: MemoryObjectSendStream[StorageMessage]
     snapshot_store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None
 
 
@@ -28,6 +31,7 @@ class AppContext:
     state: ServiceState
     outboxes: Outboxes
     metrics: CourierMetrics
+    responses: InFlightResponses = field(default_factory=InFlightResponses)
 
     def require_ready(self) -> None:
         """Refuse work the model is not ready for, with a retryable 503."""

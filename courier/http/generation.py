@@ -2,8 +2,9 @@
 
 `admit` asks the ingress (refusals become OpenAI errors before any byte of the
 response is sent); `generated_events` yields the request's events until its
-terminal one, enforcing the per-request deadline, and always closes the event
-stream on the way out, which is what takes an abandoned request out of the batch.
+terminal one, enforcing the per-request deadline and honouring a `Cancellation`,
+and always closes the event stream on the way out, which is what takes an
+abandoned or cancelled request out of the batch.
 """
 
 from __future__ import annotations
@@ -17,12 +18,19 @@ import anyio
 import orjson
 
 from courier.http.asking import ask_actor
+from courier.http.cancellation import Cancellation, GenerationCancelled
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.openai_requests import GenerationRequest
 from courier.messages.base import RequestId
-from courier.messages.generation import GenerationFailed, GenerationFinished, TokenLogprob, TokensGenerated
-from courier.messages.ingress import AdmitGeneration, Admitted
+from courier.messages.generation import (
+    GenerationFailed,
+    GenerationFinished,
+    SamplingParams,
+    TokenLogprob,
+    TokensGenerated,
+)
+from courier.messages.ingress import AdmitGeneration, Admitted, Prompt
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,28 +47,59 @@ def new_request_id() -> RequestId:
 async def admit(context: AppContext, request: GenerationRequest, request_id: RequestId) -> Admitted:
     context.require_ready()
     context.require_model(request.model)
+    return await admit_prompt(
+        context,
+        request.prompt,
+        request.sampling,
+        request_id,
+        session=request.session,
+        cache_prompt=request.cache_prompt,
+    )
+
+
+async def admit_prompt(
+    context: AppContext,
+    prompt: Prompt,
+    sampling: SamplingParams,
+    request_id: RequestId,
+    *,
+    session: str,
+    cache_prompt: bool,
+) -> Admitted:
+    context.require_ready()
     return await ask_actor(
         context.outboxes.ingress,
         lambda reply: AdmitGeneration(
             request_id=request_id,
-            prompt=request.prompt,
-            sampling=request.sampling,
+            prompt=prompt,
+            sampling=sampling,
             reply=reply,
-            session=request.session,
-            cache_prompt=request.cache_prompt,
+            session=session,
+            cache_prompt=cache_prompt,
         ),
         Admitted,
     )
 
 
-async def generated_events(admitted: Admitted, timeout_s: float) -> AsyncIterator[TokensGenerated | GenerationFinished]:
-    """Events until `GenerationFinished`; a failure or the deadline raises `ApiError`."""
+async def generated_events(
+    admitted: Admitted, timeout_s: float, cancellation: Cancellation | None = None
+) -> AsyncIterator[TokensGenerated | GenerationFinished]:
+    """Events until `GenerationFinished`; a failure or the deadline raises `ApiError`, a cancellation
+    `GenerationCancelled`."""
     deadline = time.monotonic() + timeout_s
     with admitted.events as events:
         while True:
+            if cancellation is not None and cancellation.requested:
+                raise GenerationCancelled
             event = None
-            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())) as scope:
+                if cancellation is not None:
+                    cancellation.watch(scope)
                 event = await _next_event(events)
+            if cancellation is not None:
+                cancellation.watch(None)
+                if event is None and cancellation.requested:
+                    raise GenerationCancelled
             if event is None:
                 raise ApiError(504, f"the request did not finish within {timeout_s:g} s", code="deadline_exceeded")
             if isinstance(event, GenerationFailed):
@@ -70,10 +109,10 @@ async def generated_events(admitted: Admitted, timeout_s: float) -> AsyncIterato
                 return
 
 
-async def collect(admitted: Admitted, timeout_s: float) -> Collected:
+async def collect(admitted: Admitted, timeout_s: float, cancellation: Cancellation | None = None) -> Collected:
     texts: list[str] = []
     logprobs: list[TokenLogprob] = []
-    async for event in generated_events(admitted, timeout_s):
+    async for event in generated_events(admitted, timeout_s, cancellation):
         if isinstance(event, TokensGenerated):
             texts.append(event.text)
             logprobs.extend(event.logprobs)

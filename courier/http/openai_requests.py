@@ -43,16 +43,16 @@ def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
         raise ApiError.invalid("'messages' must be a non-empty list of message objects", param="messages")
     normalized = [_chat_message(message, index) for index, message in enumerate(messages)]
     tools = _tools(body.get("tools"))
-    if _tool_choice(body.get("tool_choice")) == "none":
+    if tool_choice(body.get("tool_choice")) == "none":
         tools = None
     logprobs = optional_bool(body, "logprobs", False)
-    top_logprobs = _int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
+    top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
     if top_logprobs and not logprobs:
         raise ApiError.invalid("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
     max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     sampling = _sampling(body, max_tokens_key, logprobs=logprobs, top_logprobs=top_logprobs)
     return GenerationRequest(
-        model=_model(body),
+        model=model_name(body),
         prompt=ChatPrompt(messages=normalized, tools=tools),
         sampling=sampling,
         stream=optional_bool(body, "stream", False),
@@ -81,7 +81,7 @@ def parse_completion_request(body: dict[str, Any]) -> GenerationRequest:
         body, "max_tokens", logprobs=logprobs_count is not None, top_logprobs=logprobs_count or 0, default_max=16
     )
     return GenerationRequest(
-        model=_model(body),
+        model=model_name(body),
         prompt=_completion_prompt(body.get("prompt")),
         sampling=sampling,
         stream=optional_bool(body, "stream", False),
@@ -119,8 +119,8 @@ def _sampling(
         raise ApiError.invalid(f"'{max_tokens_key}' must be a positive integer", param=max_tokens_key)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number_in(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
-        top_p=_number_in(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
+        temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
+        top_p=number_in(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
         seed=_seed(body),
         stop=_stop(body.get("stop")),
         logprobs=logprobs,
@@ -128,7 +128,7 @@ def _sampling(
     )
 
 
-def _model(body: dict[str, Any]) -> str | None:
+def model_name(body: dict[str, Any]) -> str | None:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError.invalid("'model' must be a string", param="model")
@@ -221,7 +221,7 @@ def _tools(tools: Any) -> tuple[Mapping[str, Any], ...] | None:
     return tuple(tools) or None
 
 
-def _tool_choice(choice: Any) -> str:
+def tool_choice(choice: Any) -> str:
     if choice is None or choice == "auto":
         return "auto"
     if choice == "none":
@@ -270,7 +270,7 @@ def _include_usage(body: dict[str, Any]) -> bool:
     return optional_bool(options, "include_usage", False)
 
 
-def _number_in(
+def number_in(
     body: dict[str, Any], key: str, low: float, high: float, default: float, *, open_low: bool = False
 ) -> float:
     value = body.get(key)
@@ -284,7 +284,7 @@ def _number_in(
     return float(value)
 
 
-def _int_in(body: dict[str, Any], key: str, low: int, high: int, default: int) -> int:
+def int_in(body: dict[str, Any], key: str, low: int, high: int, default: int) -> int:
     value = body.get(key)
     if value is None:
         return default

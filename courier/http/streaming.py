@@ -18,15 +18,16 @@ from courier.http.generation import SSE_DONE, sse
 logger = logging.getLogger(__name__)
 
 
-def event_stream_response(events: AsyncIterator[bytes]) -> Response:
-    response = Response(_with_errors(events), content_type="text/event-stream")
+def event_stream_response(events: AsyncIterator[bytes], *, done: bytes | None = SSE_DONE) -> Response:
+    """`done`: the closing line after the last event (Chat Completions' `[DONE]`; the Responses API has none)."""
+    response = Response(_with_errors(events, done), content_type="text/event-stream")
     response.headers["Cache-Control"] = "no-cache"
     response.headers["X-Accel-Buffering"] = "no"
     response.timeout = None  # the request deadline governs, not Quart's
     return response
 
 
-async def _with_errors(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _with_errors(events: AsyncIterator[bytes], done: bytes | None) -> AsyncIterator[bytes]:
     try:
         async for chunk in events:
             yield chunk
@@ -37,4 +38,5 @@ async def _with_errors(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         logger.exception("stream failed")
         yield sse(ApiError(500, f"internal server error: {type(error).__name__}").body())
         return
-    yield SSE_DONE
+    if done is not None:
+        yield done

@@ -103,6 +103,14 @@ def _optional_text(text: str) -> str | None:
     return text or None
 
 
+def parse_api_prefix(text: str) -> str:
+    """`/courier` nests every route under it; empty for none. No trailing slash, no query or spaces."""
+    prefix = text.strip().rstrip("/")
+    if prefix and (not prefix.startswith("/") or any(char in prefix for char in "?# ")):
+        raise ValueError(f"an API prefix is a path such as /courier, not {text!r}")
+    return prefix
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Option:
     name: str
@@ -125,6 +133,7 @@ class Option:
 class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
+    api_prefix: str = ""
     model: str | None = None
     served_model_name: str | None = None
     cache_dir: Path = Path(platformdirs.user_cache_dir("courier"))
@@ -142,6 +151,10 @@ class Settings:
     prompt_cache_snapshot_max_entries: int = 4096
     prompt_cache_snapshot_ttl: float = 7200.0
     prompt_cache_min_prefix: int = 32
+    data_dir: Path = Path(platformdirs.user_data_dir("courier"))
+    storage_max_bytes: int = 1024**3
+    storage_max_entries: int = 100_000
+    storage_ttl: float = 30 * 24 * 3600.0
     shutdown_timeout: float = 30.0
     trace_file: Path | None = None
     log_level: str = "info"
@@ -152,6 +165,13 @@ _DEFAULTS = Settings()
 OPTIONS: tuple[Option, ...] = (
     Option(name="host", parse=str, default=_DEFAULTS.host, help="interface to listen on", metavar="HOST"),
     Option(name="port", parse=parse_port, default=_DEFAULTS.port, help="TCP port; 0 picks a free one", metavar="PORT"),
+    Option(
+        name="api_prefix",
+        parse=parse_api_prefix,
+        default=_DEFAULTS.api_prefix,
+        help="serve every route under this path (e.g. /courier -> /courier/v1/chat/completions)",
+        metavar="PATH",
+    ),
     Option(
         name="model",
         parse=_optional_text,
@@ -270,6 +290,34 @@ OPTIONS: tuple[Option, ...] = (
         default=_DEFAULTS.prompt_cache_min_prefix,
         help="shortest cached prefix (tokens) worth reusing; shorter matches count as misses",
         metavar="TOKENS",
+    ),
+    Option(
+        name="data_dir",
+        parse=_path,
+        default=_DEFAULTS.data_dir,
+        help="where stored responses and conversations live (an SQLite database)",
+        metavar="DIR",
+    ),
+    Option(
+        name="storage_max_bytes",
+        parse=parse_positive_bytes,
+        default=_DEFAULTS.storage_max_bytes,
+        help="byte budget of stored responses and conversations; the least recently updated go first",
+        metavar="BYTES",
+    ),
+    Option(
+        name="storage_max_entries",
+        parse=parse_positive_int,
+        default=_DEFAULTS.storage_max_entries,
+        help="most stored responses plus conversations",
+        metavar="N",
+    ),
+    Option(
+        name="storage_ttl",
+        parse=parse_positive_float,
+        default=_DEFAULTS.storage_ttl,
+        help="seconds a stored response or conversation is kept after its last update",
+        metavar="SECONDS",
     ),
     Option(
         name="shutdown_timeout",

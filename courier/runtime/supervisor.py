@@ -18,12 +18,14 @@ import hashlib
 import logging
 import signal
 import socket
+import sqlite3
 import time
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, TypeVar
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from hypercorn.asyncio import serve as hypercorn_serve
@@ -32,6 +34,7 @@ from hypercorn.config import Config as HypercornConfig
 from courier.actors.ingress import IngressActor
 from courier.actors.scheduler import PromptCaching, SchedulerActor
 from courier.actors.snapshot_store import SnapshotStoreActor
+from courier.actors.storage import StorageActor
 from courier.actors.token_counter import TokenCounterActor
 from courier.core.batch_engine import BatchEngine, BatchLimits
 from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
@@ -41,6 +44,7 @@ from courier.messages.base import Message
 from courier.messages.ingress import IngressMessage
 from courier.messages.scheduler import SchedulerMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
+from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.actor import Actor
 from courier.runtime.blas import BlasReport
@@ -54,6 +58,8 @@ from courier.runtime.service_state import ServiceState
 from courier.runtime.settings import Settings
 from courier.runtime.snapshot_budget import available_memory, default_budget, measure_footprint
 from courier.runtime.tracing import configure_tracing
+from courier.storage.records import StorageLimits
+from courier.storage.sqlite import SqliteStorage
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -64,6 +70,7 @@ INGRESS_INBOX = 256
 SCHEDULER_INBOX = 64
 # Snapshot inserts beyond this many queued are dropped (counted), never waited for.
 SNAPSHOT_STORE_INBOX = 256
+STORAGE_INBOX = 256
 # After in-flight HTTP requests are done or timed out, actors get this long to finish.
 ACTOR_STOP_GRACE_S = 5.0
 MLX_THREAD_JOIN_S = 2.0
@@ -99,6 +106,7 @@ class Supervisor:
         self._snapshots_send, self._snapshots_receive = anyio.create_memory_object_stream[SnapshotStoreMessage](
             SNAPSHOT_STORE_INBOX
         )
+        self._storage_send, self._storage_receive = anyio.create_memory_object_stream[StorageMessage](STORAGE_INBOX)
         stats = SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue)
         self._state = ServiceState(blas=blas, model_id=settings.served_model_name or source.default_id, scheduler=stats)
         self._metrics = CourierMetrics(self._state)
@@ -120,6 +128,7 @@ class Supervisor:
                 self._scheduler_receive,
                 self._ingress_receive,
                 self._snapshots_receive,
+                self._storage_receive,
             ):
                 inbox.close()
             self._mlx.close(MLX_THREAD_JOIN_S)
@@ -137,6 +146,7 @@ class Supervisor:
             outboxes=Outboxes(
                 token_counter=self._token_counter_send,
                 ingress=self._ingress_send,
+                storage=self._storage_send,
                 snapshot_store=self._snapshots_send if self._settings.prompt_cache else None,
             ),
         )
@@ -161,6 +171,8 @@ class Supervisor:
             http_done.set()
 
     async def _load_and_start_actors(self, task_group: TaskGroup) -> None:
+        if not await self._start_storage(task_group):
+            return
         progress = Progress()
         load = partial(
             load_model,
@@ -190,6 +202,31 @@ class Supervisor:
             self._state.blas.library,
             info.context_length,
         )
+
+    async def _start_storage(self, task_group: TaskGroup) -> bool:
+        """Stored responses and conversations need no model: they are served while it loads."""
+        settings = self._settings
+        limits = StorageLimits(
+            max_bytes=settings.storage_max_bytes, max_entries=settings.storage_max_entries, ttl_s=settings.storage_ttl
+        )
+        try:
+            storage = await anyio.to_thread.run_sync(SqliteStorage, settings.data_dir, limits)
+        except (OSError, sqlite3.Error, RuntimeError) as error:
+            self._failure = f"cannot open the response store under {settings.data_dir}: {error}"
+            logger.error("%s", self._failure)
+            self._stop.set()
+            return False
+        logger.info(
+            "response store %s: %d records, %d bytes (budget %d bytes, %d records, TTL %.0f s)",
+            storage.path,
+            storage.stored_entries,
+            storage.stored_bytes,
+            limits.max_bytes,
+            limits.max_entries,
+            limits.ttl_s,
+        )
+        await task_group.start(self._run_actor, StorageActor(storage), self._storage_receive, self._storage_send)
+        return True
 
     async def _start_actors(self, task_group: TaskGroup, loaded: LoadedModel) -> None:
         """In dependency order: the ingress needs the token counter and the scheduler."""
@@ -270,7 +307,13 @@ class Supervisor:
             for outbox, done in reversed(self._started_actors):
                 outbox.close()
                 await done.wait()
-        for outbox in (self._ingress_send, self._scheduler_send, self._snapshots_send, self._token_counter_send):
+        for outbox in (
+            self._ingress_send,
+            self._scheduler_send,
+            self._snapshots_send,
+            self._token_counter_send,
+            self._storage_send,
+        ):
             outbox.close()
         with anyio.move_on_after(ERROR_FLUSH_S):
             await http_done.wait()

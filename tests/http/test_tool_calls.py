@@ -80,3 +80,48 @@ def test_tool_choice_none_keeps_tools_out_of_the_prompt(client: openai.OpenAI) -
     )
     assert none.usage is not None and plain.usage is not None and with_tools.usage is not None
     assert none.usage.prompt_tokens == plain.usage.prompt_tokens < with_tools.usage.prompt_tokens
+
+
+RESPONSES_TOOLS: list[Any] = [{"type": "function", **tool_model.TOOL["function"]}]
+
+
+def test_responses_function_tool_round_trip(client: openai.OpenAI) -> None:
+    first = client.responses.create(
+        model=MODEL, input=tool_model.USER_QUESTION, tools=RESPONSES_TOOLS, temperature=0, max_output_tokens=64
+    )
+    assert first.status == "completed"
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1
+    call = calls[0]
+    assert call.name == tool_model.TOOL_NAME
+    assert json.loads(call.arguments) == tool_model.TOOL_ARGUMENTS
+    assert call.call_id.startswith("call_")
+
+    second = client.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": tool_model.TOOL_RESULT}],
+        tools=RESPONSES_TOOLS,
+        temperature=0,
+        max_output_tokens=64,
+    )
+    assert second.status == "completed"
+    assert second.output_text == tool_model.FINAL_ANSWER
+    assert [item.type for item in second.output] == ["message"]
+
+
+def test_responses_stream_function_call_events(client: openai.OpenAI) -> None:
+    with client.responses.stream(
+        model=MODEL, input=tool_model.USER_QUESTION, tools=RESPONSES_TOOLS, temperature=0, max_output_tokens=64
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created"
+    assert kinds[-1] == "response.completed"
+    arguments = [event for event in events if event.type == "response.function_call_arguments.done"]
+    assert len(arguments) == 1
+    assert json.loads(arguments[0].arguments) == tool_model.TOOL_ARGUMENTS
+    assert "response.function_call_arguments.delta" in kinds
+    calls = [item for item in final.output if item.type == "function_call"]
+    assert [call.name for call in calls] == [tool_model.TOOL_NAME]

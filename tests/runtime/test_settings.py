@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from courier.cli import build_parser
-from courier.runtime.settings import OPTIONS, Settings, parse_bool, parse_bytes, resolve
+from courier.runtime.settings import OPTIONS, Settings, parse_api_prefix, parse_bool, parse_bytes, resolve
 
 
 def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
@@ -98,3 +98,14 @@ def test_parse_bytes_refuses(text: str) -> None:
 @pytest.mark.parametrize(("text", "expected"), [("1", True), ("YES", True), ("on", True), ("0", False), ("off", False)])
 def test_parse_bool(text: str, expected: bool) -> None:
     assert parse_bool(text) is expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [("", ""), ("/courier", "/courier"), ("/a/b/", "/a/b"), ("/", "")])
+def test_parse_api_prefix(text: str, expected: str) -> None:
+    assert parse_api_prefix(text) == expected
+
+
+@pytest.mark.parametrize("text", ["courier", "/a b", "/x?y=1"])
+def test_parse_api_prefix_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="API prefix"):
+        parse_api_prefix(text)

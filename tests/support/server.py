@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -92,6 +93,11 @@ def running_server(
 ) -> Iterator[RunningServer]:
     environment = {key: value for key, value in os.environ.items() if not key.startswith(("COURIER_", "OTEL_"))}
     environment.update(env or {})
+    # Stored responses go to a fresh directory unless the test chose one.
+    data_dir = None
+    if "--data-dir" not in args and "COURIER_DATA_DIR" not in environment:
+        data_dir = tempfile.TemporaryDirectory(prefix="courier-data-")
+        environment["COURIER_DATA_DIR"] = data_dir.name
     process = subprocess.Popen(
         server_command(args),
         stdin=subprocess.DEVNULL,
@@ -113,3 +119,5 @@ def running_server(
             process.wait()
         assert process.stderr is not None
         process.stderr.close()
+        if data_dir is not None:
+            data_dir.cleanup()

@@ -1,0 +1,172 @@
+"""Responses API items: validating input items, building output items, and rendering items as chat messages.
+
+Every item the server stores carries a fresh id (`msg_`, `fc_`, `fco_`), so a
+conversation never holds two items with one id. `chat_messages` is the one
+translation from items to the chat template's messages: a new turn, the token
+count of `/v1/responses/input_tokens` and the idle warm-up of the next turn all
+render through it, which is what makes a stored chain's prompt an exact prefix of
+its next turn's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from courier.core.tool_calls import ToolCall
+from courier.http.errors import ApiError
+from courier.http.openai_requests import json_arguments
+from courier.storage.records import JsonObject
+
+MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+_MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
+# Items a text model neither needs nor produces; dropped from the context rather than refused.
+_DROPPED_ITEMS = frozenset({"reasoning"})
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def input_items(value: Any, param: str = "input") -> list[JsonObject]:
+    """A string or a list of items -> normalized items with fresh ids."""
+    if isinstance(value, str):
+        return [message_item("user", [text_part("input_text", value)])]
+    if not isinstance(value, list) or not value:
+        raise ApiError.invalid(f"'{param}' must be a string or a non-empty list of items", param=param)
+    items = (_input_item(raw, f"{param}[{index}]") for index, raw in enumerate(value))
+    return [item for item in items if item is not None]
+
+
+def message_item(role: str, content: list[JsonObject], status: str = "completed") -> JsonObject:
+    return {"id": new_id("msg"), "type": "message", "role": role, "status": status, "content": content}
+
+
+def text_part(kind: str, text: str, logprobs: list[JsonObject] | None = None) -> JsonObject:
+    if kind == "output_text":
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+    return {"type": kind, "text": text}
+
+
+def function_call_item(call: ToolCall) -> JsonObject:
+    return {
+        "id": new_id("fc"),
+        "type": "function_call",
+        "status": "completed",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }
+
+
+def chat_messages(instructions: str | None, items: Iterable[Mapping[str, Any]]) -> list[JsonObject]:
+    """Items as the chat template's messages: function calls join the assistant message before them."""
+    messages: list[JsonObject] = [{"role": "system", "content": instructions}] if instructions else []
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            messages.append({"role": item["role"], "content": "".join(part["text"] for part in item["content"])})
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": json_arguments(item["arguments"])},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+                last["content"] = last["content"] or None
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+    return messages
+
+
+def chat_tools(tools: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
+    """Responses function tools (flat) -> the chat template's tool shape (nested under `function`)."""
+    return [
+        {
+            "type": "function",
+            "function": {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None},
+        }
+        for tool in tools
+    ]
+
+
+def _input_item(raw: Any, param: str) -> JsonObject | None:
+    if not isinstance(raw, dict):
+        raise ApiError.invalid(f"{param} must be an object", param=param)
+    kind = raw.get("type", "message")
+    if kind == "message":
+        return _message(raw, param)
+    if kind == "function_call":
+        return {
+            "id": new_id("fc"),
+            "type": "function_call",
+            "status": "completed",
+            "call_id": _required_text(raw, "call_id", param),
+            "name": _required_text(raw, "name", param),
+            "arguments": _required_text(raw, "arguments", param),
+        }
+    if kind == "function_call_output":
+        return {
+            "id": new_id("fco"),
+            "type": "function_call_output",
+            "status": "completed",
+            "call_id": _required_text(raw, "call_id", param),
+            "output": _output_text(raw.get("output"), f"{param}.output"),
+        }
+    if kind in _DROPPED_ITEMS:
+        return None
+    raise ApiError.invalid(
+        f"{param}.type {kind!r} is not supported; use message, function_call or function_call_output items",
+        param=f"{param}.type",
+    )
+
+
+def _message(raw: Mapping[str, Any], param: str) -> JsonObject:
+    role = raw.get("role")
+    if role not in MESSAGE_ROLES:
+        raise ApiError.invalid(
+            f"{param}.role must be one of {sorted(MESSAGE_ROLES)}, not {role!r}", param=f"{param}.role"
+        )
+    kind = "output_text" if role == "assistant" else "input_text"
+    content = raw.get("content")
+    if isinstance(content, str):
+        return message_item(role, [text_part(kind, content)])
+    if not isinstance(content, list):
+        raise ApiError.invalid(f"{param}.content must be a string or a list of content parts", param=f"{param}.content")
+    parts: list[JsonObject] = []
+    for index, part in enumerate(content):
+        part_param = f"{param}.content[{index}]"
+        part_type = part.get("type") if isinstance(part, dict) else None
+        if part_type in _MEDIA_PARTS:
+            raise ApiError.invalid(f"{part_param}: this model accepts text only ({part_type} parts)", param=part_param)
+        if part_type == "refusal" and isinstance(part.get("refusal"), str):
+            parts.append(text_part(kind, part["refusal"]))
+        elif part_type in _TEXT_PARTS and isinstance(part.get("text"), str):
+            parts.append(text_part(kind, part["text"]))
+        else:
+            raise ApiError.invalid(f"{part_param} must be a text part with a string 'text'", param=part_param)
+    return message_item(role, parts)
+
+
+def _required_text(raw: Mapping[str, Any], key: str, param: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or (key != "arguments" and not value):
+        raise ApiError.invalid(f"{param}.{key} must be a non-empty string", param=f"{param}.{key}")
+    return value
+
+
+def _output_text(output: Any, param: str) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list) and all(
+        isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)
+        for part in output
+    ):
+        return "".join(part["text"] for part in output)
+    raise ApiError.invalid(f"{param} must be a string or a list of text parts", param=param)

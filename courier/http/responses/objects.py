@@ -1,0 +1,111 @@
+"""The Responses API's objects: the response (whole, or as a snapshot while streaming), its usage, its output.
+
+`ResponseDraft` holds what a response repeats from its request; `response_object`
+turns it, a status and the output so far into OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from courier.http.responses.items import new_id
+from courier.http.responses.request import ResponsesRequest
+from courier.messages.generation import GenerationFinished, TokenLogprob
+from courier.storage.records import JsonObject
+
+
+class Status(Enum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_EVENTS = {
+    Status.COMPLETED: "response.completed",
+    Status.INCOMPLETE: "response.incomplete",
+    Status.FAILED: "response.failed",
+    # OpenAI's stream has no cancelled event; a cancelled stream ends with response.incomplete, status "cancelled".
+    Status.CANCELLED: "response.incomplete",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseDraft:
+    request: ResponsesRequest
+    model: str
+    id: str = field(default_factory=lambda: new_id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    status: Status
+    output: Sequence[JsonObject] = ()
+    usage: JsonObject | None = None
+    error: JsonObject | None = None
+    incomplete_reason: str | None = None
+
+
+def response_object(draft: ResponseDraft, outcome: Outcome) -> JsonObject:
+    request = draft.request
+    terminal = outcome.status is not Status.IN_PROGRESS
+    return {
+        "id": draft.id,
+        "object": "response",
+        "created_at": draft.created_at,
+        "status": outcome.status.value,
+        "background": False,
+        "completed_at": int(time.time()) if outcome.status is Status.COMPLETED else None,
+        "error": outcome.error,
+        "incomplete_details": {"reason": outcome.incomplete_reason} if outcome.incomplete_reason else None,
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "max_tool_calls": None,
+        "model": draft.model,
+        "output": list(outcome.output),
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "previous_response_id": request.previous_response_id,
+        "conversation": {"id": request.conversation_id} if request.conversation_id else None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": request.store,
+        "temperature": request.sampling.temperature,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": request.tool_choice,
+        "tools": list(request.tools),
+        "top_logprobs": request.sampling.top_logprobs,
+        "top_p": request.sampling.top_p,
+        "truncation": "disabled",
+        "usage": outcome.usage if terminal else None,
+        "user": request.user,
+        "metadata": request.metadata,
+        "prompt_cache_key": request.prompt_cache_key,
+        "safety_identifier": request.safety_identifier,
+        "service_tier": "default",
+    }
+
+
+def usage_object(finished: GenerationFinished) -> JsonObject:
+    return {
+        "input_tokens": finished.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": finished.cached_tokens},
+        "output_tokens": finished.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+    }
+
+
+def logprob_objects(entries: Sequence[TokenLogprob]) -> list[JsonObject]:
+    """`output_text` logprobs: one per token, each with its top alternatives."""
+
+    def entry(token: str, logprob: float) -> JsonObject:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return [
+        {**entry(item.token, item.logprob), "top_logprobs": [entry(text, lp) for _, text, lp in item.top]}
+        for item in entries
+    ]

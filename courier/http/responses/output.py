@@ -1,0 +1,60 @@
+"""Generated text -> a response's output items: visible text as it streams, tool calls once they are complete."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_call
+from courier.http.responses.items import function_call_item, message_item, text_part
+from courier.http.responses.objects import logprob_objects
+from courier.messages.generation import TokenLogprob, TokensGenerated
+from courier.storage.records import JsonObject
+
+
+class OutputAssembler:
+    def __init__(self, tool_format: ToolCallFormat | None, tools: Sequence[Mapping[str, Any]] | None) -> None:
+        self._format = tool_format if tools else None
+        self._tools = tools
+        self._splitter = ToolCallSplitter(self._format.start, self._format.end) if self._format else None
+        self._raw_calls: list[str] = []
+        self._text: list[str] = []
+        self._logprobs: list[TokenLogprob] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    def feed(self, event: TokensGenerated) -> str:
+        """The visible text this event adds (tool-call markup held back)."""
+        text = event.text
+        if self._splitter is not None:
+            split = self._splitter.feed(text)
+            self._raw_calls.extend(split.calls)
+            text = split.content
+        self._text.append(text)
+        self._logprobs.extend(event.logprobs)
+        return text
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """Text still held back, and the complete tool calls."""
+        rest = ""
+        if self._splitter is not None:
+            split = self._splitter.finish()
+            self._raw_calls.extend(split.calls)
+            rest = split.content
+            self._text.append(rest)
+        if self._format is None:
+            return rest, []
+        parsed = (parse_tool_call(raw, self._format.parser, self._tools) for raw in self._raw_calls)
+        return rest, [call for call in parsed if call is not None]
+
+    def message(self, message_id: str | None = None, status: str = "completed") -> JsonObject:
+        item = message_item("assistant", [text_part("output_text", self.text, logprob_objects(self._logprobs))], status)
+        if message_id is not None:
+            item["id"] = message_id
+        return item
+
+    def output_items(self, calls: Sequence[ToolCall], message_id: str | None = None) -> list[JsonObject]:
+        items = [self.message(message_id)] if self.text or not calls else []
+        return items + [function_call_item(call) for call in calls]

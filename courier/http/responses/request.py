@@ -1,0 +1,182 @@
+"""Validation of `/v1/responses` (and `/v1/responses/input_tokens`) bodies into a typed request.
+
+Each refusal is a 400 naming the offending `param`. Unknown fields are ignored;
+known features this server cannot honour (background mode, built-in tools,
+structured output, `truncation: auto`, forced tool choice) are refused, never
+silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from courier.http.errors import ApiError
+from courier.http.openai_requests import (
+    MAX_TEMPERATURE,
+    MAX_TOP_LOGPROBS_CHAT,
+    int_in,
+    model_name,
+    number_in,
+    session_key,
+    tool_choice,
+)
+from courier.http.responses.items import chat_tools, input_items
+from courier.http.validation import optional_bool, optional_str
+from courier.messages.generation import SamplingParams
+from courier.storage.records import JsonObject
+
+MAX_METADATA_ENTRIES = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponsesRequest:
+    model: str | None
+    input_items: tuple[JsonObject, ...]
+    instructions: str | None
+    tools: tuple[JsonObject, ...]  # as given, echoed in the response object
+    tool_choice: str
+    parallel_tool_calls: bool
+    sampling: SamplingParams
+    max_output_tokens: int | None
+    metadata: dict[str, str]
+    session: str
+    prompt_cache_key: str | None
+    user: str | None
+    safety_identifier: str | None
+    store: bool
+    stream: bool
+    previous_response_id: str | None
+    conversation_id: str | None
+    cache_prompt: bool
+
+    @property
+    def template_tools(self) -> list[JsonObject] | None:
+        """The tools the chat template renders: none when there are none or `tool_choice` is "none"."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return chat_tools(self.tools)
+
+
+def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
+    _refuse_unsupported(body)
+    previous = optional_str(body, "previous_response_id") or None
+    conversation = _conversation_id(body.get("conversation"))
+    if previous is not None and conversation is not None:
+        raise ApiError.invalid(
+            "'previous_response_id' and 'conversation' cannot be used together", param="conversation"
+        )
+    raw_input = body.get("input")
+    if raw_input is None and previous is None and conversation is None:
+        raise ApiError.invalid("'input' is required", param="input")
+    items = input_items(raw_input) if raw_input is not None else []
+    instructions = optional_str(body, "instructions") or None
+    top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
+    max_output_tokens = _max_output_tokens(body)
+    sampling = SamplingParams(
+        max_tokens=max_output_tokens or 0,
+        temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
+        top_p=number_in(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
+        logprobs=top_logprobs > 0,
+        top_logprobs=top_logprobs,
+    )
+    return ResponsesRequest(
+        model=model_name(body),
+        input_items=tuple(items),
+        instructions=instructions,
+        tools=_tools(body.get("tools")),
+        tool_choice=tool_choice(body.get("tool_choice")),
+        parallel_tool_calls=optional_bool(body, "parallel_tool_calls", True),
+        sampling=sampling,
+        max_output_tokens=max_output_tokens,
+        metadata=parse_metadata(body.get("metadata")),
+        session=session_key(body, fallback_field="safety_identifier"),
+        prompt_cache_key=optional_str(body, "prompt_cache_key"),
+        user=optional_str(body, "user"),
+        safety_identifier=optional_str(body, "safety_identifier"),
+        store=optional_bool(body, "store", True),
+        stream=optional_bool(body, "stream", False),
+        previous_response_id=previous,
+        conversation_id=conversation,
+        cache_prompt=optional_bool(body, "cache_prompt", True),
+    )
+
+
+def parse_metadata(value: Any, param: str = "metadata") -> dict[str, str]:
+    """At most 16 string pairs; keys up to 64 characters, values up to 512."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ApiError.invalid(f"'{param}' must be an object of strings", param=param)
+    if len(value) > MAX_METADATA_ENTRIES:
+        raise ApiError.invalid(f"'{param}' holds at most {MAX_METADATA_ENTRIES} entries", param=param)
+    for key, entry in value.items():
+        if len(key) > MAX_METADATA_KEY or not isinstance(entry, str) or len(entry) > MAX_METADATA_VALUE:
+            message = (
+                f"'{param}' keys must be strings of at most {MAX_METADATA_KEY} characters and values strings "
+                f"of at most {MAX_METADATA_VALUE}"
+            )
+            raise ApiError.invalid(message, param=f"{param}.{key}")
+    return dict(value)
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    if body.get("background") not in (None, False):
+        raise ApiError.invalid("'background': true is not supported; stream the response instead", param="background")
+    truncation = body.get("truncation")
+    if truncation not in (None, "disabled"):
+        message = f"'truncation': {truncation!r} is not supported; only 'disabled' (too long an input is a 400)"
+        raise ApiError.invalid(message, param="truncation")
+    text = body.get("text")
+    if text is not None:
+        if not isinstance(text, dict):
+            raise ApiError.invalid("'text' must be an object", param="text")
+        text_format = text.get("format")
+        kind = text_format.get("type") if isinstance(text_format, dict) else text_format
+        if text_format is not None and kind != "text":
+            message = f"'text.format' of type {kind!r} is not supported: this engine cannot constrain generation"
+            raise ApiError.invalid(message, param="text.format")
+    if body.get("n") not in (None, 1):
+        raise ApiError.invalid("only one output per response is supported", param="n")
+
+
+def _conversation_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        value = value.get("id")
+    if not isinstance(value, str) or not value:
+        raise ApiError.invalid("'conversation' must be a conversation id or an object with one", param="conversation")
+    return value
+
+
+def _tools(value: Any) -> tuple[JsonObject, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ApiError.invalid("'tools' must be a list", param="tools")
+    for index, tool in enumerate(value):
+        param = f"tools[{index}]"
+        if not isinstance(tool, dict):
+            raise ApiError.invalid(f"{param} must be an object", param=param)
+        kind = tool.get("type")
+        if kind != "function":
+            message = f"{param}: tools of type {kind!r} are not supported; only 'function' tools"
+            raise ApiError.invalid(message, param=f"{param}.type")
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise ApiError.invalid(f"{param}.name must be a non-empty string", param=f"{param}.name")
+        if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
+            raise ApiError.invalid(f"{param}.parameters must be an object", param=f"{param}.parameters")
+    return tuple(value)
+
+
+def _max_output_tokens(body: Mapping[str, Any]) -> int | None:
+    value = body.get("max_output_tokens")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError.invalid("'max_output_tokens' must be a positive integer", param="max_output_tokens")
+    return value

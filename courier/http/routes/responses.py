@@ -1,0 +1,107 @@
+"""The Responses API: create (whole or streamed), retrieve, delete, cancel, input items and input token counts."""
+
+from __future__ import annotations
+
+import anyio
+from quart import Blueprint, Response, request
+
+from courier.http.asking import ask_actor
+from courier.http.context import AppContext
+from courier.http.errors import ApiError
+from courier.http.json_body import read_json_object
+from courier.http.listing import list_object, page_query
+from courier.http.responses.request import parse_responses_request
+from courier.http.responses.run import context_items, run_streamed, run_whole, start_turn, turn_messages
+from courier.http.storage_calls import ask_storage
+from courier.http.streaming import event_stream_response
+from courier.messages.storage import DeleteResponse, LoadResponse
+from courier.messages.token_counter import TokenizeChat, TokenizeResult
+from courier.storage.paging import UnknownCursor, page_of
+from courier.storage.records import JsonObject, StoredResponse
+
+# How long `cancel` waits for the generation to stop and its final object to be recorded.
+CANCEL_WAIT_S = 30.0
+
+
+def blueprint(context: AppContext) -> Blueprint:
+    routes = Blueprint("responses", __name__)
+
+    @routes.post("/v1/responses")
+    @routes.post("/responses")
+    async def create_response() -> Response | JsonObject:
+        parsed = parse_responses_request(await read_json_object())
+        turn = await start_turn(context, parsed)
+        if parsed.stream:
+            return event_stream_response(run_streamed(context, turn), done=None)
+        return await run_whole(context, turn)
+
+    @routes.post("/v1/responses/input_tokens")
+    @routes.post("/responses/input_tokens")
+    async def count_input_tokens() -> JsonObject:
+        parsed = parse_responses_request(await read_json_object())
+        context.require_ready()
+        context.require_model(parsed.model)
+        messages = turn_messages(parsed, await context_items(context, parsed))
+        counted = await ask_actor(
+            context.outboxes.token_counter,
+            lambda reply: TokenizeChat(
+                messages=messages, tools=parsed.template_tools, add_generation_prompt=True, reply=reply
+            ),
+            TokenizeResult,
+        )
+        return {"object": "response.input_tokens", "input_tokens": len(counted.tokens)}
+
+    @routes.get("/v1/responses/<response_id>")
+    @routes.get("/responses/<response_id>")
+    async def retrieve_response(response_id: str) -> JsonObject:
+        running = context.responses.get(response_id)
+        if running is not None:
+            return running.snapshot
+        return (await _stored(context, response_id)).response
+
+    @routes.delete("/v1/responses/<response_id>")
+    @routes.delete("/responses/<response_id>")
+    async def delete_response(response_id: str) -> JsonObject:
+        if context.responses.get(response_id) is not None:
+            raise ApiError.invalid("the response is still in progress; cancel it first", param="response_id")
+        if not await ask_storage(context, lambda reply: DeleteResponse(response_id=response_id, reply=reply)):
+            raise _not_found(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @routes.post("/v1/responses/<response_id>/cancel")
+    @routes.post("/responses/<response_id>/cancel")
+    async def cancel_response(response_id: str) -> JsonObject:
+        running = context.responses.get(response_id)
+        if running is None:
+            stored = await _stored(context, response_id)
+            if stored.response.get("status") == "cancelled":
+                return stored.response
+            message = f"Only an in-progress response can be cancelled; this one is {stored.response.get('status')}."
+            raise ApiError.invalid(message, param="response_id", code="response_not_cancellable")
+        running.cancellation.request()
+        with anyio.move_on_after(CANCEL_WAIT_S):
+            await running.finished.wait()
+        return running.snapshot
+
+    @routes.get("/v1/responses/<response_id>/input_items")
+    @routes.get("/responses/<response_id>/input_items")
+    async def list_input_items(response_id: str) -> JsonObject:
+        query = page_query(request.args)
+        stored = await _stored(context, response_id)
+        try:
+            return list_object(page_of(stored.input_items, query))
+        except UnknownCursor:
+            raise ApiError.invalid(f"no input item with id '{query.after}' in this response", param="after") from None
+
+    return routes
+
+
+async def _stored(context: AppContext, response_id: str) -> StoredResponse:
+    stored = await ask_storage(context, lambda reply: LoadResponse(response_id=response_id, reply=reply))
+    if stored is None:
+        raise _not_found(response_id)
+    return stored
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(404, f"Response with id '{response_id}' not found.", param="response_id", code="not_found")

@@ -1,0 +1,111 @@
+"""What the Responses API stores, and the interface any storage backend implements.
+
+The server's own backend is SQLite (`courier.storage.sqlite`); a server database
+for multi-replica deployments would implement the same `ResponseStorage`
+protocol. Items and response objects are stored as the JSON objects the API
+serves, so what a client reads back is byte for byte what it was sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+JsonObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredResponse:
+    """One response: the request's own input items (not its ancestors') and the response object served."""
+
+    id: str
+    created_at: float
+    previous_response_id: str | None
+    conversation_id: str | None
+    input_items: tuple[JsonObject, ...]
+    response: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredConversation:
+    id: str
+    created_at: int
+    metadata: Mapping[str, str]
+
+
+class Order(Enum):
+    ASC = "asc"
+    DESC = "desc"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PageQuery:
+    after: str | None
+    limit: int
+    order: Order
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemPage:
+    items: tuple[JsonObject, ...]
+    has_more: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chain:
+    """A response and its ancestors, oldest first; `missing` names an ancestor no longer stored."""
+
+    responses: tuple[StoredResponse, ...]
+    missing: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageLimits:
+    max_bytes: int
+    max_entries: int
+    ttl_s: float
+
+
+class StorageRefused(Exception):
+    """A record larger than the whole byte budget: it is not stored and nothing is evicted for it."""
+
+
+class ResponseStorage(Protocol):
+    """Synchronous, called from one thread at a time (the storage actor serializes every call)."""
+
+    def save_response(self, response: StoredResponse, conversation_items: Sequence[JsonObject]) -> None:
+        """Store a response and, when it belongs to a conversation, append `conversation_items` to it, atomically."""
+
+    def load_response(self, response_id: str) -> StoredResponse | None: ...
+
+    def load_chain(self, response_id: str) -> Chain | None:
+        """`response_id` and every ancestor through `previous_response_id`; None when it is not stored."""
+
+    def delete_response(self, response_id: str) -> bool: ...
+
+    def create_conversation(self, conversation: StoredConversation, items: Sequence[JsonObject]) -> None: ...
+
+    def load_conversation(self, conversation_id: str) -> StoredConversation | None: ...
+
+    def update_conversation(self, conversation_id: str, metadata: Mapping[str, str]) -> StoredConversation | None: ...
+
+    def delete_conversation(self, conversation_id: str) -> bool: ...
+
+    def append_conversation_items(self, conversation_id: str, items: Sequence[JsonObject]) -> bool: ...
+
+    def conversation_items(self, conversation_id: str) -> tuple[JsonObject, ...] | None:
+        """Every item of the conversation in order (the context a new turn renders)."""
+
+    def list_conversation_items(self, conversation_id: str, page: PageQuery) -> ItemPage | None: ...
+
+    def load_conversation_item(self, conversation_id: str, item_id: str) -> JsonObject | None: ...
+
+    def delete_conversation_item(self, conversation_id: str, item_id: str) -> bool | None:
+        """True if deleted, False if the item is unknown, None if the conversation is."""
+
+    def sweep(self, now: float) -> int:
+        """Remove responses and conversations unused for longer than the TTL; returns how many."""
+
+    def close(self) -> None: ...

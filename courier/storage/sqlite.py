@@ -1,0 +1,399 @@
+"""The SQLite backend of `ResponseStorage`: one database file under `--data-dir`, in WAL mode.
+
+Every write commits with `synchronous=FULL` before the storage actor replies, so
+anything the server acknowledged survives a crash or `kill -9`. The byte and
+entry budgets are kept by evicting the least recently updated responses and
+conversations (a whole conversation at a time); a record larger than the whole
+budget is refused. Not thread-safe by itself: the storage actor calls it from one
+thread at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import orjson
+
+from courier.storage.paging import UnknownCursor
+from courier.storage.records import (
+    Chain,
+    ItemPage,
+    JsonObject,
+    Order,
+    PageQuery,
+    StorageLimits,
+    StorageRefused,
+    StoredConversation,
+    StoredResponse,
+)
+
+logger = logging.getLogger(__name__)
+
+DATABASE_NAME = "courier.sqlite3"
+SCHEMA_VERSION = 1
+# A previous_response_id chain longer than this is refused rather than walked.
+MAX_CHAIN_HOPS = 10_000
+_EVICTION_BATCH = 64
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    previous_response_id TEXT,
+    conversation_id TEXT,
+    input_items BLOB NOT NULL,
+    response BLOB NOT NULL,
+    nbytes INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_by_age ON responses (updated_at);
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY,
+    created_at INTEGER NOT NULL,
+    updated_at REAL NOT NULL,
+    metadata BLOB NOT NULL,
+    nbytes INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations (updated_at);
+CREATE TABLE IF NOT EXISTS conversation_items (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    id TEXT NOT NULL,
+    item BLOB NOT NULL,
+    nbytes INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS conversation_items_by_id ON conversation_items (conversation_id, id);
+CREATE INDEX IF NOT EXISTS conversation_items_in_order ON conversation_items (conversation_id, seq);
+"""
+
+
+class SqliteStorage:
+    def __init__(self, data_dir: Path, limits: StorageLimits, clock: Callable[[], float] = time.time) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.path = data_dir / DATABASE_NAME
+        self._limits = limits
+        self._clock = clock
+        # The storage actor hands calls to a worker thread, one at a time.
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._migrate()
+        self._bytes, self._entries = self._measure()
+
+    @property
+    def stored_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def stored_entries(self) -> int:
+        return self._entries
+
+    def close(self) -> None:
+        self._db.close()
+
+    # Responses
+
+    def save_response(self, response: StoredResponse, conversation_items: Sequence[JsonObject]) -> None:
+        input_blob = orjson.dumps(list(response.input_items))
+        response_blob = orjson.dumps(response.response)
+        nbytes = len(input_blob) + len(response_blob)
+        item_rows = [_item_row(item) for item in conversation_items] if response.conversation_id else []
+        added = nbytes + sum(len(blob) for _, blob in item_rows)
+        if added > self._limits.max_bytes:
+            raise StorageRefused(
+                f"the response is {added} bytes, more than the storage budget of {self._limits.max_bytes}"
+            )
+        now = self._clock()
+        with self._transaction():
+            replaced = self._db.execute("SELECT nbytes FROM responses WHERE id = ?", (response.id,)).fetchone()
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    response.id,
+                    response.created_at,
+                    now,
+                    response.previous_response_id,
+                    response.conversation_id,
+                    input_blob,
+                    response_blob,
+                    nbytes,
+                ),
+            )
+            # A conversation deleted while the response was generated gets nothing appended.
+            if response.conversation_id and item_rows and self._conversation_exists(response.conversation_id):
+                self._insert_items(response.conversation_id, item_rows, now)
+            self._bytes += nbytes - (replaced[0] if replaced else 0)
+            self._entries += 0 if replaced else 1
+            self._enforce_limits(keep=("responses", response.id))
+
+    def load_response(self, response_id: str) -> StoredResponse | None:
+        row = self._db.execute(
+            "SELECT id, created_at, previous_response_id, conversation_id, input_items, response "
+            "FROM responses WHERE id = ?",
+            (response_id,),
+        ).fetchone()
+        return _response_from_row(row) if row else None
+
+    def load_chain(self, response_id: str) -> Chain | None:
+        rows = self._db.execute(
+            """
+            WITH RECURSIVE chain (id, previous_response_id, depth) AS (
+                SELECT id, previous_response_id, 0 FROM responses WHERE id = ?
+                UNION ALL
+                SELECT r.id, r.previous_response_id, chain.depth + 1
+                FROM responses AS r JOIN chain ON r.id = chain.previous_response_id
+                WHERE chain.depth < ?
+            )
+            SELECT r.id, r.created_at, r.previous_response_id, r.conversation_id, r.input_items, r.response
+            FROM chain JOIN responses AS r ON r.id = chain.id ORDER BY chain.depth DESC
+            """,
+            (response_id, MAX_CHAIN_HOPS),
+        ).fetchall()
+        if not rows:
+            return None
+        responses = tuple(_response_from_row(row) for row in rows)
+        return Chain(responses=responses, missing=responses[0].previous_response_id)
+
+    def delete_response(self, response_id: str) -> bool:
+        with self._transaction():
+            return self._delete_response(response_id)
+
+    # Conversations
+
+    def create_conversation(self, conversation: StoredConversation, items: Sequence[JsonObject]) -> None:
+        metadata = orjson.dumps(dict(conversation.metadata))
+        item_rows = [_item_row(item) for item in items]
+        added = len(metadata) + sum(len(blob) for _, blob in item_rows)
+        if added > self._limits.max_bytes:
+            raise StorageRefused(f"the conversation is {added} bytes, more than the storage budget")
+        now = self._clock()
+        with self._transaction():
+            self._db.execute(
+                "INSERT INTO conversations VALUES (?, ?, ?, ?, ?)",
+                (conversation.id, conversation.created_at, now, metadata, len(metadata)),
+            )
+            self._bytes += len(metadata)
+            self._entries += 1
+            self._insert_items(conversation.id, item_rows, now)
+            self._enforce_limits(keep=("conversations", conversation.id))
+
+    def load_conversation(self, conversation_id: str) -> StoredConversation | None:
+        row = self._db.execute(
+            "SELECT id, created_at, metadata FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        return StoredConversation(id=row[0], created_at=row[1], metadata=orjson.loads(row[2])) if row else None
+
+    def update_conversation(self, conversation_id: str, metadata: Mapping[str, str]) -> StoredConversation | None:
+        blob = orjson.dumps(dict(metadata))
+        with self._transaction():
+            row = self._db.execute("SELECT nbytes FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+            if row is None:
+                return None
+            self._db.execute(
+                "UPDATE conversations SET metadata = ?, nbytes = ?, updated_at = ? WHERE id = ?",
+                (blob, len(blob), self._clock(), conversation_id),
+            )
+            self._bytes += len(blob) - row[0]
+        return self.load_conversation(conversation_id)
+
+    def delete_conversation(self, conversation_id: str) -> bool:
+        with self._transaction():
+            return self._delete_conversation(conversation_id)
+
+    def append_conversation_items(self, conversation_id: str, items: Sequence[JsonObject]) -> bool:
+        item_rows = [_item_row(item) for item in items]
+        added = sum(len(blob) for _, blob in item_rows)
+        if added > self._limits.max_bytes:
+            raise StorageRefused(f"the items are {added} bytes, more than the storage budget")
+        with self._transaction():
+            if not self._conversation_exists(conversation_id):
+                return False
+            self._insert_items(conversation_id, item_rows, self._clock())
+            self._enforce_limits(keep=("conversations", conversation_id))
+        return True
+
+    def conversation_items(self, conversation_id: str) -> tuple[JsonObject, ...] | None:
+        if not self._conversation_exists(conversation_id):
+            return None
+        rows = self._db.execute(
+            "SELECT item FROM conversation_items WHERE conversation_id = ? ORDER BY seq", (conversation_id,)
+        )
+        return tuple(orjson.loads(row[0]) for row in rows)
+
+    def list_conversation_items(self, conversation_id: str, page: PageQuery) -> ItemPage | None:
+        if not self._conversation_exists(conversation_id):
+            return None
+        ascending = page.order is Order.ASC
+        bound = -1 if ascending else 2**62
+        if page.after is not None:
+            row = self._db.execute(
+                "SELECT seq FROM conversation_items WHERE conversation_id = ? AND id = ?", (conversation_id, page.after)
+            ).fetchone()
+            if row is None:
+                raise UnknownCursor(page.after)
+            bound = row[0]
+        comparison, direction = (">", "ASC") if ascending else ("<", "DESC")
+        rows = self._db.execute(
+            f"SELECT item FROM conversation_items WHERE conversation_id = ? AND seq {comparison} ? "
+            f"ORDER BY seq {direction} LIMIT ?",
+            (conversation_id, bound, page.limit + 1),
+        ).fetchall()
+        items = tuple(orjson.loads(row[0]) for row in rows[: page.limit])
+        return ItemPage(items=items, has_more=len(rows) > page.limit)
+
+    def load_conversation_item(self, conversation_id: str, item_id: str) -> JsonObject | None:
+        row = self._db.execute(
+            "SELECT item FROM conversation_items WHERE conversation_id = ? AND id = ?", (conversation_id, item_id)
+        ).fetchone()
+        return orjson.loads(row[0]) if row else None
+
+    def delete_conversation_item(self, conversation_id: str, item_id: str) -> bool | None:
+        with self._transaction():
+            if not self._conversation_exists(conversation_id):
+                return None
+            row = self._db.execute(
+                "DELETE FROM conversation_items WHERE conversation_id = ? AND id = ? RETURNING nbytes",
+                (conversation_id, item_id),
+            ).fetchone()
+            if row is None:
+                return False
+            self._bytes -= row[0]
+            self._touch_conversation(conversation_id, self._clock())
+        return True
+
+    # Budgets
+
+    def sweep(self, now: float) -> int:
+        cutoff = now - self._limits.ttl_s
+        with self._transaction():
+            expired = self._db.execute(
+                "SELECT 'responses', id FROM responses WHERE updated_at < ? "
+                "UNION ALL SELECT 'conversations', id FROM conversations WHERE updated_at < ?",
+                (cutoff, cutoff),
+            ).fetchall()
+            for table, record_id in expired:
+                self._delete(table, record_id)
+        if expired:
+            logger.info(
+                "storage: %d responses/conversations expired (unused for %.0f s)", len(expired), self._limits.ttl_s
+            )
+        return len(expired)
+
+    def _enforce_limits(self, keep: tuple[str, str]) -> None:
+        evicted = 0
+        while self._bytes > self._limits.max_bytes or self._entries > self._limits.max_entries:
+            oldest = self._db.execute(
+                "SELECT 'responses', id, updated_at FROM responses "
+                "UNION ALL SELECT 'conversations', id, updated_at FROM conversations "
+                "ORDER BY updated_at LIMIT ?",
+                (_EVICTION_BATCH,),
+            ).fetchall()
+            victims = [(table, record_id) for table, record_id, _ in oldest if (table, record_id) != keep]
+            if not victims:
+                break
+            for table, record_id in victims:
+                if self._bytes <= self._limits.max_bytes and self._entries <= self._limits.max_entries:
+                    break
+                self._delete(table, record_id)
+                evicted += 1
+        if evicted:
+            logger.info("storage: evicted %d least recently updated responses/conversations to stay in budget", evicted)
+
+    # Internals
+
+    def _delete(self, table: str, record_id: str) -> None:
+        if table == "responses":
+            self._delete_response(record_id)
+        else:
+            self._delete_conversation(record_id)
+
+    def _delete_response(self, response_id: str) -> bool:
+        row = self._db.execute("DELETE FROM responses WHERE id = ? RETURNING nbytes", (response_id,)).fetchone()
+        if row is None:
+            return False
+        self._bytes -= row[0]
+        self._entries -= 1
+        return True
+
+    def _delete_conversation(self, conversation_id: str) -> bool:
+        items = self._db.execute(
+            "SELECT COALESCE(SUM(nbytes), 0) FROM conversation_items WHERE conversation_id = ?", (conversation_id,)
+        ).fetchone()[0]
+        row = self._db.execute("DELETE FROM conversations WHERE id = ? RETURNING nbytes", (conversation_id,)).fetchone()
+        if row is None:
+            return False
+        self._bytes -= row[0] + items
+        self._entries -= 1
+        return True
+
+    def _insert_items(self, conversation_id: str, rows: Sequence[tuple[str, bytes]], now: float) -> None:
+        self._db.executemany(
+            "INSERT INTO conversation_items (conversation_id, id, item, nbytes) VALUES (?, ?, ?, ?)",
+            [(conversation_id, item_id, blob, len(blob)) for item_id, blob in rows],
+        )
+        self._bytes += sum(len(blob) for _, blob in rows)
+        self._touch_conversation(conversation_id, now)
+
+    def _touch_conversation(self, conversation_id: str, now: float) -> None:
+        self._db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id))
+
+    def _conversation_exists(self, conversation_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is not None
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self)
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path} has schema version {version}; this Courier knows up to {SCHEMA_VERSION}")
+        self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _measure(self) -> tuple[int, int]:
+        nbytes = self._db.execute(
+            "SELECT (SELECT COALESCE(SUM(nbytes), 0) FROM responses) + (SELECT COALESCE(SUM(nbytes), 0) FROM "
+            "conversations) + (SELECT COALESCE(SUM(nbytes), 0) FROM conversation_items)"
+        ).fetchone()[0]
+        entries = self._db.execute(
+            "SELECT (SELECT COUNT(*) FROM responses) + (SELECT COUNT(*) FROM conversations)"
+        ).fetchone()[0]
+        return int(nbytes), int(entries)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE .. COMMIT; on an error, ROLLBACK and re-measure the in-memory byte and entry counts."""
+
+    def __init__(self, storage: SqliteStorage) -> None:
+        self._storage = storage
+
+    def __enter__(self) -> None:
+        self._storage._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        storage = self._storage
+        if kind is None:
+            storage._db.execute("COMMIT")
+            return
+        storage._db.execute("ROLLBACK")
+        storage._bytes, storage._entries = storage._measure()
+
+
+def _item_row(item: JsonObject) -> tuple[str, bytes]:
+    return str(item["id"]), orjson.dumps(item)
+
+
+def _response_from_row(row: tuple[str, float, str | None, str | None, bytes, bytes]) -> StoredResponse:
+    return StoredResponse(
+        id=row[0],
+        created_at=row[1],
+        previous_response_id=row[2],
+        conversation_id=row[3],
+        input_items=tuple(orjson.loads(row[4])),
+        response=orjson.loads(row[5]),
+    )
