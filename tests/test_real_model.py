@@ -110,3 +110,35 @@ def test_default_server_serves_embedded_smollm2_and_traces_a_request(cache_dir: 
     for span in spans:
         if span["parent_id"] in by_id:
             assert span["context"]["trace_id"] == by_id[span["parent_id"]]["context"]["trace_id"]
+
+
+def test_responses_stream_and_chain_on_smollm2(cache_dir: Path) -> None:
+    model = "SmolLM2-135M-Instruct"
+    instructions = "You are a concise geography tutor. Answer in one short sentence that names the city. " * 2
+    with running_server(["--cache-dir", str(cache_dir)]) as server, server.openai_client() as client:
+        with client.responses.stream(
+            model=model,
+            instructions=instructions,
+            input="What is the capital of France?",
+            temperature=0,
+            max_output_tokens=48,
+            prompt_cache_key="geo",
+        ) as stream:
+            first = stream.get_final_response()
+        follow = client.responses.create(
+            model=model,
+            instructions=instructions,
+            previous_response_id=first.id,
+            input="And what is the capital of Italy?",
+            temperature=0,
+            max_output_tokens=48,
+            prompt_cache_key="geo",
+        )
+        stored = client.responses.retrieve(follow.id)
+        assert server.stop() == 0
+    assert first.status == "completed"
+    assert "Paris" in first.output_text
+    assert follow.status == "completed" and follow.output_text
+    assert stored.output_text == follow.output_text
+    assert first.usage is not None and follow.usage is not None
+    assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 3

@@ -6,6 +6,8 @@ from typing import Any
 
 import orjson
 
+from courier.http.errors import ApiError
+
 
 class EventWriter:
     def __init__(self) -> None:
@@ -15,3 +17,7 @@ class EventWriter:
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    def error(self, error: ApiError) -> bytes:
+        """The `error` event: a failure outside the response's own lifecycle (it could not even fail cleanly)."""
+        return self("error", code=error.code or error.error_type, message=error.message, param=error.param)

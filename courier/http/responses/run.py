@@ -127,9 +127,8 @@ async def run_whole(context: AppContext, turn: Turn) -> JsonObject:
     return final
 
 
-async def run_streamed(context: AppContext, turn: Turn) -> AsyncIterator[bytes]:
+async def run_streamed(context: AppContext, turn: Turn, emit: EventWriter) -> AsyncIterator[bytes]:
     """The full event sequence OpenAI clients expect, ending with the terminal event of the stored response."""
-    emit = EventWriter()
     draft = turn.draft
     in_progress = response_object(draft, Outcome(status=Status.IN_PROGRESS))
     with context.responses.running(draft.id, in_progress) as entry:

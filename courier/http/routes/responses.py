@@ -10,6 +10,7 @@ from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
 from courier.http.listing import list_object, page_query
+from courier.http.responses.events import EventWriter
 from courier.http.responses.request import parse_responses_request
 from courier.http.responses.run import context_items, run_streamed, run_whole, start_turn, turn_messages
 from courier.http.storage_calls import ask_storage
@@ -32,7 +33,8 @@ def blueprint(context: AppContext) -> Blueprint:
         parsed = parse_responses_request(await read_json_object())
         turn = await start_turn(context, parsed)
         if parsed.stream:
-            return event_stream_response(run_streamed(context, turn), done=None)
+            emit = EventWriter()
+            return event_stream_response(run_streamed(context, turn, emit), done=None, error_event=emit.error)
         return await run_whole(context, turn)
 
     @routes.post("/v1/responses/input_tokens")
