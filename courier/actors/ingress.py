@@ -149,6 +149,7 @@ class IngressActor(Actor[IngressMessage]):
                     add_generation_prompt=True,
                     reply=reply,
                     with_history_boundary=message.cache_prompt,
+                    thinking=chat.thinking,
                 ),
             )
         return (result.tokens, result.history_boundary) if isinstance(result, TokenizeResult) else result

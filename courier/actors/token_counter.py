@@ -80,12 +80,12 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             await message.reply.send(DetokenizeResult(text=text))
 
     def _chat_tokens(self, message: TokenizeChat) -> TokenizeResult:
-        tokens = self._render_chat(message.messages, message.tools, message.add_generation_prompt)
+        tokens = self._render_chat(message.messages, message.tools, message.add_generation_prompt, message.thinking)
         if not message.with_history_boundary:
             return TokenizeResult(tokens=tuple(tokens))
         # The history rendered on its own, clipped to what it shares with the live prompt: the next turn of this
         # conversation renders the same tokens, so a snapshot taken there can be extended by it.
-        history = self._render_chat(message.messages, message.tools, False)
+        history = self._render_chat(message.messages, message.tools, False, message.thinking)
         return TokenizeResult(tokens=tuple(tokens), history_boundary=_common_prefix(history, tokens))
 
     def _render_chat(
@@ -93,12 +93,14 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         add_generation_prompt: bool,
+        thinking: bool = True,
     ) -> list[int]:
         rendered = self._tokenizer.apply_chat_template(
             [dict(item) for item in messages],
             tools=[dict(tool) for tool in tools] if tools else None,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            **({} if thinking else {"enable_thinking": False}),
         )
         return list(self._tokenizer.encode(rendered, add_special_tokens=False))
 

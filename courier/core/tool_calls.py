@@ -93,3 +93,14 @@ def parse_tool_call(text: str, parser: ToolParser, tools: Sequence[Mapping[str, 
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
     return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=parsed["name"], arguments=arguments)
+
+
+def json_arguments(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
+    """Tool-call arguments as chat templates expect them: a mapping when the JSON string holds one."""
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments

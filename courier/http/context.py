@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 
 from anyio.streams.memory import MemoryObjectSendStream
 
+from courier.history.capsule import CapsuleCodec
 from courier.http.errors import ApiError
 from courier.http.responses.in_flight import InFlightResponses
+from courier.messages.compactor import CompactorMessage
 from courier.messages.ingress import IngressMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.storage import StorageMessage
@@ -22,6 +24,7 @@ class Outboxes:
     token_counter: MemoryObjectSendStream[TokenCounterMessage]
     ingress: MemoryObjectSendStream[IngressMessage]
     storage: MemoryObjectSendStream[StorageMessage]
+    compactor: MemoryObjectSendStream[CompactorMessage]
     snapshot_store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None
 
 
@@ -31,6 +34,7 @@ class AppContext:
     state: ServiceState
     outboxes: Outboxes
     metrics: CourierMetrics
+    capsules: CapsuleCodec
     responses: InFlightResponses = field(default_factory=InFlightResponses)
 
     def require_ready(self) -> None:
@@ -41,6 +45,12 @@ class AppContext:
         if phase is Phase.LOADING:
             raise ApiError.unavailable("the model is still loading; retry shortly", code="model_loading")
         raise ApiError.unavailable("the server is shutting down", code="shutting_down")
+
+    @property
+    def context_length(self) -> int:
+        model = self.state.model
+        assert model is not None, "require_ready() first"
+        return model.usable_context_length
 
     def require_model(self, requested: str | None) -> None:
         """A request that names a model must name the served one."""

@@ -7,12 +7,12 @@ than silently ignored.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from courier.core.tool_calls import json_arguments
 from courier.http.errors import ApiError
 from courier.http.validation import optional_bool
 from courier.messages.generation import SamplingParams
@@ -191,17 +191,6 @@ def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
             {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
         )
     return normalized
-
-
-def json_arguments(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
-    """Tool-call arguments as chat templates expect them: a mapping when the JSON string holds one."""
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        return arguments
-    return parsed if isinstance(parsed, dict) else arguments
 
 
 def _tools(tools: Any) -> tuple[Mapping[str, Any], ...] | None:

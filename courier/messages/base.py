@@ -32,6 +32,7 @@ class FailureKind(Enum):
     OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
+    UPSTREAM = "upstream"  # the model's own output was unusable (an empty or cut-off summary)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,7 @@ class ChatPrompt:
 
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] | None
+    thinking: bool = True  # False asks templates that support it (`enable_thinking`) for no reasoning block
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

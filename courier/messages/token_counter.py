@@ -41,6 +41,7 @@ class TokenizeChat(Message):
     add_generation_prompt: bool
     reply: ReplyStream[TokenizeReply]
     with_history_boundary: bool = False
+    thinking: bool = True  # False renders with `enable_thinking=False` (templates without it ignore it)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

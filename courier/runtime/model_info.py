@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# When the model's config names no context length.
+DEFAULT_CONTEXT_LENGTH = 4096
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelInfo:
@@ -18,6 +21,11 @@ class ModelInfo:
     stored_format: str
     prompt_cache_trimmable: bool
     created: int
+
+    @property
+    def usable_context_length(self) -> int:
+        """The context admission enforces: the configured one, else `DEFAULT_CONTEXT_LENGTH`."""
+        return self.context_length or DEFAULT_CONTEXT_LENGTH
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

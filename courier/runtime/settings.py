@@ -155,6 +155,7 @@ class Settings:
     storage_max_bytes: int = 1024**3
     storage_max_entries: int = 100_000
     storage_ttl: float = 30 * 24 * 3600.0
+    compaction_key_file: Path | None = None
     shutdown_timeout: float = 30.0
     trace_file: Path | None = None
     log_level: str = "info"
@@ -318,6 +319,14 @@ OPTIONS: tuple[Option, ...] = (
         default=_DEFAULTS.storage_ttl,
         help="seconds a stored response or conversation is kept after its last update",
         metavar="SECONDS",
+    ),
+    Option(
+        name="compaction_key_file",
+        parse=_path,
+        default=None,
+        help="a file holding a secret key: compaction capsules are then authenticated (HMAC) and foreign or altered "
+        "ones refused",
+        metavar="PATH",
     ),
     Option(
         name="shutdown_timeout",

@@ -31,6 +31,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config as HypercornConfig
 
+from courier.actors.compactor import CompactorActor, CompactorLimits
 from courier.actors.ingress import IngressActor
 from courier.actors.scheduler import PromptCaching, SchedulerActor
 from courier.actors.snapshot_store import SnapshotStoreActor
@@ -38,9 +39,11 @@ from courier.actors.storage import StorageActor
 from courier.actors.token_counter import TokenCounterActor
 from courier.core.batch_engine import BatchEngine, BatchLimits
 from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
+from courier.history.capsule import CapsuleCodec
 from courier.http.app import create_app
 from courier.http.context import AppContext, Outboxes
 from courier.messages.base import Message
+from courier.messages.compactor import CompactorMessage
 from courier.messages.ingress import IngressMessage
 from courier.messages.scheduler import SchedulerMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
@@ -77,8 +80,8 @@ MLX_THREAD_JOIN_S = 2.0
 # After failing in-flight requests at the drain deadline, how long their responses get to reach the clients.
 ERROR_FLUSH_S = 2.0
 PREFILL_BATCH = 8
-# When the model's config names no context length.
-DEFAULT_CONTEXT_LENGTH = 4096
+COMPACTOR_INBOX = 64
+MIN_COMPACTION_KEY_BYTES = 16
 
 
 class ServerFailed(RuntimeError):
@@ -107,11 +110,16 @@ class Supervisor:
             SNAPSHOT_STORE_INBOX
         )
         self._storage_send, self._storage_receive = anyio.create_memory_object_stream[StorageMessage](STORAGE_INBOX)
+        self._compactor_send, self._compactor_receive = anyio.create_memory_object_stream[CompactorMessage](
+            COMPACTOR_INBOX
+        )
+        self._capsules = CapsuleCodec(None, settings.max_body_bytes)
         stats = SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue)
         self._state = ServiceState(blas=blas, model_id=settings.served_model_name or source.default_id, scheduler=stats)
         self._metrics = CourierMetrics(self._state)
 
     async def run(self) -> None:
+        self._capsules = load_capsule_codec(self._settings)
         provider = configure_tracing(self._environ, self._settings.trace_file)
         listener = bind_listener(self._settings.host, self._settings.port)
         try:
@@ -129,6 +137,7 @@ class Supervisor:
                 self._ingress_receive,
                 self._snapshots_receive,
                 self._storage_receive,
+                self._compactor_receive,
             ):
                 inbox.close()
             self._mlx.close(MLX_THREAD_JOIN_S)
@@ -143,10 +152,12 @@ class Supervisor:
             settings=self._settings,
             state=self._state,
             metrics=self._metrics,
+            capsules=self._capsules,
             outboxes=Outboxes(
                 token_counter=self._token_counter_send,
                 ingress=self._ingress_send,
                 storage=self._storage_send,
+                compactor=self._compactor_send,
                 snapshot_store=self._snapshots_send if self._settings.prompt_cache else None,
             ),
         )
@@ -251,10 +262,21 @@ class Supervisor:
         ingress = IngressActor(
             self._token_counter_send,
             self._scheduler_send,
-            context_length=loaded.info.context_length or DEFAULT_CONTEXT_LENGTH,
+            context_length=loaded.info.usable_context_length,
             vocabulary_size=len(loaded.tokenizer.get_vocab()),
         )
         await task_group.start(self._run_actor, ingress, self._ingress_receive, self._ingress_send)
+        compactor = CompactorActor(
+            self._token_counter_send,
+            self._ingress_send,
+            self._capsules,
+            CompactorLimits(
+                context_length=loaded.info.usable_context_length,
+                max_output_bytes=settings.max_body_bytes,
+                timeout_s=settings.request_timeout,
+            ),
+        )
+        await task_group.start(self._run_actor, compactor, self._compactor_receive, self._compactor_send)
 
     async def _start_snapshot_store(self, task_group: TaskGroup, loaded: LoadedModel) -> PromptCaching:
         settings = self._settings
@@ -308,6 +330,7 @@ class Supervisor:
                 outbox.close()
                 await done.wait()
         for outbox in (
+            self._compactor_send,
             self._ingress_send,
             self._scheduler_send,
             self._snapshots_send,
@@ -330,6 +353,25 @@ class Supervisor:
                     return
                 logger.info("received %s: shutting down", signal.Signals(received).name)
                 self._stop.set()
+
+
+def load_capsule_codec(settings: Settings) -> CapsuleCodec:
+    """Compaction capsules, authenticated with the key in `--compaction-key-file` when one is given."""
+    key = None
+    if settings.compaction_key_file is not None:
+        try:
+            key = settings.compaction_key_file.read_bytes().strip()
+        except OSError as error:
+            raise ServerFailed(f"cannot read --compaction-key-file {settings.compaction_key_file}: {error}") from None
+        if len(key) < MIN_COMPACTION_KEY_BYTES:
+            raise ServerFailed(
+                f"--compaction-key-file {settings.compaction_key_file} holds {len(key)} bytes; "
+                f"use at least {MIN_COMPACTION_KEY_BYTES} random bytes (e.g. `openssl rand -hex 32`)"
+            )
+        logger.info(
+            "compaction capsules are authenticated (HMAC-SHA256) with the key in %s", settings.compaction_key_file
+        )
+    return CapsuleCodec(key, settings.max_body_bytes)
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -312,7 +312,11 @@ def test_cancel_stops_an_in_flight_stream(client: openai.OpenAI, server: Running
         for event in stream:
             events.append(event)
             if event.type == "response.output_text.delta" and cancelled is None:
-                cancelled = other.responses.cancel(events[0].response.id)
+                response_id = events[0].response.id
+                assert other.responses.retrieve(response_id).status == "in_progress"
+                with pytest.raises(openai.BadRequestError):
+                    other.responses.delete(response_id)
+                cancelled = other.responses.cancel(response_id)
     terminal = events[-1]
     assert terminal.type == "response.incomplete"
     assert terminal.response.status == "cancelled"

@@ -1,22 +1,18 @@
-"""Responses API items: validating input items, building output items, and rendering items as chat messages.
+"""Responses API items: validating input items and building output items.
 
-Every item the server stores carries a fresh id (`msg_`, `fc_`, `fco_`), so a
-conversation never holds two items with one id. `chat_messages` is the one
-translation from items to the chat template's messages: a new turn, the token
-count of `/v1/responses/input_tokens` and the idle warm-up of the next turn all
-render through it, which is what makes a stored chain's prompt an exact prefix of
-its next turn's.
+Every item the server stores carries a fresh id (`msg_`, `fc_`, `fco_`, `cmp_`),
+so a conversation never holds two items with one id. Rendering items for the
+model is `courier.history.chat_render`'s business.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from courier.core.tool_calls import ToolCall
+from courier.history.items import message_item, new_id, text_part
 from courier.http.errors import ApiError
-from courier.http.openai_requests import json_arguments
 from courier.storage.records import JsonObject
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
@@ -26,8 +22,7 @@ _MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
 _DROPPED_ITEMS = frozenset({"reasoning"})
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+__all__ = ["function_call_item", "input_items", "message_item", "new_id", "text_part"]
 
 
 def input_items(value: Any, param: str = "input") -> list[JsonObject]:
@@ -40,16 +35,6 @@ def input_items(value: Any, param: str = "input") -> list[JsonObject]:
     return [item for item in items if item is not None]
 
 
-def message_item(role: str, content: list[JsonObject], status: str = "completed") -> JsonObject:
-    return {"id": new_id("msg"), "type": "message", "role": role, "status": status, "content": content}
-
-
-def text_part(kind: str, text: str, logprobs: list[JsonObject] | None = None) -> JsonObject:
-    if kind == "output_text":
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
-    return {"type": kind, "text": text}
-
-
 def function_call_item(call: ToolCall) -> JsonObject:
     return {
         "id": new_id("fc"),
@@ -59,41 +44,6 @@ def function_call_item(call: ToolCall) -> JsonObject:
         "name": call.name,
         "arguments": call.arguments,
     }
-
-
-def chat_messages(instructions: str | None, items: Iterable[Mapping[str, Any]]) -> list[JsonObject]:
-    """Items as the chat template's messages: function calls join the assistant message before them."""
-    messages: list[JsonObject] = [{"role": "system", "content": instructions}] if instructions else []
-    for item in items:
-        kind = item["type"]
-        if kind == "message":
-            messages.append({"role": item["role"], "content": "".join(part["text"] for part in item["content"])})
-        elif kind == "function_call":
-            call = {
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item["name"], "arguments": json_arguments(item["arguments"])},
-            }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-                last["content"] = last["content"] or None
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
-    return messages
-
-
-def chat_tools(tools: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
-    """Responses function tools (flat) -> the chat template's tool shape (nested under `function`)."""
-    return [
-        {
-            "type": "function",
-            "function": {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None},
-        }
-        for tool in tools
-    ]
 
 
 def _input_item(raw: Any, param: str) -> JsonObject | None:
@@ -119,10 +69,17 @@ def _input_item(raw: Any, param: str) -> JsonObject | None:
             "call_id": _required_text(raw, "call_id", param),
             "output": _output_text(raw.get("output"), f"{param}.output"),
         }
+    if kind == "compaction":
+        # Checked when the history is replayed (`courier.history.replay`), where the server's key is known.
+        return {
+            "id": new_id("cmp"),
+            "type": "compaction",
+            "encrypted_content": _required_text(raw, "encrypted_content", param),
+        }
     if kind in _DROPPED_ITEMS:
         return None
     raise ApiError.invalid(
-        f"{param}.type {kind!r} is not supported; use message, function_call or function_call_output items",
+        f"{param}.type {kind!r} is not supported; use message, function_call, function_call_output or compaction items",
         param=f"{param}.type",
     )
 

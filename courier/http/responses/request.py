@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from courier.history.chat_render import chat_tools
 from courier.http.errors import ApiError
 from courier.http.openai_requests import (
     MAX_TEMPERATURE,
@@ -22,7 +23,7 @@ from courier.http.openai_requests import (
     session_key,
     tool_choice,
 )
-from courier.http.responses.items import chat_tools, input_items
+from courier.http.responses.items import input_items
 from courier.http.validation import optional_bool, optional_str
 from courier.messages.generation import SamplingParams
 from courier.storage.records import JsonObject
@@ -52,6 +53,7 @@ class ResponsesRequest:
     previous_response_id: str | None
     conversation_id: str | None
     cache_prompt: bool
+    compact_threshold: int | None = None  # context_management's automatic compaction
 
     @property
     def template_tools(self) -> list[JsonObject] | None:
@@ -102,6 +104,50 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
         previous_response_id=previous,
         conversation_id=conversation,
         cache_prompt=optional_bool(body, "cache_prompt", True),
+        compact_threshold=_compact_threshold(body.get("context_management")),
+    )
+
+
+DEFAULT_SUMMARY_TOKENS = 1024
+MAX_SUMMARY_TOKENS = 16384
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompactRequest:
+    model: str | None
+    input_items: tuple[JsonObject, ...]
+    instructions: str | None
+    tools: tuple[JsonObject, ...]
+    max_output_tokens: int
+    keep_tokens: int | None
+    session: str
+
+    @property
+    def template_tools(self) -> list[JsonObject] | None:
+        return chat_tools(self.tools) if self.tools else None
+
+
+def parse_compact_request(body: dict[str, Any]) -> CompactRequest:
+    """`/v1/responses/compact`: the whole history comes as `input`; nothing is stored or streamed."""
+    for field in ("stream", "previous_response_id", "conversation"):
+        if body.get(field) not in (None, False):
+            message = f"'{field}' is not supported on /v1/responses/compact: send the whole history as 'input'"
+            raise ApiError.invalid(message, param=field)
+    if body.get("input") is None:
+        raise ApiError.invalid("'input' is required", param="input")
+    keep_tokens = body.get("keep_tokens")
+    if keep_tokens is not None and (
+        isinstance(keep_tokens, bool) or not isinstance(keep_tokens, int) or keep_tokens < 1
+    ):
+        raise ApiError.invalid("'keep_tokens' must be a positive integer", param="keep_tokens")
+    return CompactRequest(
+        model=model_name(body),
+        input_items=tuple(input_items(body["input"])),
+        instructions=optional_str(body, "instructions") or None,
+        tools=_tools(body.get("tools")),
+        max_output_tokens=int_in(body, "max_output_tokens", 1, MAX_SUMMARY_TOKENS, DEFAULT_SUMMARY_TOKENS),
+        keep_tokens=keep_tokens,
+        session=session_key(body, fallback_field="safety_identifier"),
     )
 
 
@@ -141,6 +187,25 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
             raise ApiError.invalid(message, param="text.format")
     if body.get("n") not in (None, 1):
         raise ApiError.invalid("only one output per response is supported", param="n")
+
+
+def _compact_threshold(value: Any) -> int | None:
+    """`context_management: [{"type": "compaction", "compact_threshold": N}]` -> N."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ApiError.invalid("'context_management' must be a list", param="context_management")
+    threshold = None
+    for index, entry in enumerate(value):
+        param = f"context_management[{index}]"
+        if not isinstance(entry, dict) or entry.get("type") != "compaction":
+            raise ApiError.invalid(f"{param}: only type 'compaction' is supported", param=f"{param}.type")
+        raw = entry.get("compact_threshold")
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+            message = f"{param}.compact_threshold must be a positive number of tokens"
+            raise ApiError.invalid(message, param=f"{param}.compact_threshold")
+        threshold = raw
+    return threshold
 
 
 def _conversation_id(value: Any) -> str | None:

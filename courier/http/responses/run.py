@@ -1,108 +1,30 @@
-"""One `/v1/responses` call: its context, admission, the generation (whole or streamed) and its record.
+"""Running one `/v1/responses` turn: the generation, whole or streamed, and its recorded outcome.
 
-Order of work: the context is rebuilt from storage (a `previous_response_id`
-chain or a conversation's items), rendered through the same chat translation as
-every turn, and admitted by the ingress like a chat request (so it shares the
-prompt cache). The finished response is stored before the client is answered, so
-anything acknowledged survives a restart; then the next turn is warmed up.
+A streamed turn whose automatic compaction is due compacts inside the stream
+(the compaction item's `output_item.added`, `response.compaction.compacting`,
+`output_item.done`), then admits and streams the answer; a failure there ends the
+stream with `response.failed`. The finished response is stored before the
+client is told (`record.py`).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import suppress
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import replace
 
-from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
-
+from courier.history.items import new_id, text_part
 from courier.http.cancellation import GenerationCancelled
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
-from courier.http.generation import admit_prompt, generated_events
+from courier.http.generation import generated_events
 from courier.http.responses.events import EventWriter
 from courier.http.responses.in_flight import InFlightResponse
-from courier.http.responses.items import chat_messages, new_id, text_part
-from courier.http.responses.objects import (
-    TERMINAL_EVENTS,
-    Outcome,
-    ResponseDraft,
-    Status,
-    logprob_objects,
-    response_object,
-    usage_object,
-)
+from courier.http.responses.objects import TERMINAL_EVENTS, Outcome, Status, logprob_objects, response_object
 from courier.http.responses.output import OutputAssembler
-from courier.http.responses.request import ResponsesRequest
-from courier.http.storage_calls import ask_storage
-from courier.messages.base import RequestId
-from courier.messages.generation import FinishReason, GenerationFinished, TokensGenerated
-from courier.messages.ingress import Admitted, ChatPrompt, WarmUpConversation
-from courier.messages.storage import AppendConversationItems, LoadChain, LoadConversationItems, SaveResponse
-from courier.storage.records import JsonObject, StoredResponse
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Turn:
-    request: ResponsesRequest
-    draft: ResponseDraft
-    history: Sequence[JsonObject]  # the items before this request's input (chain or conversation)
-    admitted: Admitted
-
-
-async def context_items(context: AppContext, request: ResponsesRequest) -> list[JsonObject]:
-    """The items a new turn continues: every hop of its `previous_response_id` chain, or its conversation's."""
-    if request.previous_response_id is not None:
-        response_id = request.previous_response_id
-        chain = await ask_storage(context, lambda reply: LoadChain(response_id=response_id, reply=reply))
-        if chain is None:
-            raise ApiError(
-                404,
-                f"Previous response with id '{response_id}' not found.",
-                param="previous_response_id",
-                code="previous_response_not_found",
-            )
-        if chain.missing is not None:
-            message = (
-                f"The history of '{response_id}' is incomplete: its ancestor '{chain.missing}' is no longer stored."
-            )
-            raise ApiError(404, message, param="previous_response_id", code="previous_response_not_found")
-        items: list[JsonObject] = []
-        for stored in chain.responses:
-            items += [*stored.input_items, *stored.response["output"]]
-        return items
-    if request.conversation_id is not None:
-        conversation_id = request.conversation_id
-        stored_items = await ask_storage(
-            context, lambda reply: LoadConversationItems(conversation_id=conversation_id, reply=reply)
-        )
-        if stored_items is None:
-            raise conversation_not_found(conversation_id)
-        return list(stored_items)
-    return []
-
-
-def turn_messages(request: ResponsesRequest, history: Sequence[JsonObject]) -> list[JsonObject]:
-    return chat_messages(request.instructions, [*history, *request.input_items])
-
-
-async def start_turn(context: AppContext, request: ResponsesRequest) -> Turn:
-    context.require_ready()
-    context.require_model(request.model)
-    history = await context_items(context, request)
-    draft = ResponseDraft(request=request, model=context.state.model_id)
-    prompt = ChatPrompt(messages=turn_messages(request, history), tools=request.template_tools)
-    admitted = await admit_prompt(
-        context,
-        prompt,
-        request.sampling,
-        RequestId(draft.id),
-        session=request.session,
-        cache_prompt=request.cache_prompt,
-    )
-    return Turn(request=request, draft=draft, history=history, admitted=admitted)
+from courier.http.responses.record import failed_outcome, finished_outcome, record
+from courier.http.responses.turn import Plan, Turn, admit_turn, compact
+from courier.messages.generation import GenerationFinished, TokensGenerated
+from courier.storage.records import JsonObject
 
 
 async def run_whole(context: AppContext, turn: Turn) -> JsonObject:
@@ -111,42 +33,62 @@ async def run_whole(context: AppContext, turn: Turn) -> JsonObject:
     with context.responses.running(turn.draft.id, in_progress) as entry:
         assembler = OutputAssembler(context.state.tool_format, turn.request.template_tools)
         failure: ApiError | None = None
+        prefix = [turn.compaction_item] if turn.compaction_item else []
         try:
             finished = await _generate(context, turn, entry, assembler)
             _, calls = assembler.finish()
-            outcome = _finished_outcome(finished, assembler.output_items(calls))
+            outcome = finished_outcome(finished, [*prefix, *assembler.output_items(calls)])
         except GenerationCancelled:
-            outcome = Outcome(status=Status.CANCELLED, output=_partial_output(assembler))
+            outcome = Outcome(status=Status.CANCELLED, output=[*prefix, *_partial_output(assembler)])
         except ApiError as error:
             failure = error
-            outcome = _failed_outcome(error, _partial_output(assembler))
-        final = await _record(context, turn, outcome)
+            outcome = failed_outcome(error, [*prefix, *_partial_output(assembler)])
+        final = await record(context, turn.draft, outcome, turn.items)
         entry.finish(final)
     if failure is not None:
         raise failure
     return final
 
 
-async def run_streamed(context: AppContext, turn: Turn, emit: EventWriter) -> AsyncIterator[bytes]:
-    """The full event sequence OpenAI clients expect, ending with the terminal event of the stored response."""
-    draft = turn.draft
+async def run_streamed(context: AppContext, plan: Plan, turn: Turn | None, emit: EventWriter) -> AsyncIterator[bytes]:
+    """The full event sequence OpenAI clients expect, ending with the terminal event of the stored response.
+
+    `turn` is None when an automatic compaction is due: it runs here, inside the stream."""
+    draft = plan.draft
     in_progress = response_object(draft, Outcome(status=Status.IN_PROGRESS))
     with context.responses.running(draft.id, in_progress) as entry:
         yield emit("response.created", response=in_progress)
         yield emit("response.in_progress", response=in_progress)
-        message = _StreamedMessage(emit)
+        prefix: list[JsonObject] = []
+        if turn is None:
+            item_id = new_id("cmp")
+            started = {"id": item_id, "type": "compaction", "encrypted_content": ""}
+            yield emit("response.output_item.added", output_index=0, item=started)
+            yield emit("response.compaction.compacting", item_id=item_id, output_index=0)
+            try:
+                turn = await admit_turn(context, plan, await compact(context, plan), compaction_id=item_id)
+            except ApiError as error:
+                final = await record(context, draft, failed_outcome(error, []), None)
+                entry.finish(final)
+                yield emit("response.failed", response=final)
+                return
+            assert turn.compaction_item is not None
+            prefix = [turn.compaction_item]
+            yield emit("response.output_item.done", output_index=0, item=turn.compaction_item)
+        message = _StreamedMessage(emit, output_index=len(prefix))
         result: list[Outcome] = []
         async for chunk in _streamed_output(context, turn, entry, message, result):
             yield chunk
         outcome = result[0]
+        output = [*prefix, *outcome.output]
         if message.opened:
             for chunk in message.close(outcome.output[0]):
                 yield chunk
-        for index, item in enumerate(outcome.output):
+        for index, item in enumerate(output):
             if item["type"] == "function_call":
                 for chunk in _function_call_events(emit, index, item):
                     yield chunk
-        final = await _record(context, turn, outcome)
+        final = await record(context, draft, replace(outcome, output=output), turn.items)
         entry.finish(final)
         yield emit(TERMINAL_EVENTS[Status(final["status"])], response=final)
 
@@ -174,18 +116,19 @@ async def _streamed_output(
             raise ApiError(500, "the generation ended without a result", code="generation_failed")
         output = [assembler.message(message.id)] if message.opened else []
         calls_output = [item for item in assembler.output_items(calls) if item["type"] == "function_call"]
-        result.append(_finished_outcome(finished, output + calls_output))
+        result.append(finished_outcome(finished, output + calls_output))
     except GenerationCancelled:
         result.append(Outcome(status=Status.CANCELLED, output=message.partial(assembler)))
     except ApiError as error:
-        result.append(_failed_outcome(error, message.partial(assembler)))
+        result.append(failed_outcome(error, message.partial(assembler)))
 
 
 class _StreamedMessage:
     """The assistant message item of a stream: opened at its first text, closed once the generation ends."""
 
-    def __init__(self, emit: EventWriter) -> None:
+    def __init__(self, emit: EventWriter, output_index: int) -> None:
         self._emit = emit
+        self._index = output_index
         self.id = new_id("msg")
         self.opened = False
 
@@ -195,7 +138,7 @@ class _StreamedMessage:
             self._emit(
                 "response.output_text.delta",
                 item_id=self.id,
-                output_index=0,
+                output_index=self._index,
                 content_index=0,
                 delta=text,
                 logprobs=logprobs,
@@ -209,11 +152,11 @@ class _StreamedMessage:
 
     def close(self, item: JsonObject) -> list[bytes]:
         part = item["content"][0]
-        where = {"item_id": self.id, "output_index": 0, "content_index": 0}
+        where = {"item_id": self.id, "output_index": self._index, "content_index": 0}
         return [
             self._emit("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"]),
             self._emit("response.content_part.done", **where, part=part),
-            self._emit("response.output_item.done", output_index=0, item=item),
+            self._emit("response.output_item.done", output_index=self._index, item=item),
         ]
 
     def _open(self) -> list[bytes]:
@@ -221,8 +164,10 @@ class _StreamedMessage:
         item = {"id": self.id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
         part = text_part("output_text", "")
         return [
-            self._emit("response.output_item.added", output_index=0, item=item),
-            self._emit("response.content_part.added", item_id=self.id, output_index=0, content_index=0, part=part),
+            self._emit("response.output_item.added", output_index=self._index, item=item),
+            self._emit(
+                "response.content_part.added", item_id=self.id, output_index=self._index, content_index=0, part=part
+            ),
         ]
 
 
@@ -248,71 +193,5 @@ async def _generate(
     raise ApiError(500, "the generation ended without a result", code="generation_failed")
 
 
-def _finished_outcome(finished: GenerationFinished, output: Sequence[JsonObject]) -> Outcome:
-    cut = finished.reason is FinishReason.LENGTH
-    return Outcome(
-        status=Status.INCOMPLETE if cut else Status.COMPLETED,
-        output=output,
-        usage=usage_object(finished),
-        incomplete_reason="max_output_tokens" if cut else None,
-    )
-
-
-def _failed_outcome(error: ApiError, output: Sequence[JsonObject]) -> Outcome:
-    return Outcome(
-        status=Status.FAILED,
-        output=output,
-        error={"code": error.code or "server_error", "message": error.message},
-    )
-
-
 def _partial_output(assembler: OutputAssembler) -> list[JsonObject]:
     return [assembler.message(status="incomplete")] if assembler.text else []
-
-
-async def _record(context: AppContext, turn: Turn, outcome: Outcome) -> JsonObject:
-    """Store the response (and extend its conversation) before anyone is told it exists; then warm up."""
-    request, draft = turn.request, turn.draft
-    final = response_object(draft, outcome)
-    kept = outcome.status in (Status.COMPLETED, Status.INCOMPLETE)
-    appended = [*request.input_items, *outcome.output] if request.conversation_id and kept else []
-    try:
-        if request.store:
-            stored = StoredResponse(
-                id=draft.id,
-                created_at=draft.created_at,
-                previous_response_id=request.previous_response_id,
-                conversation_id=request.conversation_id,
-                input_items=request.input_items,
-                response=final,
-            )
-            await ask_storage(
-                context, lambda reply: SaveResponse(response=stored, conversation_items=appended, reply=reply)
-            )
-        elif appended and request.conversation_id is not None:
-            conversation_id = request.conversation_id
-            await ask_storage(
-                context,
-                lambda reply: AppendConversationItems(conversation_id=conversation_id, items=appended, reply=reply),
-            )
-    except ApiError as error:
-        logger.warning("response %s was not stored: %s", draft.id, error.message)
-        return response_object(draft, _failed_outcome(error, outcome.output))
-    if kept:
-        _warm_up_next_turn(context, turn, outcome.output)
-    return final
-
-
-def _warm_up_next_turn(context: AppContext, turn: Turn, output: Sequence[JsonObject]) -> None:
-    """Ask for the conversation, reply included, to be prefilled while the server is idle (may be dropped)."""
-    request = turn.request
-    if not request.cache_prompt or context.outboxes.snapshot_store is None:
-        return
-    messages = chat_messages(request.instructions, [*turn.history, *request.input_items, *output])
-    warm_up = WarmUpConversation(session=request.session, messages=messages, tools=request.template_tools)
-    with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
-        context.outboxes.ingress.send_nowait(warm_up)
-
-
-def conversation_not_found(conversation_id: str) -> ApiError:
-    return ApiError(404, f"Conversation with id '{conversation_id}' not found.", param="conversation", code="not_found")

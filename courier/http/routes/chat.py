@@ -10,13 +10,13 @@ from typing import Any
 from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
 from quart import Blueprint, Response
 
-from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_call
+from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, json_arguments, parse_tool_call
 from courier.http import openai_format
 from courier.http.context import AppContext
 from courier.http.generation import admit, collect, generated_events, new_request_id, sse
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
-from courier.http.openai_requests import GenerationRequest, json_arguments, parse_chat_request
+from courier.http.openai_requests import GenerationRequest, parse_chat_request
 from courier.http.streaming import event_stream_response
 from courier.messages.generation import GenerationFinished
 from courier.messages.ingress import Admitted, ChatPrompt, WarmUpConversation

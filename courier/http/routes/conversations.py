@@ -12,7 +12,7 @@ from courier.http.json_body import read_json_object
 from courier.http.listing import list_object, page_query
 from courier.http.responses.items import input_items, new_id
 from courier.http.responses.request import parse_metadata
-from courier.http.responses.run import conversation_not_found
+from courier.http.responses.turn import conversation_not_found
 from courier.http.storage_calls import ask_storage
 from courier.messages.storage import (
     AppendConversationItems,

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import time
+
 import anyio
 from quart import Blueprint, Response, request
 
+from courier.history.items import new_id
 from courier.http.asking import ask_actor
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
 from courier.http.listing import list_object, page_query
 from courier.http.responses.events import EventWriter
-from courier.http.responses.request import parse_responses_request
-from courier.http.responses.run import context_items, run_streamed, run_whole, start_turn, turn_messages
+from courier.http.responses.request import parse_compact_request, parse_responses_request
+from courier.http.responses.run import run_streamed, run_whole
+from courier.http.responses.turn import count_tokens, history_items, plan_turn, start_turn
 from courier.http.storage_calls import ask_storage
 from courier.http.streaming import event_stream_response
+from courier.messages.compactor import CompactHistory, CompactionResult
 from courier.messages.storage import DeleteResponse, LoadResponse
-from courier.messages.token_counter import TokenizeChat, TokenizeResult
 from courier.storage.paging import UnknownCursor, page_of
 from courier.storage.records import JsonObject, StoredResponse
 
@@ -31,11 +35,14 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/responses")
     async def create_response() -> Response | JsonObject:
         parsed = parse_responses_request(await read_json_object())
-        turn = await start_turn(context, parsed)
+        plan = await plan_turn(context, parsed)
         if parsed.stream:
+            # A due compaction runs inside the stream, so its progress can be streamed; otherwise admission
+            # happens first and a refusal is a plain HTTP error.
+            turn = None if plan.compaction_due else await start_turn(context, plan)
             emit = EventWriter()
-            return event_stream_response(run_streamed(context, turn, emit), done=None, error_event=emit.error)
-        return await run_whole(context, turn)
+            return event_stream_response(run_streamed(context, plan, turn, emit), done=None, error_event=emit.error)
+        return await run_whole(context, await start_turn(context, plan))
 
     @routes.post("/v1/responses/input_tokens")
     @routes.post("/responses/input_tokens")
@@ -43,15 +50,35 @@ def blueprint(context: AppContext) -> Blueprint:
         parsed = parse_responses_request(await read_json_object())
         context.require_ready()
         context.require_model(parsed.model)
-        messages = turn_messages(parsed, await context_items(context, parsed))
-        counted = await ask_actor(
-            context.outboxes.token_counter,
-            lambda reply: TokenizeChat(
-                messages=messages, tools=parsed.template_tools, add_generation_prompt=True, reply=reply
+        items = [*await history_items(context, parsed), *parsed.input_items]
+        return {"object": "response.input_tokens", "input_tokens": await count_tokens(context, parsed, items)}
+
+    @routes.post("/v1/responses/compact")
+    @routes.post("/responses/compact")
+    async def compact_response() -> JsonObject:
+        parsed = parse_compact_request(await read_json_object())
+        context.require_ready()
+        context.require_model(parsed.model)
+        result = await ask_actor(
+            context.outboxes.compactor,
+            lambda reply: CompactHistory(
+                items=parsed.input_items,
+                instructions=parsed.instructions,
+                tools=parsed.template_tools,
+                keep_tokens=parsed.keep_tokens,
+                max_output_tokens=parsed.max_output_tokens,
+                session=parsed.session,
+                reply=reply,
             ),
-            TokenizeResult,
+            CompactionResult,
         )
-        return {"object": "response.input_tokens", "input_tokens": len(counted.tokens)}
+        return {
+            "id": new_id("resp"),
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": list(result.output),
+            "usage": result.usage,
+        }
 
     @routes.get("/v1/responses/<response_id>")
     @routes.get("/responses/<response_id>")

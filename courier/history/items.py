@@ -1,0 +1,30 @@
+"""Constructors for Responses API items, the shape every stored and replayed history is made of."""
+
+from __future__ import annotations
+
+import uuid
+
+from courier.storage.records import JsonObject
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def message_item(role: str, content: list[JsonObject], status: str = "completed") -> JsonObject:
+    return {"id": new_id("msg"), "type": "message", "role": role, "status": status, "content": content}
+
+
+def text_part(kind: str, text: str, logprobs: list[JsonObject] | None = None) -> JsonObject:
+    if kind == "output_text":
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+    return {"type": kind, "text": text}
+
+
+def message_text(item: JsonObject) -> str:
+    return "".join(part["text"] for part in item["content"])
+
+
+def is_instruction(item: JsonObject) -> bool:
+    """System and developer messages: compaction keeps them verbatim, in their roles."""
+    return item["type"] == "message" and item["role"] in ("system", "developer")
