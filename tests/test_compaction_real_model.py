@@ -37,8 +37,13 @@ COMPACT_OPTIONS = {"keep_tokens": 40, "max_output_tokens": 300}
 
 
 @pytest.fixture(scope="module")
-def server(cache_dir: Path) -> Iterator[RunningServer]:
-    with running_server(["--cache-dir", str(cache_dir)]) as running:
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trace") / "spans.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(cache_dir: Path, trace_file: Path) -> Iterator[RunningServer]:
+    with running_server(["--cache-dir", str(cache_dir), "--trace-file", str(trace_file)]) as running:
         yield running
         assert running.stop() == 0
 
@@ -133,3 +138,27 @@ def test_automatic_compaction_streams_its_item_then_the_answer(client: openai.Op
         model=MODEL, previous_response_id=final.id, input="Thanks!", max_output_tokens=8, temperature=0
     )
     assert follow.usage is not None and follow.usage.input_tokens < before
+
+
+def test_the_compactor_traces_selection_counts_summary_and_capsule(server: RunningServer, trace_file: Path) -> None:
+    """Runs last in this module: stopping the server flushes its spans."""
+    assert server.stop() == 0
+    spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()]
+    by_id = {span["context"]["span_id"]: span for span in spans}
+
+    def parent(span: dict[str, Any]) -> str | None:
+        found = by_id.get(span["parent_id"]) if span["parent_id"] else None
+        return found["name"] if found else None
+
+    def children(name: str) -> list[str]:
+        return [span["name"] for span in spans if parent(span) == name]
+
+    compactions = [span for span in spans if span["name"] == "compactor.CompactHistory"]
+    assert len(compactions) == 2  # the explicit one and the automatic one
+    assert {parent(span) for span in compactions} == {"POST /v1/responses/compact", "POST /v1/responses"}
+    under = children("compactor.CompactHistory")
+    assert {"compactor.selection", "ingress.AdmitGeneration", "compactor.capsule"} <= set(under)
+    counts = children("compactor.selection")
+    assert counts and set(counts) == {"token_counter.TokenizeChat"}
+    selection = next(span for span in spans if span["name"] == "compactor.selection")
+    assert selection["attributes"]["courier.compaction.segments"] == len(counts) // 2
