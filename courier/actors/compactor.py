@@ -10,8 +10,8 @@ the summary prompt does not fit or the summary is not shorter than what it
 replaces, 502 when the summary is empty or cut by `max_output_tokens`. The
 caller's context is never replaced on failure. After a success it asks for the
 compacted context to be prefilled while the server is idle, so the next turn
-starts from cache. Compactions run concurrently (up to `MAX_CONCURRENT`), each
-in its own task, so one long summary does not hold up the others.
+starts from cache. Compactions run concurrently (up to `MAX_CONCURRENT`,
+`runtime/concurrent_actor.py`), so one long summary does not hold up the others.
 
 Spans: `compactor.CompactHistory` and beneath it `compactor.selection` (with one
 `token_counter.TokenizeChat` per counted segment), the summary's
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import anyio
 from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
-from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.history.capsule import Capsule, CapsuleCodec, CapsuleError, item_digest
 from courier.history.chat_render import chat_messages
+from courier.history.image_refs import image_refs
 from courier.history.items import is_instruction, message_item, new_id, text_part
 from courier.history.replay import expand
 from courier.history.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS, segments, select
@@ -49,7 +49,8 @@ from courier.messages.ingress import (
     WarmUpConversation,
 )
 from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeReply, TokenizeResult
-from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
+from courier.runtime.actor import ActorBusy, ActorStopped, ask
+from courier.runtime.concurrent_actor import ConcurrentActor
 from courier.runtime.tracing import tracer
 from courier.storage.records import JsonObject
 
@@ -71,8 +72,9 @@ class _Refused(Exception):
         self.failure = failure
 
 
-class CompactorActor(Actor[CompactorMessage]):
+class CompactorActor(ConcurrentActor[CompactorMessage]):
     name = "compactor"
+    max_concurrent = MAX_CONCURRENT
 
     def __init__(
         self,
@@ -81,40 +83,19 @@ class CompactorActor(Actor[CompactorMessage]):
         codec: CapsuleCodec,
         limits: CompactorLimits,
     ) -> None:
+        super().__init__()
         self._token_counter = token_counter
         self._ingress = ingress
         self._codec = codec
         self._limits = limits
-        self._slots = anyio.Semaphore(MAX_CONCURRENT)
-        self._tasks: TaskGroup | None = None
-        self._ready = anyio.Event()
 
-    async def background(self) -> None:
-        async with anyio.create_task_group() as tasks:
-            self._tasks = tasks
-            self._ready.set()
-            await anyio.sleep_forever()
-
-    async def handle(self, message: CompactorMessage) -> None:
-        await self._ready.wait()
-        assert self._tasks is not None
-        # The base closes `message.reply` when this handler returns; the task answers on its own handle.
-        reply = message.reply.clone()
-        await self._slots.acquire()
-        self._tasks.start_soon(self._run, message, reply)
-
-    async def _run(self, message: CompactHistory, reply: MemoryObjectSendStream[CompactReply]) -> None:
-        with reply:
-            try:
-                result: CompactReply = await self._compact(message)
-            except _Refused as refused:
-                result = refused.failure
-            except (ActorBusy, ActorStopped):
-                result = RequestFailed(kind=FailureKind.UNAVAILABLE, message="the server is busy or shutting down")
-            finally:
-                self._slots.release()
-            with suppress(BrokenResourceError, ClosedResourceError):
-                await reply.send(result)
+    async def serve(self, message: CompactorMessage) -> CompactReply:
+        try:
+            return await self._compact(message)
+        except _Refused as refused:
+            return refused.failure
+        except (ActorBusy, ActorStopped):
+            return RequestFailed(kind=FailureKind.UNAVAILABLE, message="the server is busy or shutting down")
 
     async def _compact(self, message: CompactHistory) -> CompactionResult:
         try:
@@ -192,7 +173,9 @@ class CompactorActor(Actor[CompactorMessage]):
         return len(result.tokens)
 
     async def _summarize(self, items: Sequence[JsonObject], message: CompactHistory) -> tuple[str, GenerationFinished]:
-        prompt = ChatPrompt(messages=summary_messages(items), tools=None, thinking=False)
+        # The summarized part's images go with it: a text-only model refuses them at admission, naming the part.
+        images = image_refs(items, message.items)
+        prompt = ChatPrompt(messages=summary_messages(items), tools=None, thinking=False, images=images)
         sampling = SamplingParams(max_tokens=message.max_output_tokens, temperature=0.0)
         request_id = RequestId(new_id("compaction"))
         admitted: AdmitReply = await ask(

@@ -1,6 +1,8 @@
 """IngressActor: admits generation requests before anything is queued.
 
-Receives `AdmitGeneration`; asks the token counter to render and count the
+Receives `AdmitGeneration`; first admits image parts before any fetch message
+exists (the `--max-images` cap, then the model: a text-only model refuses them,
+naming itself and the part); asks the token counter to render and count the
 prompt, refuses a prompt that with its requested output would overflow the
 model's context (400 `context_length_exceeded`), then asks the scheduler to
 queue it. Replies `Admitted` with the request's event stream, or `RequestFailed`
@@ -10,6 +12,7 @@ refused request leaves nothing queued and no stream open.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import replace
 
@@ -27,6 +30,7 @@ from courier.messages.ingress import (
     TokenPrompt,
     WarmUpConversation,
 )
+from courier.messages.media import ImageRef
 from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration, SubmitReply
 from courier.messages.token_counter import (
     TokenCounterMessage,
@@ -51,11 +55,15 @@ class IngressActor(Actor[IngressMessage]):
         *,
         context_length: int,
         vocabulary_size: int,
+        model_id: str,
+        max_images: int,
     ) -> None:
         self._token_counter = token_counter
         self._scheduler = scheduler
         self._context_length = context_length
         self._vocabulary_size = vocabulary_size
+        self._model_id = model_id
+        self._max_images = max_images
 
     async def handle(self, message: IngressMessage) -> None:
         match message:
@@ -89,6 +97,8 @@ class IngressActor(Actor[IngressMessage]):
         await message.reply.send(reply)
 
     async def _admit(self, message: AdmitGeneration) -> Admitted | RequestFailed:
+        if isinstance(message.prompt, ChatPrompt) and message.prompt.images:
+            return self._refuse_images(message.prompt.images)
         rendered = await self._prompt_tokens(message)
         if isinstance(rendered, RequestFailed):
             return rendered
@@ -125,6 +135,21 @@ class IngressActor(Actor[IngressMessage]):
             receive.close()
             return queued
         return Admitted(request_id=message.request_id, prompt_tokens=len(tokens), max_tokens=max_tokens, events=receive)
+
+    def _refuse_images(self, images: Sequence[ImageRef]) -> RequestFailed:
+        """Image admission, before any fetch exists: the count cap, then the model (every model served today
+        is text-only, so an admitted image request cannot happen yet and nothing is ever fetched for one)."""
+        if len(images) > self._max_images:
+            message = f"{len(images)} images in one request; at most {self._max_images} are accepted (--max-images)"
+            return _invalid(message, images[self._max_images].param)
+        first = images[0].param
+        message = (
+            f"The model '{self._model_id}' accepts text only, and {first} is an image; send text, or serve a vision "
+            "model"
+        )
+        return RequestFailed(
+            kind=FailureKind.INVALID_REQUEST, message=message, param=first, code="model_not_multimodal"
+        )
 
     async def _prompt_tokens(self, message: AdmitGeneration) -> tuple[tuple[int, ...], int] | RequestFailed:
         """The prompt's tokens and, for chat, where the conversation's history ends in them."""

@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from courier.history.items import image_urls, message_text
+
 CAPSULE_VERSION = 1
 _DIGEST_LENGTH = 32
 
@@ -41,7 +43,7 @@ def item_digest(item: Mapping[str, Any]) -> str:
     """What identifies an item across replays: its content, not its (freshly assigned) id or status."""
     kind = item.get("type")
     if kind == "message":
-        key: tuple[Any, ...] = ("message", item["role"], "".join(part["text"] for part in item["content"]))
+        key: tuple[Any, ...] = ("message", item["role"], message_text(item), *image_urls(item))
     elif kind == "function_call":
         key = ("function_call", item["call_id"], item["name"], item["arguments"])
     elif kind == "function_call_output":

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from courier.core.tool_calls import json_arguments
+from courier.history.items import message_text
 from courier.storage.records import JsonObject
 
 
@@ -20,7 +21,7 @@ def chat_messages(instructions: str | None, items: Iterable[Mapping[str, Any]]) 
     for item in items:
         kind = item["type"]
         if kind == "message":
-            messages.append({"role": item["role"], "content": "".join(part["text"] for part in item["content"])})
+            messages.append({"role": item["role"], "content": message_text(item)})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from courier.storage.records import JsonObject
 
@@ -21,8 +23,15 @@ def text_part(kind: str, text: str, logprobs: list[JsonObject] | None = None) ->
     return {"type": kind, "text": text}
 
 
-def message_text(item: JsonObject) -> str:
-    return "".join(part["text"] for part in item["content"])
+def message_text(item: Mapping[str, Any]) -> str:
+    """The text of a message item (image parts carry none)."""
+    return "".join(part.get("text", "") for part in item["content"])
+
+
+def image_urls(item: Mapping[str, Any]) -> list[str]:
+    if item["type"] != "message":
+        return []
+    return [part["image_url"] for part in item["content"] if part["type"] == "input_image"]
 
 
 def is_instruction(item: JsonObject) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from courier.history.items import message_text
+from courier.history.items import image_urls, message_text
 from courier.storage.records import JsonObject
 
 SUMMARY_REQUEST = (
@@ -27,7 +27,8 @@ def summary_messages(items: Sequence[JsonObject]) -> list[JsonObject]:
 def _line(item: JsonObject) -> str:
     kind = item["type"]
     if kind == "message":
-        return f"{str(item['role']).capitalize()}: {message_text(item)}"
+        images = " [image]" * len(image_urls(item))
+        return f"{str(item['role']).capitalize()}: {message_text(item)}{images}"
     if kind == "function_call":
         return f"Tool call {item['name']} ({item['call_id']}): {item['arguments']}"
     if kind == "function_call_output":

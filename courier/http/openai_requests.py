@@ -17,6 +17,7 @@ from courier.http.errors import ApiError
 from courier.http.validation import optional_bool
 from courier.messages.generation import SamplingParams
 from courier.messages.ingress import ChatPrompt, Prompt, TextPrompt, TokenPrompt
+from courier.messages.media import ImageRef
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_STOP_SEQUENCES = 4
@@ -41,7 +42,8 @@ def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError.invalid("'messages' must be a non-empty list of message objects", param="messages")
-    normalized = [_chat_message(message, index) for index, message in enumerate(messages)]
+    images: list[ImageRef] = []
+    normalized = [_chat_message(message, index, images) for index, message in enumerate(messages)]
     tools = _tools(body.get("tools"))
     if tool_choice(body.get("tool_choice")) == "none":
         tools = None
@@ -53,7 +55,7 @@ def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
     sampling = _sampling(body, max_tokens_key, logprobs=logprobs, top_logprobs=top_logprobs)
     return GenerationRequest(
         model=model_name(body),
-        prompt=ChatPrompt(messages=normalized, tools=tools),
+        prompt=ChatPrompt(messages=normalized, tools=tools, images=tuple(images)),
         sampling=sampling,
         stream=optional_bool(body, "stream", False),
         include_usage=_include_usage(body),
@@ -135,14 +137,17 @@ def model_name(body: dict[str, Any]) -> str | None:
     return model
 
 
-def _chat_message(message: Any, index: int) -> dict[str, Any]:
+def _chat_message(message: Any, index: int, images: list[ImageRef]) -> dict[str, Any]:
     param = f"messages[{index}]"
     if not isinstance(message, dict):
         raise ApiError.invalid(f"{param} must be an object", param=param)
     role = message.get("role")
     if role not in CHAT_ROLES:
         raise ApiError.invalid(f"{param}.role must be one of {sorted(CHAT_ROLES)}, not {role!r}", param=f"{param}.role")
-    normalized: dict[str, Any] = {"role": role, "content": _content(message.get("content"), f"{param}.content")}
+    normalized: dict[str, Any] = {
+        "role": role,
+        "content": _content(message.get("content"), f"{param}.content", images),
+    }
     if role == "assistant" and message.get("tool_calls") is not None:
         normalized["tool_calls"] = _tool_calls(message["tool_calls"], f"{param}.tool_calls")
     elif normalized["content"] is None:
@@ -154,7 +159,8 @@ def _chat_message(message: Any, index: int) -> dict[str, Any]:
     return normalized
 
 
-def _content(content: Any, param: str) -> str | None:
+def _content(content: Any, param: str, images: list[ImageRef]) -> str | None:
+    """The text of a message's content; its image parts are collected in `images` (the ingress admits them)."""
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -167,11 +173,20 @@ def _content(content: Any, param: str) -> str | None:
         kind = part.get("type")
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
-        elif kind in ("image_url", "input_image", "input_audio", "file"):
-            raise ApiError.invalid(f"{part_param}: this model accepts text only ({kind} parts)", param=part_param)
+        elif kind == "image_url":
+            images.append(ImageRef(url=_image_url(part.get("image_url"), part_param), param=part_param))
+        elif kind in ("input_audio", "file"):
+            raise ApiError.invalid(f"{part_param}: {kind} parts are not supported", param=part_param)
         else:
             raise ApiError.invalid(f"{part_param} must be a text part with a string 'text'", param=part_param)
     return "".join(texts)
+
+
+def _image_url(value: Any, param: str) -> str:
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise ApiError.invalid(f"{param}.image_url must be a URL (or an object with 'url')", param=param)
+    return url
 
 
 def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from courier.messages.base import Message, ReplyStream, RequestFailed, RequestId
 from courier.messages.generation import GenerationEvent, SamplingParams
+from courier.messages.media import ImageRef
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,6 +20,7 @@ class ChatPrompt:
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] | None
     thinking: bool = True  # False asks templates that support it (`enable_thinking`) for no reasoning block
+    images: tuple[ImageRef, ...] = ()  # image parts, in order; admitted (or refused) before anything is fetched
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -146,6 +146,7 @@ class Settings:
     prefill_step_size: int = 512
     admission_window_ms: float = 20.0
     request_timeout: float = 600.0
+    max_images: int = 16
     prompt_cache: bool = True
     prompt_cache_snapshot_capacity_bytes: int | None = None
     prompt_cache_snapshot_max_entries: int = 4096
@@ -256,6 +257,13 @@ OPTIONS: tuple[Option, ...] = (
         default=_DEFAULTS.request_timeout,
         help="deadline in seconds for one generation request, queueing included (504 beyond)",
         metavar="SECONDS",
+    ),
+    Option(
+        name="max_images",
+        parse=parse_positive_int,
+        default=_DEFAULTS.max_images,
+        help="most image parts one request may hold (more is a 400, before anything is fetched)",
+        metavar="N",
     ),
     Option(
         name="prompt_cache",

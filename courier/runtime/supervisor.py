@@ -264,6 +264,8 @@ class Supervisor:
             self._scheduler_send,
             context_length=loaded.info.usable_context_length,
             vocabulary_size=len(loaded.tokenizer.get_vocab()),
+            model_id=loaded.info.model_id,
+            max_images=settings.max_images,
         )
         await task_group.start(self._run_actor, ingress, self._ingress_receive, self._ingress_send)
         compactor = CompactorActor(

@@ -17,7 +17,7 @@ from courier.storage.records import JsonObject
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
-_MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio"})
+_UNSUPPORTED_PARTS = frozenset({"input_file", "input_audio"})
 # Items a text model neither needs nor produces; dropped from the context rather than refused.
 _DROPPED_ITEMS = frozenset({"reasoning"})
 
@@ -100,15 +100,29 @@ def _message(raw: Mapping[str, Any], param: str) -> JsonObject:
     for index, part in enumerate(content):
         part_param = f"{param}.content[{index}]"
         part_type = part.get("type") if isinstance(part, dict) else None
-        if part_type in _MEDIA_PARTS:
-            raise ApiError.invalid(f"{part_param}: this model accepts text only ({part_type} parts)", param=part_param)
-        if part_type == "refusal" and isinstance(part.get("refusal"), str):
+        if part_type in _UNSUPPORTED_PARTS:
+            raise ApiError.invalid(f"{part_param}: {part_type} parts are not supported", param=part_param)
+        if part_type == "input_image":
+            parts.append(_image_part(part, part_param))
+        elif part_type == "refusal" and isinstance(part.get("refusal"), str):
             parts.append(text_part(kind, part["refusal"]))
         elif part_type in _TEXT_PARTS and isinstance(part.get("text"), str):
             parts.append(text_part(kind, part["text"]))
         else:
             raise ApiError.invalid(f"{part_param} must be a text part with a string 'text'", param=part_param)
     return message_item(role, parts)
+
+
+def _image_part(part: Mapping[str, Any], param: str) -> JsonObject:
+    url = part.get("image_url")
+    if part.get("file_id") is not None and url is None:
+        raise ApiError.invalid(
+            f"{param}: file_id needs a Files API this server does not have; send image_url", param=param
+        )
+    if not isinstance(url, str) or not url:
+        raise ApiError.invalid(f"{param}.image_url must be a URL (http(s), data: or file://)", param=param)
+    detail = part.get("detail", "auto")
+    return {"type": "input_image", "image_url": url, "detail": detail if isinstance(detail, str) else "auto"}
 
 
 def _required_text(raw: Mapping[str, Any], key: str, param: str) -> str:

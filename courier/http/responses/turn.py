@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from courier.history.capsule import CapsuleError
 from courier.history.chat_render import chat_messages
+from courier.history.image_refs import image_refs
 from courier.history.replay import expand
 from courier.history.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS
 from courier.http.asking import ask_actor
@@ -86,13 +87,17 @@ async def history_items(context: AppContext, request: ResponsesRequest) -> list[
     return []
 
 
-def context_messages(context: AppContext, request: ResponsesRequest, items: Sequence[JsonObject]) -> list[JsonObject]:
-    """The chat messages the model is shown for `items`, any compaction capsule replayed."""
+def replayed_items(context: AppContext, request: ResponsesRequest, items: Sequence[JsonObject]) -> list[JsonObject]:
+    """The items the model is shown: any compaction capsule replayed."""
     try:
-        replayed = expand(items, context.capsules, request.instructions)
+        return expand(items, context.capsules, request.instructions)
     except CapsuleError as error:
         raise ApiError.invalid(f"compaction item: {error}", param="input", code="invalid_compaction_item") from None
-    return chat_messages(request.instructions, replayed)
+
+
+def context_messages(context: AppContext, request: ResponsesRequest, items: Sequence[JsonObject]) -> list[JsonObject]:
+    """The chat messages the model is shown for `items`."""
+    return chat_messages(request.instructions, replayed_items(context, request, items))
 
 
 async def count_tokens(context: AppContext, request: ResponsesRequest, items: Sequence[JsonObject]) -> int:
@@ -151,7 +156,12 @@ async def admit_turn(
         remaining = context.context_length - await count_tokens(context, request, items)
         if remaining > 0:
             sampling = replace(sampling, max_tokens=min(sampling.max_tokens or remaining, remaining))
-    prompt = ChatPrompt(messages=context_messages(context, request, items), tools=request.template_tools)
+    shown = replayed_items(context, request, items)
+    prompt = ChatPrompt(
+        messages=chat_messages(request.instructions, shown),
+        tools=request.template_tools,
+        images=image_refs(shown, request.input_items),
+    )
     admitted = await admit_prompt(
         context,
         prompt,

@@ -1,0 +1,109 @@
+"""Image parts are admitted (or refused) before any byte is fetched: a counting HTTP server sees nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.support.media_server import MediaServer, media_server
+from tests.support.server import RunningServer, running_server
+
+MODEL = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def media() -> Iterator[MediaServer]:
+    with media_server() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trace") / "spans.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir: Path, cache_dir: Path, trace_file: Path) -> Iterator[RunningServer]:
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
+    with running_server([*args, "--max-images", "3", "--trace-file", str(trace_file)]) as running:
+        yield running
+        assert running.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def http(server: RunningServer) -> Iterator[httpx.Client]:
+    with server.http() as client:
+        yield client
+
+
+def image_part(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_a_text_only_model_refuses_an_image_naming_itself_and_the_part(http: httpx.Client, media: MediaServer) -> None:
+    content = [{"type": "text", "text": "What is in this picture?"}, image_part(media.url("/image.png"))]
+    reply = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": content}]})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == "messages[0].content[1]"
+    assert error["code"] == "model_not_multimodal"
+    assert MODEL in error["message"] and "messages[0].content[1]" in error["message"]
+    assert sum(media.requests.values()) == 0
+
+
+def test_responses_image_parts_are_refused_the_same_way(http: httpx.Client, media: MediaServer) -> None:
+    item = {
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "Describe it."},
+            {"type": "input_image", "image_url": media.url("/image.png")},
+        ],
+    }
+    for path in ("/v1/responses", "/v1/responses/compact"):
+        history = [item, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "?"}]
+        body = {"model": MODEL, "input": history, "keep_tokens": 1}  # compaction summarizes the image's turn
+        reply = http.post(path, json=body)
+        assert reply.status_code == 400, (path, reply.text)
+        assert reply.json()["error"]["param"] == "input[0].content[1]"
+    assert sum(media.requests.values()) == 0
+
+
+def test_too_many_images_are_refused_before_the_model_is_even_asked(http: httpx.Client, media: MediaServer) -> None:
+    content = [image_part(media.url(f"/image.png?n={index}")) for index in range(4)]
+    reply = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": content}]})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "messages[0].content[3]"
+    assert "at most 3" in reply.json()["error"]["message"]
+    assert sum(media.requests.values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("part", "param"),
+    [
+        ({"type": "image_url", "image_url": {}}, "messages[0].content[0]"),
+        ({"type": "image_url"}, "messages[0].content[0]"),
+        ({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}, "messages[0].content[0]"),
+    ],
+)
+def test_malformed_media_parts_are_400s(http: httpx.Client, part: dict[str, Any], param: str) -> None:
+    reply = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": [part]}]})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == param
+
+
+def test_a_refused_request_traces_admission_and_no_fetch(server: RunningServer, trace_file: Path) -> None:
+    """Runs last in this module: stopping the server flushes its spans."""
+    assert server.stop() == 0
+    spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()]
+    by_id = {span["context"]["span_id"]: span for span in spans}
+    names = [span["name"] for span in spans]
+    assert names.count("ingress.AdmitGeneration") >= 3
+    assert not any(name.startswith("media_fetcher.") for name in names)
+    # Refused before the prompt was even rendered: no render under any admission.
+    renders = [span for span in spans if span["name"] == "token_counter.TokenizeChat"]
+    assert all(by_id[span["parent_id"]]["name"] != "ingress.AdmitGeneration" for span in renders)
