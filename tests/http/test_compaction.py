@@ -194,3 +194,36 @@ def test_bad_context_management_is_refused(http: httpx.Client) -> None:
         reply = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "context_management": management})
         assert reply.status_code == 400
         assert reply.json()["error"]["param"] == param
+
+
+def test_a_conversation_given_a_replay_appends_only_the_new_turn(http: httpx.Client) -> None:
+    conversation = http.post("/v1/conversations", json={}).json()["id"]
+    first = {"model": MODEL, "conversation": conversation, "max_output_tokens": 2}
+    assert http.post("/v1/responses", json={**first, "input": "The keeper is Ada."}).status_code == 200
+    assert http.post("/v1/responses", json={**first, "input": "The Aurora passed."}).status_code == 200
+    items = http.get(f"/v1/conversations/{conversation}/items", params={"order": "asc"}).json()["data"]
+    assert len(items) == 4
+    kept = normalized("user", "The Aurora passed.")
+    capsule = CapsuleCodec(KEY, 10**6).encode(Capsule(summary="Ada keeps the log.", retained=(item_digest(kept),)))
+    replay = [user("The Aurora passed."), compaction(capsule), user("Who keeps the log?")]
+    reply = http.post("/v1/responses", json={**first, "input": replay})
+    assert reply.status_code == 200, reply.text
+    after = http.get(f"/v1/conversations/{conversation}/items", params={"order": "asc", "limit": 100}).json()["data"]
+    # The retained item is already in the conversation: only the capsule, the new message and the answer are added.
+    assert [item["type"] for item in after[4:]] == ["compaction", "message", "message"]
+    assert after[5]["content"][0]["text"] == "Who keeps the log?"
+    # The next turn replays the capsule from the conversation: the summary and the retained turn, not the old ones.
+    counted = http.post(
+        "/v1/responses/input_tokens", json={"model": MODEL, "conversation": conversation, "input": "And now?"}
+    ).json()["input_tokens"]
+    by_hand = count(
+        http,
+        [
+            {"type": "message", "role": "assistant", "content": SUMMARY_HEADER + "Ada keeps the log."},
+            user("The Aurora passed."),
+            user("Who keeps the log?"),
+            {"type": "message", "role": "assistant", "content": after[6]["content"][0]["text"]},
+            user("And now?"),
+        ],
+    ).json()["input_tokens"]
+    assert counted == by_hand
