@@ -18,6 +18,7 @@ from courier.http.routes import (
     health,
     metrics,
     models,
+    openapi,
     responses,
     tokenize,
 )
@@ -32,12 +33,12 @@ def create_app(context: AppContext) -> Any:
 
 
 def create_quart_app(context: AppContext) -> Quart:
-    app = Quart("courier")
+    app = Quart("courier", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = context.settings.max_body_bytes
     # Streams run as long as the request deadline allows; Quart's own 60 s limits would cut them.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = context.settings.request_timeout
-    for module in (health, models, tokenize, chat, completions, responses, conversations, cache, metrics):
+    for module in (health, models, tokenize, chat, completions, responses, conversations, cache, metrics, openapi):
         app.register_blueprint(module.blueprint(context), url_prefix=context.settings.api_prefix or None)
 
     @app.before_request

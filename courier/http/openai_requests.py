@@ -142,7 +142,7 @@ def _chat_message(message: Any, index: int, images: list[ImageRef]) -> dict[str,
     if not isinstance(message, dict):
         raise ApiError.invalid(f"{param} must be an object", param=param)
     role = message.get("role")
-    if role not in CHAT_ROLES:
+    if not isinstance(role, str) or role not in CHAT_ROLES:
         raise ApiError.invalid(f"{param}.role must be one of {sorted(CHAT_ROLES)}, not {role!r}", param=f"{param}.role")
     normalized: dict[str, Any] = {
         "role": role,

@@ -97,6 +97,8 @@ def test_deadline_ends_a_request_with_504(tiny_llama_dir: Path, cache_dir: Path)
 
 BAD_CHAT_BODIES: list[tuple[bytes, int, str | None, str | None]] = [
     # body, status, param, code
+    (b'{"messages": [{"role": {}, "content": "hi"}]}', 400, "messages[0].role", None),
+    (b'{"messages": [{"role": ["user"], "content": "hi"}]}', 400, "messages[0].role", None),
     (b"{not json", 400, None, "invalid_json"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}', 400, "max_tokens", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400, "max_tokens", None),

@@ -259,6 +259,10 @@ ERRORS: list[tuple[str, str, dict[str, Any] | None, int, str | None]] = [
     ("POST", "/v1/responses", {"input": []}, 400, "input"),
     ("POST", "/v1/responses", {"input": [{"type": "web_search_call"}]}, 400, "input[0].type"),
     ("POST", "/v1/responses", {"input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role"),
+    ("POST", "/v1/responses", {"input": [{"role": {}, "content": "hi"}]}, 400, "input[0].role"),
+    ("POST", "/v1/responses", {"input": [{"type": {}, "encrypted_content": "0"}]}, 400, "input[0].type"),
+    ("POST", "/v1/responses", {"input": [{"role": "user", "content": [{"type": []}]}]}, 400, "input[0].content[0]"),
+    ("POST", "/v1/conversations", {"items": [{"type": {}}]}, 400, "items[0].type"),
     (
         "POST",
         "/v1/responses",

@@ -50,6 +50,8 @@ def _input_item(raw: Any, param: str) -> JsonObject | None:
     if not isinstance(raw, dict):
         raise ApiError.invalid(f"{param} must be an object", param=param)
     kind = raw.get("type", "message")
+    if not isinstance(kind, str):
+        raise ApiError.invalid(f"{param}.type must be a string", param=f"{param}.type")
     if kind == "message":
         return _message(raw, param)
     if kind == "function_call":
@@ -86,7 +88,7 @@ def _input_item(raw: Any, param: str) -> JsonObject | None:
 
 def _message(raw: Mapping[str, Any], param: str) -> JsonObject:
     role = raw.get("role")
-    if role not in MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:
         raise ApiError.invalid(
             f"{param}.role must be one of {sorted(MESSAGE_ROLES)}, not {role!r}", param=f"{param}.role"
         )
@@ -100,6 +102,8 @@ def _message(raw: Mapping[str, Any], param: str) -> JsonObject:
     for index, part in enumerate(content):
         part_param = f"{param}.content[{index}]"
         part_type = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part_type, str):
+            raise ApiError.invalid(f"{part_param} must be an object with a string 'type'", param=part_param)
         if part_type in _UNSUPPORTED_PARTS:
             raise ApiError.invalid(f"{part_param}: {part_type} parts are not supported", param=part_param)
         if part_type == "input_image":
@@ -136,7 +140,7 @@ def _output_text(output: Any, param: str) -> str:
     if isinstance(output, str):
         return output
     if isinstance(output, list) and all(
-        isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str)
+        isinstance(part, dict) and str(part.get("type")) in _TEXT_PARTS and isinstance(part.get("text"), str)
         for part in output
     ):
         return "".join(part["text"] for part in output)

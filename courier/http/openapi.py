@@ -1,0 +1,432 @@
+"""The OpenAPI 3.1 document of every route, served at `/openapi.json`.
+
+Kept beside the hand-written validation (`openai_requests.py`, `responses/request.py`, ...) and tested for
+agreement with it (`tests/http/test_openapi.py`): every route the app serves is documented with its methods, and
+documented constraints are the ones the validators enforce. Each path is also served without its `/v1` prefix
+(OpenAI clients may omit it); those aliases are not listed twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from courier.http.listing import MAX_LIMIT
+from courier.http.openai_requests import MAX_STOP_SEQUENCES, MAX_TEMPERATURE, MAX_TOP_LOGPROBS_CHAT
+from courier.http.responses.request import MAX_METADATA_ENTRIES, MAX_SUMMARY_TOKENS
+
+Schema = dict[str, Any]
+
+OPENAPI_VERSION = "3.1.0"
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_OBJECT: Schema = {"type": "object"}
+_TEXT: Schema = {"type": "string"}
+_ID: Schema = {"type": "string", "minLength": 1}
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_MODEL = _nullable({"type": "string"})
+_POSITIVE = _nullable({"type": "integer", "minimum": 1})
+_TEMPERATURE = _nullable({"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE})
+_TOP_P = _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1})
+_SESSION = _nullable({"type": "string"})
+_BOOL = _nullable({"type": "boolean"})
+_STOP = _nullable({"anyOf": [_TEXT, {"type": "array", "items": _TEXT, "maxItems": MAX_STOP_SEQUENCES}]})
+_METADATA = _nullable(
+    {
+        "type": "object",
+        "maxProperties": MAX_METADATA_ENTRIES,
+        "propertyNames": {"maxLength": 64},
+        "additionalProperties": {"type": "string", "maxLength": 512},
+    }
+)
+_CHAT_TOOL = {
+    "type": "object",
+    "required": ["type", "function"],
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1}, "parameters": _nullable(_OBJECT)},
+        },
+    },
+}
+_RESPONSES_TOOL = {
+    "type": "object",
+    "required": ["type", "name"],
+    "properties": {
+        "type": {"const": "function"},
+        "name": {"type": "string", "minLength": 1},
+        "parameters": _nullable(_OBJECT),
+    },
+}
+_CHAT_PART = {
+    "oneOf": [
+        {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": _TEXT}},
+        {
+            "type": "object",
+            "required": ["type", "image_url"],
+            "properties": {"type": {"const": "image_url"}, "image_url": {"type": "object", "required": ["url"]}},
+        },
+    ]
+}
+_CHAT_MESSAGE = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {
+        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {"anyOf": [_TEXT, {"type": "array", "items": _CHAT_PART}]},
+        "tool_call_id": _TEXT,
+        "name": _TEXT,
+    },
+}
+_SAMPLING = {
+    "model": _MODEL,
+    "temperature": _TEMPERATURE,
+    "top_p": _TOP_P,
+    "seed": _nullable({"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
+    "stop": _STOP,
+    "n": _nullable({"const": 1}),
+    "stream": _BOOL,
+    "stream_options": _nullable({"type": "object", "properties": {"include_usage": _BOOL}}),
+    "user": _SESSION,
+    "prompt_cache_key": _SESSION,
+    "cache_prompt": _BOOL,
+}
+_CHAT_REQUEST = {
+    "type": "object",
+    "required": ["messages"],
+    "properties": {
+        **_SAMPLING,
+        "messages": {"type": "array", "minItems": 1, "items": _CHAT_MESSAGE},
+        "max_tokens": _POSITIVE,
+        "max_completion_tokens": _POSITIVE,
+        "logprobs": _BOOL,
+        "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS_CHAT}),
+        "tools": _nullable({"type": "array", "items": _CHAT_TOOL}),
+        "tool_choice": _nullable({"enum": ["auto", "none"]}),
+    },
+}
+_COMPLETION_REQUEST = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {
+        **_SAMPLING,
+        "prompt": {"anyOf": [_TEXT, {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
+        "max_tokens": _POSITIVE,
+        "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 5}),
+        "echo": _nullable({"const": False}),
+        "best_of": _nullable({"const": 1}),
+    },
+}
+_INPUT_PART = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"enum": ["input_text", "output_text", "input_image", "refusal"]}, "text": _TEXT},
+}
+_INPUT_ITEM = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "type": {"const": "message"},
+                "role": {"enum": ["user", "assistant", "system", "developer"]},
+                "content": {"anyOf": [_TEXT, {"type": "array", "items": _INPUT_PART}]},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "name", "arguments"],
+            "properties": {"type": {"const": "function_call"}, "call_id": _ID, "name": _ID, "arguments": _TEXT},
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "output"],
+            "properties": {"type": {"const": "function_call_output"}, "call_id": _ID, "output": _TEXT},
+        },
+        {
+            "type": "object",
+            "required": ["type", "encrypted_content"],
+            "properties": {"type": {"const": "compaction"}, "encrypted_content": _ID},
+        },
+    ]
+}
+_INPUT = {"anyOf": [_TEXT, {"type": "array", "minItems": 1, "items": _INPUT_ITEM}]}
+_RESPONSES_REQUEST = {
+    "type": "object",
+    "properties": {
+        "model": _MODEL,
+        "input": _INPUT,
+        "instructions": _nullable(_TEXT),
+        "tools": _nullable({"type": "array", "items": _RESPONSES_TOOL}),
+        "tool_choice": _nullable({"enum": ["auto", "none"]}),
+        "parallel_tool_calls": _BOOL,
+        "max_output_tokens": _POSITIVE,
+        "temperature": _TEMPERATURE,
+        "top_p": _TOP_P,
+        "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS_CHAT}),
+        "metadata": _METADATA,
+        "store": _BOOL,
+        "stream": _BOOL,
+        "previous_response_id": _nullable(_TEXT),
+        "conversation": _nullable({"anyOf": [_ID, {"type": "object", "required": ["id"], "properties": {"id": _ID}}]}),
+        "prompt_cache_key": _SESSION,
+        "user": _SESSION,
+        "safety_identifier": _SESSION,
+        "background": _nullable({"const": False}),
+        "truncation": _nullable({"const": "disabled"}),
+        "text": _nullable(
+            {"type": "object", "properties": {"format": {"type": "object", "properties": {"type": {"const": "text"}}}}}
+        ),
+        "context_management": _nullable(
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["type", "compact_threshold"],
+                    "properties": {
+                        "type": {"const": "compaction"},
+                        "compact_threshold": {"type": "integer", "minimum": 1},
+                    },
+                },
+            }
+        ),
+    },
+}
+_COMPACT_REQUEST = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "model": _MODEL,
+        "input": _INPUT,
+        "instructions": _nullable(_TEXT),
+        "tools": _nullable({"type": "array", "items": _RESPONSES_TOOL}),
+        "max_output_tokens": _nullable({"type": "integer", "minimum": 1, "maximum": MAX_SUMMARY_TOKENS}),
+        "keep_tokens": _POSITIVE,
+    },
+}
+_CONVERSATION_REQUEST = {
+    "type": "object",
+    "properties": {"items": _nullable({"type": "array", "maxItems": 20, "items": _INPUT_ITEM}), "metadata": _METADATA},
+}
+_ITEMS_REQUEST = {
+    "type": "object",
+    "required": ["items"],
+    "properties": {"items": {"type": "array", "minItems": 1, "maxItems": 20, "items": _INPUT_ITEM}},
+}
+_METADATA_REQUEST = {"type": "object", "required": ["metadata"], "properties": {"metadata": _METADATA}}
+_TOKENIZE_REQUEST = {
+    "anyOf": [
+        {"type": "object", "required": ["prompt"], "properties": {"prompt": _TEXT, "add_special_tokens": _BOOL}},
+        {
+            "type": "object",
+            "required": ["messages"],
+            "properties": {
+                "messages": {"type": "array", "minItems": 1, "items": _CHAT_MESSAGE},
+                "add_generation_prompt": _BOOL,
+            },
+        },
+    ]
+}
+_DETOKENIZE_REQUEST = {
+    "type": "object",
+    "required": ["tokens"],
+    "properties": {"tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}},
+}
+_LIST_PARAMETERS = [
+    {"name": "after", "in": "query", "required": False, "schema": _TEXT},
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT},
+    },
+    {"name": "order", "in": "query", "required": False, "schema": {"enum": ["asc", "desc"]}},
+]
+
+
+def _path_parameter(name: str) -> Schema:
+    return {"name": name, "in": "path", "required": True, "schema": _ID}
+
+
+def _operation(
+    operation_id: str,
+    summary: str,
+    *,
+    body: Schema | None = None,
+    parameters: list[Schema] | None = None,
+    content_types: tuple[str, ...] = ("application/json",),
+    errors: tuple[int, ...] = (400,),
+) -> Schema:
+    operation: Schema = {
+        "operationId": operation_id,
+        "summary": summary,
+        "responses": {
+            "200": {"description": "OK", "content": {content: {"schema": _OBJECT} for content in content_types}},
+            **{
+                str(status): {
+                    "description": "An OpenAI error envelope",
+                    "content": {"application/json": {"schema": _ERROR}},
+                }
+                for status in errors
+            },
+        },
+    }
+    if body is not None:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    if parameters:
+        operation["parameters"] = parameters
+    return operation
+
+
+_GENERATION_ERRORS = (400, 404, 429, 500, 503, 504)
+_STREAMED = ("application/json", "text/event-stream")
+
+
+def openapi_document(prefix: str = "") -> Schema:
+    """The document, with every path under `prefix` (`--api-prefix`)."""
+    response_id = [_path_parameter("response_id")]
+    conversation_id = [_path_parameter("conversation_id")]
+    item = [*conversation_id, _path_parameter("item_id")]
+    paths: dict[str, Schema] = {
+        "/health": {"get": _operation("health", "Readiness, model, device and scheduler counters", errors=(503,))},
+        "/metrics": {"get": _operation("metrics", "Prometheus metrics", content_types=("text/plain",), errors=())},
+        "/openapi.json": {"get": _operation("openapi", "This document", errors=())},
+        "/v1/models": {"get": _operation("listModels", "The served model", errors=())},
+        "/v1/models/{model_id}": {
+            "get": _operation("retrieveModel", "One model", parameters=[_path_parameter("model_id")], errors=(404,))
+        },
+        "/tokenize": {
+            "post": _operation("tokenize", "Tokenize a prompt or render chat messages", body=_TOKENIZE_REQUEST)
+        },
+        "/detokenize": {"post": _operation("detokenize", "Token ids to text", body=_DETOKENIZE_REQUEST)},
+        "/v1/chat/completions": {
+            "post": _operation(
+                "createChatCompletion",
+                "Chat Completions",
+                body=_CHAT_REQUEST,
+                content_types=_STREAMED,
+                errors=_GENERATION_ERRORS,
+            )
+        },
+        "/v1/completions": {
+            "post": _operation(
+                "createCompletion",
+                "Completions",
+                body=_COMPLETION_REQUEST,
+                content_types=_STREAMED,
+                errors=_GENERATION_ERRORS,
+            )
+        },
+        "/v1/responses": {
+            "post": _operation(
+                "createResponse",
+                "Create a response",
+                body=_RESPONSES_REQUEST,
+                content_types=_STREAMED,
+                errors=(*_GENERATION_ERRORS, 502),
+            )
+        },
+        "/v1/responses/input_tokens": {
+            "post": _operation(
+                "countInputTokens", "Count a response's input tokens", body=_RESPONSES_REQUEST, errors=(400, 404)
+            )
+        },
+        "/v1/responses/compact": {
+            "post": _operation(
+                "compactResponse", "Compact a history", body=_COMPACT_REQUEST, errors=(400, 404, 502, 503)
+            )
+        },
+        "/v1/responses/{response_id}": {
+            "get": _operation(
+                "retrieveResponse", "A stored or in-progress response", parameters=response_id, errors=(404,)
+            ),
+            "delete": _operation(
+                "deleteResponse", "Delete a stored response", parameters=response_id, errors=(400, 404)
+            ),
+        },
+        "/v1/responses/{response_id}/cancel": {
+            "post": _operation(
+                "cancelResponse", "Cancel an in-progress response", parameters=response_id, errors=(400, 404)
+            )
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": _operation(
+                "listInputItems",
+                "A response's input items",
+                parameters=[*response_id, *_LIST_PARAMETERS],
+                errors=(400, 404),
+            )
+        },
+        "/v1/conversations": {
+            "post": _operation("createConversation", "Create a conversation", body=_CONVERSATION_REQUEST)
+        },
+        "/v1/conversations/{conversation_id}": {
+            "get": _operation("retrieveConversation", "A conversation", parameters=conversation_id, errors=(404,)),
+            "post": _operation(
+                "updateConversation",
+                "Replace its metadata",
+                body=_METADATA_REQUEST,
+                parameters=conversation_id,
+                errors=(400, 404),
+            ),
+            "delete": _operation(
+                "deleteConversation", "Delete a conversation", parameters=conversation_id, errors=(404,)
+            ),
+        },
+        "/v1/conversations/{conversation_id}/items": {
+            "get": _operation(
+                "listConversationItems",
+                "A conversation's items",
+                parameters=[*conversation_id, *_LIST_PARAMETERS],
+                errors=(400, 404),
+            ),
+            "post": _operation(
+                "addConversationItems",
+                "Append items",
+                body=_ITEMS_REQUEST,
+                parameters=conversation_id,
+                errors=(400, 404),
+            ),
+        },
+        "/v1/conversations/{conversation_id}/items/{item_id}": {
+            "get": _operation("retrieveConversationItem", "One item", parameters=item, errors=(404,)),
+            "delete": _operation("deleteConversationItem", "Delete one item", parameters=item, errors=(404,)),
+        },
+        "/v1/cache/stats": {"get": _operation("cacheStats", "Prompt cache statistics", errors=())},
+        "/v1/cache/reset": {"post": _operation("cacheReset", "Drop every prompt cache snapshot", errors=())},
+    }
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "Courier",
+            "version": "1",
+            "description": "An OpenAI-compatible inference server for MLX models. Every /v1 path is also served "
+            "without the /v1 prefix.",
+        },
+        "paths": {prefix + path: item_schema for path, item_schema in paths.items()},
+        "components": {
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["message", "type", "param", "code"],
+                            "properties": {
+                                "message": _TEXT,
+                                "type": _TEXT,
+                                "param": _nullable(_TEXT),
+                                "code": _nullable(_TEXT),
+                            },
+                        }
+                    },
+                }
+            }
+        },
+    }
