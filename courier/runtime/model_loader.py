@@ -50,11 +50,14 @@ def load_model(
     weight_format: str,
     warmup: bool,
     progress: Progress,
+    trust_remote_code: bool = False,
 ) -> LoadedModel:
     location = _local_location(source, cache_dir, progress)
     with progress.step(f"loading {source.describe()}"):
         try:
-            model, tokenizer, config = mlx_lm_load(location, return_config=True)
+            model, tokenizer, config = mlx_lm_load(
+                location, return_config=True, trust_remote_code=trust_remote_code
+            )
         except Exception as error:  # mlx-lm raises many types (hub, config, weights): report them all alike
             raise ModelLoadError(f"cannot load model from {location}: {type(error).__name__}: {error}") from error
     stored_format = _weights_format(model, config)

@@ -140,6 +140,7 @@ class Settings:
     weight_format: str = "auto"
     blas: str = "auto"
     warmup: bool = True
+    trust_remote_code: bool = False
     max_body_bytes: int = 32 * 1024**2
     max_batch: int = 16
     max_queue: int = 64
@@ -214,6 +215,13 @@ OPTIONS: tuple[Option, ...] = (
         parse=parse_bool,
         default=_DEFAULTS.warmup,
         help="run one short forward pass before reporting ready",
+        is_flag=True,
+    ),
+    Option(
+        name="trust_remote_code",
+        parse=parse_bool,
+        default=_DEFAULTS.trust_remote_code,
+        help="allow a model directory's own architecture file (config.json `model_file`) to be imported and run",
         is_flag=True,
     ),
     Option(

@@ -193,6 +193,7 @@ class Supervisor:
             weight_format=self._settings.weight_format,
             warmup=self._settings.warmup,
             progress=progress,
+            trust_remote_code=self._settings.trust_remote_code,
         )
         try:
             loaded = await self._mlx.call(load)

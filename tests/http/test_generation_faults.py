@@ -1,0 +1,43 @@
+"""A generation that raises inside the batched forward pass: a 500 envelope, and the server keeps serving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.support.faulty_model import POISON_TOKEN, build_faulty_llama
+from tests.support.server import ServerExited, running_server
+
+
+@pytest.fixture(scope="module")
+def faulty_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_faulty_llama(smollm2_dir, tmp_path_factory.mktemp("faulty-llama"))
+
+
+def test_a_raising_generation_fails_with_500_and_the_server_keeps_serving(faulty_dir: Path, cache_dir: Path) -> None:
+    args = ["--model", str(faulty_dir), "--cache-dir", str(cache_dir), "--served-model-name", "faulty"]
+    with running_server([*args, "--trust-remote-code"]) as server, server.openai_client() as client:
+        before = client.completions.create(model="faulty", prompt=[1, 2, 3], max_tokens=4, temperature=0)
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.completions.create(model="faulty", prompt=[1, 2, POISON_TOKEN], max_tokens=4)
+        assert failed.value.status_code == 500
+        body = failed.value.body
+        assert isinstance(body, dict) and body["code"] == "generation_failed"
+        assert "poisoned input" in body["message"]
+        stream = client.completions.create(model="faulty", prompt=[POISON_TOKEN], max_tokens=4, stream=True)
+        with pytest.raises(openai.APIError, match="poisoned input"):
+            list(stream)
+        after = client.completions.create(model="faulty", prompt=[1, 2, 3], max_tokens=4, temperature=0)
+        assert after.choices[0].text == before.choices[0].text
+        with server.http() as http:
+            scheduler = http.get("/health").json()["scheduler"]
+        assert (scheduler["failed"], scheduler["running"], scheduler["waiting"]) == (2, 0, 0)
+        assert server.stop() == 0
+
+
+def test_a_model_with_its_own_code_needs_trust_remote_code(faulty_dir: Path, cache_dir: Path) -> None:
+    args = ["--model", str(faulty_dir), "--cache-dir", str(cache_dir)]
+    with pytest.raises(ServerExited, match="trust_remote_code"), running_server(args):
+        pass
