@@ -52,7 +52,12 @@ def create_quart_app(context: AppContext) -> Quart:
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
-        return _from_http_exception(error, context).response()
+        response = _from_http_exception(error, context).response()
+        if error.code == 413:
+            # The rest of the oversized body is never read, so this connection cannot carry another request:
+            # say so, or a keep-alive client would send its next request into a closed connection.
+            response.headers["Connection"] = "close"
+        return response
 
     @app.errorhandler(Exception)
     async def unexpected_error(error: Exception) -> Response:
