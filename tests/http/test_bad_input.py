@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer, serving
 
 MODEL = "tiny-llama"
 MAX_BODY = 1024 * 1024
@@ -16,10 +16,8 @@ MAX_BODY = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server([*args, "--max-body-bytes", str(MAX_BODY)]) as running:
+    with serving(tiny_llama_dir, cache_dir, MODEL, "--max-body-bytes", str(MAX_BODY)) as running:
         yield running
-        assert running.stop() == 0
 
 
 @pytest.fixture(scope="module")

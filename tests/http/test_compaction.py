@@ -18,7 +18,7 @@ import pytest
 
 from courier.history.capsule import Capsule, CapsuleCodec, item_digest
 from courier.history.replay import SUMMARY_HEADER
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer, serving
 
 MODEL = "tiny-llama"
 KEY = b"a-test-key-of-32-random-bytes!!!"
@@ -28,10 +28,8 @@ KEY = b"a-test-key-of-32-random-bytes!!!"
 def server(tiny_llama_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     key_file = tmp_path_factory.mktemp("key") / "compaction.key"
     key_file.write_bytes(KEY)
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server([*args, "--compaction-key-file", str(key_file)]) as running:
+    with serving(tiny_llama_dir, cache_dir, MODEL, "--compaction-key-file", str(key_file)) as running:
         yield running
-        assert running.stop() == 0
 
 
 @pytest.fixture(scope="module")

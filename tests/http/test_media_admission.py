@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from tests.support.media_server import MediaServer, media_server
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer, serving
 
 MODEL = "tiny-llama"
 
@@ -29,10 +29,8 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir: Path, cache_dir: Path, trace_file: Path) -> Iterator[RunningServer]:
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server([*args, "--max-images", "3", "--trace-file", str(trace_file)]) as running:
+    with serving(tiny_llama_dir, cache_dir, MODEL, "--max-images", "3", "--trace-file", str(trace_file)) as running:
         yield running
-        assert running.stop() == 0
 
 
 @pytest.fixture(scope="module")

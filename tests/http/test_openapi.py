@@ -21,17 +21,15 @@ from courier.runtime.metrics import CourierMetrics
 from courier.runtime.scheduler_stats import SchedulerStats
 from courier.runtime.service_state import ServiceState
 from courier.runtime.settings import Settings
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer, serving
 
 MODEL = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server(args) as running:
+    with serving(tiny_llama_dir, cache_dir, MODEL) as running:
         yield running
-        assert running.stop() == 0
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer, running_server, serving
 
 MODEL = "tiny-llama"
 # Long enough (> --prompt-cache-min-prefix tokens) that a turn's history is worth caching.
@@ -25,10 +25,8 @@ GENERATION_PROMPT_TOKENS = 3
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server(args) as running:
+    with serving(tiny_llama_dir, cache_dir, MODEL) as running:
         yield running
-        assert running.stop() == 0
 
 
 @pytest.fixture(scope="module")

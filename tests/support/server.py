@@ -121,3 +121,13 @@ def running_server(
         process.stderr.close()
         if data_dir is not None:
             data_dir.cleanup()
+
+
+@contextmanager
+def serving(model_dir: Path, cache_dir: Path, name: str, *extra: str) -> Iterator[RunningServer]:
+    """A server for `model_dir` as `name`, stopped cleanly (exit code 0) when the block ends."""
+    with running_server(
+        ["--model", str(model_dir), "--cache-dir", str(cache_dir), "--served-model-name", name, *extra]
+    ) as running:
+        yield running
+        assert running.stop() == 0
