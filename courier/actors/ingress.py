@@ -1,6 +1,7 @@
 """IngressActor: admits generation requests before anything is queued.
 
-Receives `AdmitGeneration`; first admits image parts before any fetch message
+Receives `AdmitGeneration`; refuses at once (OVERLOADED) while the scheduler is
+at capacity, before any rendering; admits image parts before any fetch message
 exists (the `--max-images` cap, then the model: a text-only model refuses them,
 naming itself and the part); asks the token counter to render and count the
 prompt, refuses a prompt that with its requested output would overflow the
@@ -40,6 +41,7 @@ from courier.messages.token_counter import (
     TokenizeText,
 )
 from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
+from courier.runtime.scheduler_stats import SchedulerStats
 
 # Events per request: one per generated token at most, plus the terminal event.
 EVENT_SLACK = 2
@@ -57,6 +59,7 @@ class IngressActor(Actor[IngressMessage]):
         vocabulary_size: int,
         model_id: str,
         max_images: int,
+        scheduler_stats: SchedulerStats,
     ) -> None:
         self._token_counter = token_counter
         self._scheduler = scheduler
@@ -64,6 +67,7 @@ class IngressActor(Actor[IngressMessage]):
         self._vocabulary_size = vocabulary_size
         self._model_id = model_id
         self._max_images = max_images
+        self._stats = scheduler_stats
 
     async def handle(self, message: IngressMessage) -> None:
         match message:
@@ -97,8 +101,9 @@ class IngressActor(Actor[IngressMessage]):
         await message.reply.send(reply)
 
     async def _admit(self, message: AdmitGeneration) -> Admitted | RequestFailed:
-        if isinstance(message.prompt, ChatPrompt) and message.prompt.images:
-            return self._refuse_images(message.prompt.images)
+        refused = self._refused_early(message)
+        if refused is not None:
+            return refused
         rendered = await self._prompt_tokens(message)
         if isinstance(rendered, RequestFailed):
             return rendered
@@ -135,6 +140,19 @@ class IngressActor(Actor[IngressMessage]):
             receive.close()
             return queued
         return Admitted(request_id=message.request_id, prompt_tokens=len(tokens), max_tokens=max_tokens, events=receive)
+
+    def _refused_early(self, message: AdmitGeneration) -> RequestFailed | None:
+        """Refusals that need no render: a scheduler at capacity, then image parts."""
+        stats = self._stats
+        if stats.running + stats.waiting >= stats.max_batch + stats.max_queue:
+            # In a burst, tokenizing every prompt first made each refusal wait for the renders queued ahead of it.
+            # The scheduler still has the last word when it queues.
+            stats.rejected += 1
+            full = f"the server is at capacity ({stats.max_batch} running, {stats.max_queue} waiting); retry shortly"
+            return RequestFailed(kind=FailureKind.OVERLOADED, message=full, code="queue_full")
+        if isinstance(message.prompt, ChatPrompt) and message.prompt.images:
+            return self._refuse_images(message.prompt.images)
+        return None
 
     def _refuse_images(self, images: Sequence[ImageRef]) -> RequestFailed:
         """Image admission, before any fetch exists: the count cap, then the model (every model served today

@@ -307,7 +307,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._update_counts()
 
     def _fail_everything(self, message: str) -> None:
-        failure = GenerationFailed(message=message)
+        failure = GenerationFailed(message=message, code="shutting_down")
         streams = [q.events for q in self._waiting] + [q.events for q in self._running.values()]
         self._waiting.clear()
         self._running.clear()

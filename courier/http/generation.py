@@ -103,7 +103,9 @@ async def generated_events(
             if event is None:
                 raise ApiError(504, f"the request did not finish within {timeout_s:g} s", code="deadline_exceeded")
             if isinstance(event, GenerationFailed):
-                raise ApiError(500, event.message, code="generation_failed")
+                if event.code == "shutting_down":
+                    raise ApiError.unavailable(event.message, code="shutting_down")
+                raise ApiError(500, event.message, code=event.code)
             yield event
             if isinstance(event, GenerationFinished):
                 return

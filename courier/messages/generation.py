@@ -56,9 +56,10 @@ class GenerationFinished:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationFailed:
-    """The generation failed inside the engine; the server keeps serving."""
+    """The generation failed inside the engine (the server keeps serving), or was cut by a shutdown."""
 
     message: str
+    code: str = "generation_failed"  # "shutting_down" when the server stopped it: retry elsewhere
 
 
 GenerationEvent: TypeAlias = TokensGenerated | GenerationFinished | GenerationFailed

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 
 @dataclass(slots=True)
 class SchedulerStats:
-    """Written only by the scheduler actor; read by HTTP handlers on the same event loop."""
+    """Written by the scheduler actor (and `rejected` by the ingress, for refusals before rendering); read by
+    HTTP handlers on the same event loop."""
 
     max_batch: int
     max_queue: int

@@ -267,6 +267,7 @@ class Supervisor:
             vocabulary_size=len(loaded.tokenizer.get_vocab()),
             model_id=loaded.info.model_id,
             max_images=settings.max_images,
+            scheduler_stats=self._state.scheduler,
         )
         await task_group.start(self._run_actor, ingress, self._ingress_receive, self._ingress_send)
         compactor = CompactorActor(
