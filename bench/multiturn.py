@@ -17,20 +17,49 @@ a. One conversation on the embedded SmolLM2-135M-Instruct: a ~300-token system p
 b. K conversations (`--conversations`, 2,8,32) interleaved turn by turn (conversation 1 turn 1,
    conversation 2 turn 1, ..., conversation 1 turn 2, ...), one request at a time, each
    conversation with its own `user` field and system prompt, `--b-turns` (4) turns of
-   `max_tokens` 8, on two tiny random-weight models built by `tests/support/tiny_models.py`:
-   a dense llama (trimmable KV cache) and a hybrid qwen3_next (gated-delta layers; not
-   trimmable). Per server, model and K: the share of turn-2+ prompt tokens served from the
-   cache (sum cached / sum prompt over turns >= 2) and TTFT p50 (turns >= 2, and turn 1 apart).
-   Every (server, model, K, budget) gets a fresh server process. Two budgets:
+   `max_tokens` 8 (`--b-max-tokens`), on two tiny random-weight models built by
+   `tests/support/tiny_models.py`: a dense llama (trimmable KV cache) and a hybrid qwen3_next
+   (gated-delta layers; not trimmable). A system prompt is a header naming the customer (so no
+   two conversations share a prefix worth reusing) and then a shop's support handbook, cut at
+   a word to `--b-system-tokens` (285) tokens in all; a user message is one short question
+   ("Message 2: Where is my parcel?", 20 tokens with its chat-template tokens). Per server,
+   model, budget and K: the share of turn-2+ prompt tokens served from the cache (sum cached /
+   sum prompt over turns >= 2), the share of turns 2+ that were warm (at least the
+   conversation's whole previous prompt but its 3-token generation prompt came from the cache;
+   a system prompt alone does not count) and TTFT p50 (turns >= 2, and turn 1 apart). Every
+   (server, model, budget, K) gets a fresh server process. Budgets (`--b-budgets`):
 
    - `default`: both servers with their defaults (Courier sizes its store from the model,
      at least 512 MiB; mlx_lm.server keeps 10 caches, `--prompt-cache-size 10`, no byte cap);
-   - `equal`: one byte budget for both, sized from Courier's default run at the largest K:
-     (snapshot_bytes_per_entry x snapshot_entries) / K per conversation, times
-     `--budget-fraction` (0.5) x K, i.e. room for about half the conversations. Courier gets
+   - `size100`: mlx_lm.server with `--prompt-cache-size 100`, the issue's anchor. Up to K=8 it
+     evicts nothing here (a conversation leaves at most 1 + 2 x 4 caches on a hybrid model);
+   - `equal`: one byte budget B for both, with K swept over `--equal-conversations`
+     (4-16, 20, 24). B is `--budget-states` (16) model states of one conversation at its
+     last prompt (the system prompt, 4 questions and 3 replies of `--b-max-tokens` one-token
+     words: about 400 tokens), weighed in this process on mlx-lm's own cache of the tiny
+     model, contents only (a KV cache's 256-token growth buffer not counted). No server's
+     footprint sizes it: it is room for 16 conversations for a server that keeps exactly one
+     state per conversation. `--budget-bytes` sets B directly. Courier gets
      `--prompt-cache-snapshot-capacity-bytes B`; mlx_lm.server gets `--prompt-cache-bytes B`
      and `--prompt-cache-size 4096` (Courier's default entry cap), so that bytes, not its
-     10-entry default, are what binds. `--budget-bytes` sets B directly.
+     10-entry default, are what binds. Each is charged by its own accounting of what it
+     holds: mlx_lm.server counts its KV buffers as allocated, Courier its compact copies.
+
+   Conversations held warm at B, per server and model: the largest swept K up to which the
+   server's cached share at B stays >= 80% of its own share with an unconstrained cache at K=8
+   (Courier: `default`; mlx_lm.server: `size100`); the ratio Courier / mlx_lm.server is the
+   issue's second target (>= 1.5x). With round-robin turns and LRU eviction a share falls off
+   a cliff once the conversations stop fitting (the entry evicted is the one asked for next),
+   so the threshold only has to tell warm from thrashing. 80% also keeps out mlx_lm.server's
+   fallback to a conversation's system-prompt cache, which serves about two thirds of the
+   tokens here but leaves the whole history to prefill (see the warm-turns column).
+
+   Why 285 tokens of system prompt: the issue's anchor measurement is that mlx_lm.server with
+   `--prompt-cache-size 100`, serving 8 conversations interleaved on a hybrid model, serves 92%
+   of turns-2+ prompt tokens from cache. Measured on this workload (K=8, qwen3_next): 250
+   tokens 91.0%, 275 91.5%, 285 92.0%, 290 92.0%, 300 93.0%, 1000 97.2%; 285 reproduces it.
+   Every turn's new message (20 tokens) is then 5-6% of its prompt; no cache can serve it, so
+   no server can pass about 94.6% on turns 2+ of this workload.
 
    mlx_lm.server (`mlx-lm-f32`) serves the tiny float32 weights with `LD_PRELOAD=<OpenBLAS>`
    and `--log-level WARNING`. It has no sessions: it ignores `user` and shares one cache across
@@ -55,6 +84,7 @@ the repository root:
 
     .venv/bin/python -m bench.multiturn [--parts a,b,c] [--conversations 2,8,32] [--turns 10]
         [--a-servers courier,mlx-lm-f32,mlx-lm-4bit] [--b-models llama,qwen3_next]
+        [--b-budgets default,size100,equal] [--b-system-tokens 285] [--equal-conversations 4,8,12]
         [--cache-dir DIR] [--json PATH] [--courier-arg=--admission-window-ms=0 ...]
 
 `--courier-arg` adds a flag to every Courier command line (none by default: defaults are measured).
@@ -116,9 +146,18 @@ PARTS = ("a", "b", "c")
 TINY_MODELS = ("llama", "qwen3_next")
 B_SERVERS = (COURIER, MLX_LM_F32)
 DEFAULT_BUDGET = "default"
+ANCHOR_BUDGET = "size100"
 EQUAL_BUDGET = "equal"
+B_BUDGETS = (DEFAULT_BUDGET, ANCHOR_BUDGET, EQUAL_BUDGET)
+ANCHOR_CACHE_SIZE = 100  # the issue's anchor: mlx_lm.server --prompt-cache-size 100
 TINY_SERVED_NAME = "tiny"
 COURIER_DEFAULT_MAX_ENTRIES = 4096  # `--prompt-cache-snapshot-max-entries` default, given to mlx_lm.server too
+DEFAULT_SYSTEM_TOKENS_B = 285  # calibrated: see the module docstring
+EQUAL_CONVERSATIONS = [*range(4, 17), 20, 24]
+BUDGET_STATES = 16
+REFERENCE_K = 8
+WARM_FRACTION = 0.8
+GENERATION_PROMPT_TOKENS = 3  # "<|im_start|>assistant\n": re-rendered with the reply, so a warm turn may redo it
 REQUEST_TIMEOUT_S = 300.0
 RUN_ERRORS = (BenchmarkError, openai.OpenAIError, httpx.HTTPError, OSError)
 T = TypeVar("T")
@@ -151,12 +190,63 @@ USER_MESSAGES_A = (
     "Thanks, that is all for today.",
 )
 
-# Part b: a system prompt of its own per conversation (so the conversations share no prefix worth
-# reusing), short questions.
-SYSTEM_RULES_B = (
+# Part b: a system prompt of its own per conversation (a header naming the customer, so the conversations share no
+# prefix worth reusing, then the shop's handbook cut to `--b-system-tokens`), short questions.
+HANDBOOK_B = (
     "Follow these rules in every answer: be brief and friendly, answer in one sentence when you can, never make up "
     "order numbers, prices or delivery dates, ask one clarifying question when the request is unclear, and offer "
-    "to hand the conversation to a human colleague when the customer is unhappy or asks for one. Keep a calm tone."
+    "to hand the conversation to a human colleague when the customer is unhappy or asks for one. Keep a calm tone. "
+    "Orders: an order can be changed or cancelled free of charge until it has been handed to the carrier, which "
+    "usually happens within four working hours of payment; after that the customer has to wait for the parcel and "
+    "return it. Every confirmation email carries the order number, the items, the delivery address and a link to "
+    "the order page, where the customer can follow each step. If the customer cannot find the email, suggest "
+    "looking in the spam folder and then offer to resend it to the address on the account, never to a new one. "
+    "Delivery: standard delivery takes two to four working days and is free above 40 euros, otherwise it costs "
+    "4.50 euros; express delivery costs 9 euros and arrives the next working day when ordered before 13:00. "
+    "Parcels to islands and to addresses outside the mainland take two days longer. The carrier tries twice, then "
+    "leaves the parcel at the nearest pickup point for ten days, after which it comes back to the warehouse and the "
+    "order is refunded minus the delivery costs. A delivery address can be changed until the parcel is handed to "
+    "the carrier; after that only the carrier can redirect it, through the link in its tracking email. "
+    "Tracking: the tracking link arrives by email as soon as the carrier scans the parcel, usually the same "
+    "evening. A parcel that has shown no movement for three working days is treated as delayed: apologise, open a "
+    "carrier inquiry, and tell the customer they will hear from us within two working days. A parcel that shows as "
+    "delivered but has not arrived must be reported within seven days; ask the customer to check with neighbours "
+    "and the building's letterboxes first, then open a claim. Never promise a delivery date the carrier has not "
+    "confirmed. "
+    "Returns: items can be returned within 30 days of delivery in their original condition with all labels "
+    "attached; underwear, swimwear, earrings, gift cards and made-to-measure items cannot be returned for hygiene "
+    "or practical reasons. The return label is free for members and costs 3.90 euros for everybody else. Refunds go "
+    "back to the original means of payment within five working days after the warehouse receives the return; bank "
+    "transfers can take two more days. Exchanges are handled as a return plus a new order, so suggest placing the "
+    "new order at once if the size or colour is in stock. "
+    "Products and stock: the product page shows the stock of every size and colour, updated every fifteen minutes. "
+    "When an item is sold out the customer can ask for an email when it is back; we cannot reserve items or "
+    "promise restock dates. Colours on screens differ slightly from the real fabric, so describe colours with the "
+    "words used on the product page. Care instructions are on the label and on the product page; recommend washing "
+    "dark colours inside out and at 30 degrees. "
+    "Payments: we accept cards, PayPal, Apple Pay, Google Pay, gift cards and, for orders above 100 euros, bank "
+    "transfer in advance; the order ships once the transfer arrives, which takes one to three working days. Cash on "
+    "delivery is not available. If a payment failed, the order is kept for 48 hours so the customer can pay again "
+    "from the order page. Never ask for full card numbers, security codes or passwords, and never accept them if a "
+    "customer types them: ask them to delete the message. "
+    "Accounts: a password is reset from the sign-in page with the link 'Forgot your password?'; the link is valid for "
+    "one hour. We cannot see or send passwords. An email address can be changed in the account settings after "
+    "confirming the old one. Accounts are deleted on request within 30 days; orders are kept for seven years "
+    "because the law requires it. "
+    "Discounts: students get 10 percent off with a valid student card verified once a year through our partner "
+    "site; members collect one point per euro and get a 5 euro voucher for every 100 points. Only one discount code "
+    "can be used per order, codes cannot be applied after the order is placed, and vouchers cannot be exchanged for "
+    "cash. During sales, the price shown at checkout is the price paid; we do not refund differences when prices "
+    "drop later. "
+    "Complaints: listen first, apologise for the trouble without blaming the carrier or colleagues, and say exactly "
+    "what happens next and when. Offer a human colleague whenever the customer asks, is upset, or the request needs "
+    "an exception to these rules, for example a return after 30 days, a refund to a different account, or a "
+    "compensation. Colleagues answer between 8:00 and 20:00 on working days, usually within one hour. "
+    "Privacy: only discuss an order with the person whose account it belongs to; ask for the order number and the "
+    "email address on the order before giving any detail. Never read out a full address or phone number; confirm "
+    "only the town. Do not store or repeat personal details that the customer did not need to give. "
+    "Style: write plain sentences without lists, headings or emojis, use the customer's words, avoid jargon, and "
+    "end with a short question only when you need an answer to go on."
 )
 QUESTIONS_B = (
     "Where is my parcel?",
@@ -229,6 +319,7 @@ class InterleavedRun:
     conversations: int
     server: ServerLaunch
     cached_share: float | None
+    warm_turns: float | None
     ttft_p50_later_s: float | None
     ttft_p50_first_s: float | None
     empty_replies: int
@@ -241,8 +332,20 @@ class ByteBudget:
     """Part b's equal byte budget for one model, and where it came from."""
 
     model: str
-    capacity_bytes: int | None
+    capacity_bytes: int
     explanation: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldWarm:
+    """Part b: how many conversations one server kept warm at the equal byte budget."""
+
+    model: str
+    server: str
+    reference_share: float | None  # its cached share with an unconstrained cache at K=REFERENCE_K
+    threshold: float | None
+    conversations: int | None  # the largest swept K up to which every share stays >= threshold (0: none)
+    at_least: bool = False  # every swept K stayed warm: the sweep, not the budget, set the count
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -272,6 +375,7 @@ class Report:
     conversation: list[ConversationRun]
     interleaved: list[InterleavedRun]
     budgets: list[ByteBudget]
+    held_warm: list[HeldWarm]
     store: StoreLatencyResult | None
 
 
@@ -487,20 +591,89 @@ def run_part_a(cache_dir: Path, dir4: Path, args: argparse.Namespace) -> list[Co
 # ---------------------------------------------------------------- part b: K interleaved conversations
 
 
-def system_prompt_b(k: int, index: int) -> str:
-    return f"You are the support assistant for customer {index + 1} of {k}, account AC-{k:02d}{index:04d}. " + (
-        SYSTEM_RULES_B
-    )
+def system_prompt_b(k: int, index: int, handbook: str) -> str:
+    return f"You are the support assistant for customer {index + 1} of {k}, account AC-{k:02d}{index:04d}. {handbook}"
 
 
 def user_message_b(index: int, turn: int) -> str:
     return f"Message {turn + 1}: {QUESTIONS_B[(index + turn) % len(QUESTIONS_B)]}"
 
 
-def interleave(base_url: str, spec: ServerSpec, k: int, args: argparse.Namespace) -> list[TurnResult]:
+def cut_handbook(tokenizer: Any, system_tokens: int) -> str:
+    """HANDBOOK_B cut at a word (repeated when too short) so that a system prompt is about `system_tokens` long."""
+    words = HANDBOOK_B.split()
+
+    def measure(count: int) -> int:
+        text = " ".join(words[index % len(words)] for index in range(count))
+        return len(tokenizer.encode(system_prompt_b(32, 31, text), add_special_tokens=False))
+
+    low, high = 0, len(words)
+    while measure(high) < system_tokens:
+        high *= 2
+    while low < high:  # the fewest words that reach the length
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if measure(middle) < system_tokens else (low, middle)
+    return " ".join(words[index % len(words)] for index in range(low))
+
+
+def last_prompt_b(tokenizer: Any, handbook: str, args: argparse.Namespace) -> list[int]:
+    """A conversation's last prompt, its replies stood in for by `--b-max-tokens` one-token words."""
+    messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt_b(32, 0, handbook)}]
+    for turn in range(args.b_turns):
+        if turn:
+            messages.append({"role": "assistant", "content": " ".join(["ok"] * args.b_max_tokens)})
+        messages.append({"role": "user", "content": user_message_b(0, turn)})
+    tokens: list[int] = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return tokens
+
+
+def state_bytes(model: Any, tokens: Sequence[int]) -> int:
+    """The bytes of mlx-lm's cache after `tokens`, contents only (a KV cache's growth buffer not counted)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    model(mx.array([list(tokens)]), cache=cache)
+    arrays: list[Any] = []
+    for layer in cache:
+        if isinstance(layer, KVCache):
+            arrays += layer.keys_and_values()
+        else:
+            arrays += [value for _, value in tree_flatten(layer.state) if isinstance(value, mx.array)]
+    mx.eval(arrays)
+    return sum(array.nbytes for array in arrays)
+
+
+def prepare_b(model: str, model_dir: Path, args: argparse.Namespace) -> tuple[str, ByteBudget]:
+    """The handbook text for `--b-system-tokens`, and the equal byte budget: `--budget-states` model states of a
+    conversation at its last prompt, weighed in this process on mlx-lm's own cache (or `--budget-bytes`)."""
+    from mlx_lm import load
+
+    loaded, tokenizer = load(str(model_dir))
+    handbook = cut_handbook(tokenizer, args.b_system_tokens)
+    system = len(tokenizer.encode(system_prompt_b(32, 0, handbook), add_special_tokens=False))
+    last = last_prompt_b(tokenizer, handbook, args)
+    one_state = state_bytes(loaded, last)
+    del loaded
+    release_mlx_memory()
+    workload = (
+        f"system prompt {system} tokens, last prompt of a conversation about {len(last)} tokens, one model state "
+        f"there {one_state} B (mlx-lm cache contents)"
+    )
+    if args.budget_bytes is not None:
+        return handbook, ByteBudget(
+            model=model, capacity_bytes=args.budget_bytes, explanation=f"--budget-bytes; {workload}"
+        )
+    capacity = args.budget_states * one_state
+    explanation = f"{args.budget_states} model states of {one_state} B; {workload}"
+    return handbook, ByteBudget(model=model, capacity_bytes=capacity, explanation=explanation)
+
+
+def interleave(base_url: str, spec: ServerSpec, k: int, handbook: str, args: argparse.Namespace) -> list[TurnResult]:
     deadline = time.monotonic() + args.run_timeout
     histories: list[list[ChatCompletionMessageParam]] = [
-        [{"role": "system", "content": system_prompt_b(k, index)}] for index in range(k)
+        [{"role": "system", "content": system_prompt_b(k, index, handbook)}] for index in range(k)
     ]
     results: list[TurnResult] = []
     with make_client(base_url) as client:
@@ -525,16 +698,35 @@ def interleave(base_url: str, spec: ServerSpec, k: int, args: argparse.Namespace
     return results
 
 
-def part_b_spec(label: str, model_dir: Path, budget_bytes: int | None, courier_args: Sequence[str]) -> ServerSpec:
+def part_b_spec(
+    label: str, model_dir: Path, budget: str, budget_bytes: int | None, args: argparse.Namespace
+) -> ServerSpec:
     if label == COURIER:
-        flags = list(courier_args)
-        if budget_bytes is not None:
+        flags = list(args.courier_arg)
+        if budget == EQUAL_BUDGET:
             flags += ["--prompt-cache-snapshot-capacity-bytes", str(budget_bytes)]
         return ServerSpec(label=COURIER, model_dir=model_dir, flags=tuple(flags))
     flags = ["--log-level", "WARNING"]
-    if budget_bytes is not None:
+    if budget == ANCHOR_BUDGET:
+        flags += ["--prompt-cache-size", str(ANCHOR_CACHE_SIZE)]
+    elif budget == EQUAL_BUDGET:
         flags += ["--prompt-cache-bytes", str(budget_bytes), "--prompt-cache-size", str(COURIER_DEFAULT_MAX_ENTRIES)]
     return ServerSpec(label=MLX_LM_F32, model_dir=model_dir, flags=tuple(flags))
+
+
+def warm_turns(turns: Sequence[TurnResult]) -> float | None:
+    """The share of turns 2+ served from the state the conversation's previous turn left: at least its whole
+    previous prompt but the generation prompt came from the cache (a system prompt alone does not count)."""
+    previous: dict[int, TurnResult] = {}
+    warm = counted = 0
+    for turn in sorted(turns, key=lambda item: (item.conversation, item.turn)):
+        before = previous.get(turn.conversation)
+        previous[turn.conversation] = turn
+        if before is None or turn.cached_tokens is None:
+            continue
+        counted += 1
+        warm += turn.cached_tokens >= before.prompt_tokens - GENERATION_PROMPT_TOKENS
+    return warm / counted if counted else None
 
 
 def run_interleaved(
@@ -544,35 +736,35 @@ def run_interleaved(
     model_dir: Path,
     label: str,
     k: int,
-    budget: ByteBudget | None,
+    budget: str,
+    budget_bytes: int | None,
+    handbook: str,
     args: argparse.Namespace,
 ) -> InterleavedRun:
-    budget_bytes = budget.capacity_bytes if budget is not None else None
-    spec = part_b_spec(label, model_dir, budget_bytes, args.courier_arg)
-    budget_name = DEFAULT_BUDGET if budget is None else EQUAL_BUDGET
+    spec = part_b_spec(label, model_dir, budget, budget_bytes, args)
 
     def measure(base_url: str) -> tuple[list[TurnResult], dict[str, Any] | None]:
-        turns = interleave(base_url, spec, k, args)
+        turns = interleave(base_url, spec, k, handbook, args)
         return turns, courier_stats(base_url) if label == COURIER else None
 
-    log_name = f"b-{model}-{label}-{budget_name}-k{k}"
+    log_name = f"b-{model}-{label}-{budget}-k{k}"
     launch, result = serve_and_measure(spec, cache_dir, log_name, args.openblas, measure)
     turns, stats = result if result is not None else ([], None)
     later = [turn for turn in turns if turn.turn >= 2]
+    share = cached_share(turns)
+    extra = ""
     if stats is not None:
-        progress(
-            f"{log_name}: entries {stats.get('snapshot_entries')}, "
-            f"evictions_lru {stats.get('snapshot_evictions_lru')}, "
-            f"self_evictions {stats.get('snapshot_self_evictions')}, "
-            f"bytes/entry {stats.get('snapshot_bytes_per_entry')}"
-        )
+        keys = ("snapshot_entries", "snapshot_evictions_lru", "snapshot_self_evictions", "snapshot_bytes_per_entry")
+        extra = "".join(f", {key} {stats.get(key)}" for key in keys)
+    progress(f"{log_name}: cached share {share_text(share)}, warm turns {share_text(warm_turns(turns))}{extra}")
     return InterleavedRun(
         model=model,
-        budget=budget_name,
-        budget_bytes=budget_bytes,
+        budget=budget,
+        budget_bytes=budget_bytes if budget == EQUAL_BUDGET else None,
         conversations=k,
         server=launch,
-        cached_share=cached_share(turns),
+        cached_share=share,
+        warm_turns=warm_turns(turns),
         ttft_p50_later_s=median_ttft(later),
         ttft_p50_first_s=median_ttft([turn for turn in turns if turn.turn == 1]),
         empty_replies=sum(turn.empty_reply for turn in turns),
@@ -581,24 +773,38 @@ def run_interleaved(
     )
 
 
-def derive_budget(model: str, default_runs: Sequence[InterleavedRun], args: argparse.Namespace) -> ByteBudget:
-    """The equal byte budget: `--budget-bytes`, or a fraction of what Courier held at the largest K."""
-    if args.budget_bytes is not None:
-        return ByteBudget(model=model, capacity_bytes=args.budget_bytes, explanation="--budget-bytes")
-    k = max(args.conversations)
-    source = next((run for run in default_runs if run.server.label == COURIER and run.conversations == k), None)
-    stats = source.courier_stats if source is not None else None
-    if stats is None or not stats.get("snapshot_entries") or not stats.get("snapshot_bytes_per_entry"):
-        return ByteBudget(model=model, capacity_bytes=None, explanation=f"no Courier default run at K={k} to size it")
-    per_entry, entries = int(stats["snapshot_bytes_per_entry"]), int(stats["snapshot_entries"])
-    per_conversation = per_entry * entries / k
-    conversations = max(1, round(k * args.budget_fraction))
-    capacity = max(1, int(per_conversation * conversations))
-    explanation = (
-        f"Courier default run at K={k}: {entries} entries x {per_entry} B/entry = {per_conversation:.0f} B per "
-        f"conversation; room for {conversations} of {k} conversations"
+def held_warm(model: str, runs: Sequence[InterleavedRun], label: str) -> HeldWarm:
+    """The largest swept K up to which `label`'s share at the equal budget stays >= WARM_FRACTION of its share with
+    an unconstrained cache (Courier's default, mlx_lm.server's --prompt-cache-size 100) at K=REFERENCE_K."""
+    unconstrained = DEFAULT_BUDGET if label == COURIER else ANCHOR_BUDGET
+    reference = next(
+        (
+            r.cached_share
+            for r in runs
+            if (r.server.label, r.budget, r.conversations) == (label, unconstrained, REFERENCE_K)
+        ),
+        None,
     )
-    return ByteBudget(model=model, capacity_bytes=capacity, explanation=explanation)
+    swept = sorted(
+        (r for r in runs if r.server.label == label and r.budget == EQUAL_BUDGET), key=lambda r: r.conversations
+    )
+    if reference is None or not swept:
+        return HeldWarm(model=model, server=label, reference_share=reference, threshold=None, conversations=None)
+    threshold = WARM_FRACTION * reference
+    conversations = 0
+    for run in swept:
+        if run.cached_share is None or run.cached_share < threshold:
+            break
+        conversations = run.conversations
+    at_least = conversations == swept[-1].conversations
+    return HeldWarm(
+        model=model,
+        server=label,
+        reference_share=reference,
+        threshold=threshold,
+        conversations=conversations,
+        at_least=at_least,
+    )
 
 
 def build_tiny_model(model: str, tokenizer_dir: Path, cache_dir: Path) -> Path:
@@ -610,31 +816,45 @@ def build_tiny_model(model: str, tokenizer_dir: Path, cache_dir: Path) -> Path:
     return build_qwen3_next(tokenizer_dir, target)
 
 
-def run_part_b(cache_dir: Path, dir4: Path, args: argparse.Namespace) -> tuple[list[InterleavedRun], list[ByteBudget]]:
+def part_b_plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(budget, server, K) of every run, in order: defaults, the size-100 anchor, then the equal-budget sweep."""
+    plan: list[tuple[str, str, int]] = []
+    for budget in args.b_budgets:
+        labels = [label for label in args.b_servers if budget != ANCHOR_BUDGET or label == MLX_LM_F32]
+        ks = args.equal_conversations if budget == EQUAL_BUDGET else args.conversations
+        plan += [(budget, label, k) for label in labels for k in ks]
+    return plan
+
+
+def run_part_b(
+    cache_dir: Path, dir4: Path, args: argparse.Namespace
+) -> tuple[list[InterleavedRun], list[ByteBudget], list[HeldWarm]]:
     runs: list[InterleavedRun] = []
     budgets: list[ByteBudget] = []
+    held: list[HeldWarm] = []
     for model in args.b_models:
         model_dir = build_tiny_model(model, dir4, cache_dir)
-        progress(f"tiny {model} model: {model_dir}")
-        default_runs = [
-            run_interleaved(cache_dir, model=model, model_dir=model_dir, label=label, k=k, budget=None, args=args)
-            for label in args.b_servers
-            for k in args.conversations
+        handbook, budget = prepare_b(model, model_dir, args)
+        progress(f"tiny {model} model: {model_dir}; equal byte budget {budget.capacity_bytes} B ({budget.explanation})")
+        model_runs = [
+            run_interleaved(
+                cache_dir,
+                model=model,
+                model_dir=model_dir,
+                label=label,
+                k=k,
+                budget=name,
+                budget_bytes=budget.capacity_bytes,
+                handbook=handbook,
+                args=args,
+            )
+            for name, label, k in part_b_plan(args)
         ]
-        runs += default_runs
-        if args.no_equal_budget:
-            continue
-        budget = derive_budget(model, default_runs, args)
-        budgets.append(budget)
-        progress(f"{model}: equal byte budget {budget.capacity_bytes} B ({budget.explanation})")
-        if budget.capacity_bytes is None:
-            continue
-        runs += [
-            run_interleaved(cache_dir, model=model, model_dir=model_dir, label=label, k=k, budget=budget, args=args)
-            for label in args.b_servers
-            for k in args.conversations
-        ]
-    return runs, budgets
+        runs += model_runs
+        if EQUAL_BUDGET in args.b_budgets:
+            budgets.append(budget)
+            held += [held_warm(model, model_runs, label) for label in args.b_servers]
+    return runs, budgets, held
 
 
 # ---------------------------------------------------------------- part c: store latency
@@ -755,7 +975,7 @@ def print_report(report: Report) -> None:
     if report.conversation:
         print_part_a(report.conversation)
     if report.interleaved:
-        print_part_b(report.interleaved, report.budgets)
+        print_part_b(report.interleaved, report.budgets, report.held_warm)
     if report.store is not None:
         print_part_c(report.store)
 
@@ -810,25 +1030,56 @@ def courier_cells(stats: dict[str, Any] | None) -> str:
     return " | ".join(str(stats.get(key, "?")) for key in keys)
 
 
-def print_part_b(runs: Sequence[InterleavedRun], budgets: Sequence[ByteBudget]) -> None:
+def budget_label(run: InterleavedRun) -> str:
+    if run.budget == EQUAL_BUDGET:
+        return f"equal ({run.budget_bytes} B)"
+    if run.budget == ANCHOR_BUDGET:
+        return f"--prompt-cache-size {ANCHOR_CACHE_SIZE}"
+    return run.budget
+
+
+def print_part_b(runs: Sequence[InterleavedRun], budgets: Sequence[ByteBudget], held: Sequence[HeldWarm]) -> None:
     print("### (b) K interleaved conversations, tiny models\n")
     print_launches([run.server for run in runs])
     for budget in budgets:
         print(f"- equal budget for {budget.model}: {budget.capacity_bytes} B ({budget.explanation})")
     print()
     print(
-        "| model | budget | K | server | cached share, turns 2+ | TTFT p50 ms, turns 2+ | TTFT p50 ms, turn 1 "
-        "| empty replies | courier entries | evictions_lru | self_evictions |"
+        "| model | budget | K | server | cached share, turns 2+ | warm turns | TTFT p50 ms, turns 2+ "
+        "| TTFT p50 ms, turn 1 | empty replies | courier entries | evictions_lru | self_evictions |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for run in sorted(runs, key=lambda item: (item.model, item.budget, item.conversations, item.server.label)):
-        budget_text = run.budget if run.budget_bytes is None else f"{run.budget} ({run.budget_bytes} B)"
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    order = {name: index for index, name in enumerate(B_BUDGETS)}
+    for run in sorted(runs, key=lambda item: (item.model, order[item.budget], item.server.label, item.conversations)):
         share = "FAILED" if run.server.error is not None else share_text(run.cached_share)
         print(
-            f"| {run.model} | {budget_text} | {run.conversations} | {run.server.label} | {share} "
-            f"| {ms(run.ttft_p50_later_s)} | {ms(run.ttft_p50_first_s)} | {run.empty_replies} "
-            f"| {courier_cells(run.courier_stats)} |"
+            f"| {run.model} | {budget_label(run)} | {run.conversations} | {run.server.label} | {share} "
+            f"| {share_text(run.warm_turns)} | {ms(run.ttft_p50_later_s)} | {ms(run.ttft_p50_first_s)} "
+            f"| {run.empty_replies} | {courier_cells(run.courier_stats)} |"
         )
+    print()
+    if not held:
+        return
+    print(
+        f"Conversations held warm at the equal budget: the largest swept K up to which the cached share stays >= "
+        f"{WARM_FRACTION:.0%} of the server's own share with an unconstrained cache at K={REFERENCE_K}.\n"
+    )
+    print("| model | server | unconstrained share | threshold | conversations held warm |")
+    print("|---|---|---|---|---|")
+    for item in held:
+        threshold = "n/a" if item.threshold is None else f"{item.threshold:.1%}"
+        count = "n/a" if item.conversations is None else f"{'>= ' if item.at_least else ''}{item.conversations}"
+        print(f"| {item.model} | {item.server} | {share_text(item.reference_share)} | {threshold} | {count} |")
+    print()
+    for model in dict.fromkeys(item.model for item in held):
+        counts = {item.server: item.conversations for item in held if item.model == model}
+        ours, theirs = counts.get(COURIER), counts.get(MLX_LM_F32)
+        capped = any(item.at_least for item in held if item.model == model)
+        if ours is not None and theirs:
+            note = " (a count reached the end of the sweep: widen --equal-conversations)" if capped else ""
+            print(f"- {model}: courier / mlx_lm.server = {ours} / {theirs} = {ours / theirs:.2f}x{note}")
+        else:
+            print(f"- {model}: courier {ours}, mlx_lm.server {theirs}: no ratio")
     print()
 
 
@@ -881,9 +1132,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--b-max-tokens", type=int, default=8, help="part b: max_tokens per turn (8)")
     add("--b-models", type=choices(TINY_MODELS), default=list(TINY_MODELS), help="part b models (llama,qwen3_next)")
     add("--b-servers", type=choices(B_SERVERS), default=list(B_SERVERS), help=f"part b servers ({','.join(B_SERVERS)})")
-    add("--budget-fraction", type=float, default=0.5, help="part b: equal budget as a share of K conversations (0.5)")
+    add(
+        "--b-system-tokens",
+        type=int,
+        default=DEFAULT_SYSTEM_TOKENS_B,
+        help=f"part b: tokens of each conversation's system prompt ({DEFAULT_SYSTEM_TOKENS_B}, calibrated)",
+    )
+    add("--b-budgets", type=choices(B_BUDGETS), default=list(B_BUDGETS), help=f"part b budgets ({','.join(B_BUDGETS)})")
+    add(
+        "--equal-conversations",
+        type=positive_ints,
+        default=EQUAL_CONVERSATIONS,
+        help=f"part b: K values at the equal budget ({','.join(map(str, EQUAL_CONVERSATIONS))})",
+    )
+    add(
+        "--budget-states",
+        type=int,
+        default=BUDGET_STATES,
+        help=f"part b: equal budget in model states ({BUDGET_STATES})",
+    )
     add("--budget-bytes", type=int, default=None, help="part b: the equal byte budget itself (default: derived)")
-    add("--no-equal-budget", action="store_true", help="part b: run the default budgets only")
     add(
         "--courier-arg",
         action="append",
@@ -904,7 +1172,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def settings_of(args: argparse.Namespace) -> dict[str, object]:
     keys = (
         *("parts", "conversations", "turns", "a_max_tokens", "a_servers", "b_turns", "b_max_tokens", "b_models"),
-        *("b_servers", "budget_fraction", "budget_bytes", "courier_arg", "store_entries", "store_lookups"),
+        *("b_servers", "b_system_tokens", "b_budgets", "equal_conversations", "budget_states", "budget_bytes"),
+        *("courier_arg", "store_entries", "store_lookups"),
     )
     return {key: getattr(args, key) for key in keys}
 
@@ -913,16 +1182,18 @@ def needs_openblas(args: argparse.Namespace) -> bool:
     return ("a" in args.parts and MLX_LM_F32 in args.a_servers) or ("b" in args.parts and MLX_LM_F32 in args.b_servers)
 
 
-def run_servers(args: argparse.Namespace) -> tuple[list[ConversationRun], list[InterleavedRun], list[ByteBudget]]:
+def run_servers(
+    args: argparse.Namespace,
+) -> tuple[list[ConversationRun], tuple[list[InterleavedRun], list[ByteBudget], list[HeldWarm]]]:
     """Parts a and b, which share the 4-bit SmolLM2 directory (the tiny models borrow its tokenizer)."""
     if "a" not in args.parts and "b" not in args.parts:
-        return [], [], []
+        return [], ([], [], [])
     with cache_directory(args.cache_dir) as cache_dir:
         progress("converting the embedded GGUF to a 4-bit MLX directory")
         dir4 = prepare_4bit_dir(cache_dir)
         conversation = run_part_a(cache_dir, dir4, args) if "a" in args.parts else []
-        interleaved, budgets = run_part_b(cache_dir, dir4, args) if "b" in args.parts else ([], [])
-    return conversation, interleaved, budgets
+        interleaved = run_part_b(cache_dir, dir4, args) if "b" in args.parts else ([], [], [])
+    return conversation, interleaved
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -931,13 +1202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress(f"OpenBLAS not found at {args.openblas}; pass --openblas PATH or leave out {MLX_LM_F32}")
         return 2
     blas = load_optimized_blas()  # before MLX is imported, as bench.throughput does
-    conversation, interleaved, budgets = run_servers(args)
+    conversation, (interleaved, budgets, held) = run_servers(args)
     report = Report(
         environment=environment(blas),
         settings=settings_of(args),
         conversation=conversation,
         interleaved=interleaved,
         budgets=budgets,
+        held_warm=held,
         store=measure_store(args) if "c" in args.parts else None,
     )
     print_report(report)

@@ -8,9 +8,19 @@ back; copying it is the engine's business, on the MLX thread.
 Insert runs in this order, so the byte cap holds at every moment: refuse an entry
 larger than the whole budget (it removes nothing); supersede (remove same-bucket,
 same-session, same-origin snapshots whose tokens are a strict prefix of the new
-ones, and an identical one); account the new bytes; evict least-recently-used
-entries until both caps hold. Lookups walk a radix index per bucket, so their cost
-follows the prompt's length, not the number of entries.
+ones, and an identical one; a boundary snapshot also removes the session's
+completion snapshots that are a strict prefix of it); account the new bytes; evict
+least-recently-used entries until both caps hold. Lookups walk a radix index per
+bucket, so their cost follows the prompt's length, not the number of entries.
+
+Why a boundary supersedes a completion but never the reverse: the idle warm-up
+extends a conversation's boundary over the reply just given, so that turn's
+completion (prompt + generated tokens) is a strict prefix of the new boundary
+whenever the reply re-tokenizes into the tokens generated. The conversation's next
+prompt starts with the boundary and matches it further (on a trimmable cache the
+boundary, trimmed, serves any prompt the completion would); keeping both would
+double what a conversation holds. A completion never removes a boundary: the next
+prompt re-renders the reply, so only the boundary is sure to be a prefix of it.
 """
 
 from __future__ import annotations
@@ -287,13 +297,14 @@ class SnapshotStore:
             return 0, 0
         superseded = freed = 0
         for length, keys in indexed.index.match(vector).prefixes:
+            strict = length < len(vector)
             for key in list(keys):
                 snapshot = self._entries[key]
-                if snapshot.session != session or snapshot.origin is not origin:
+                if snapshot.session != session or not _covers(origin, snapshot.origin, strict=strict):
                     continue
                 freed += snapshot.nbytes
                 self._remove(snapshot)
-                if length < len(vector):
+                if strict:
                     superseded += 1
                     self.counters.supersedes += 1
                 else:
@@ -336,3 +347,9 @@ class SnapshotStore:
             self._completions[conversation].discard(snapshot.entry_id)
             if not self._completions[conversation]:
                 del self._completions[conversation]
+
+
+def _covers(new: Origin, old: Origin, *, strict: bool) -> bool:
+    """Whether a new snapshot of origin `new` makes an old one of origin `old`, whose tokens prefix it, redundant."""
+    # A boundary extended over a turn's reply covers that turn's completion; a completion never covers a boundary.
+    return new is old or (strict and new is Origin.BOUNDARY and old is Origin.COMPLETION)

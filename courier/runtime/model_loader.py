@@ -55,9 +55,7 @@ def load_model(
     location = _local_location(source, cache_dir, progress)
     with progress.step(f"loading {source.describe()}"):
         try:
-            model, tokenizer, config = mlx_lm_load(
-                location, return_config=True, trust_remote_code=trust_remote_code
-            )
+            model, tokenizer, config = mlx_lm_load(location, return_config=True, trust_remote_code=trust_remote_code)
         except Exception as error:  # mlx-lm raises many types (hub, config, weights): report them all alike
             raise ModelLoadError(f"cannot load model from {location}: {type(error).__name__}: {error}") from error
     stored_format = _weights_format(model, config)

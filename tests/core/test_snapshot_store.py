@@ -53,19 +53,72 @@ def test_a_conversation_chain_collapses_to_its_newest_snapshot() -> None:
 
 def test_supersede_touches_only_same_bucket_session_and_origin() -> None:
     s, _ = store()
-    put(s, BASE[:20], session="a")
-    put(s, BASE[:20], session="b")
     put(s, BASE[:20], session="a", origin=Origin.COMPLETION)
-    put(s, BASE[:20], session="a", bucket=OTHER_BUCKET)
-    put(s, BASE, session="a")
+    put(s, BASE[:20], session="b", origin=Origin.COMPLETION)
+    put(s, BASE[:20], session="a")  # a boundary: identical tokens, so it leaves the completion alone
+    put(s, BASE[:20], session="a", origin=Origin.COMPLETION, bucket=OTHER_BUCKET)
+    put(s, BASE, session="a", origin=Origin.COMPLETION)
     remaining = {(x.session, x.origin, x.bucket, len(x.tokens)) for x in s.snapshots()}
     assert remaining == {
-        ("b", Origin.BOUNDARY, BUCKET, 20),
-        ("a", Origin.COMPLETION, BUCKET, 20),
-        ("a", Origin.BOUNDARY, OTHER_BUCKET, 20),
-        ("a", Origin.BOUNDARY, BUCKET, 40),
+        ("b", Origin.COMPLETION, BUCKET, 20),
+        ("a", Origin.BOUNDARY, BUCKET, 20),
+        ("a", Origin.COMPLETION, OTHER_BUCKET, 20),
+        ("a", Origin.COMPLETION, BUCKET, 40),
     }
     assert s.counters.supersedes == 1
+
+
+def test_a_boundary_extended_over_the_reply_supersedes_that_turns_completion() -> None:
+    s, _ = store()
+    put(s, BASE[:19], nbytes=5)  # the history, captured during prefill
+    put(s, BASE[:28], origin=Origin.COMPLETION, nbytes=7)  # its prompt (20 tokens) + 8 generated
+    result = s.insert(bucket=BUCKET, session="a", origin=Origin.BOUNDARY, tokens=BASE, state=None, nbytes=10)
+    assert (result.superseded, result.freed_bytes, result.evicted) == (2, 12, 0)
+    assert [(x.origin, x.tokens) for x in s.snapshots()] == [(Origin.BOUNDARY, BASE)]
+    assert (s.counters.supersedes, s.counters.replacements, s.counters.evictions_lru) == (2, 0, 0)
+    assert s.nbytes == 10
+
+
+@pytest.mark.parametrize(
+    ("completion", "session", "bucket", "superseded"),
+    [
+        (BASE[:30], "a", BUCKET, True),  # a strict prefix of the boundary, same conversation
+        (BASE[:30], "b", BUCKET, False),  # another session's
+        (BASE[:30], "a", OTHER_BUCKET, False),  # another bucket's
+        ((*BASE[:30], 7, 7), "a", BUCKET, False),  # diverges inside the reply: not a prefix
+        (BASE, "a", BUCKET, False),  # identical: not a strict prefix
+        ((*BASE, 7), "a", BUCKET, False),  # longer than the boundary
+    ],
+)
+def test_a_boundary_supersedes_only_its_own_conversations_completion_prefixes(
+    completion: tuple[int, ...], session: str, bucket: Bucket, superseded: bool
+) -> None:
+    s, _ = store()
+    put(s, completion, session=session, bucket=bucket, origin=Origin.COMPLETION)
+    result = s.insert(bucket=BUCKET, session="a", origin=Origin.BOUNDARY, tokens=BASE, state=None, nbytes=10)
+    assert result.superseded == int(superseded)
+    survivors = [x.tokens for x in s.snapshots() if x.origin is Origin.COMPLETION]
+    assert survivors == ([] if superseded else [completion])
+    assert s.counters.evictions_lru == 0
+
+
+def test_a_completion_never_supersedes_a_boundary() -> None:
+    s, _ = store()
+    put(s, BASE[:20])  # the history the next turn needs
+    (boundary,) = s.snapshots()
+    result = s.insert(
+        bucket=BUCKET,
+        session="a",
+        origin=Origin.COMPLETION,
+        tokens=BASE,  # extends the boundary
+        state=None,
+        nbytes=10,
+        continues=boundary.entry_id,  # even when named as the entry it continues
+        prompt_length=30,
+    )
+    assert (result.superseded, result.freed_bytes) == (0, 0)
+    assert sorted((x.origin.value, len(x.tokens)) for x in s.snapshots()) == [("boundary", 20), ("completion", 40)]
+    assert s.counters.supersedes == 0
 
 
 def test_only_a_strict_extension_supersedes() -> None:
