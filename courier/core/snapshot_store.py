@@ -9,18 +9,35 @@ Insert runs in this order, so the byte cap holds at every moment: refuse an entr
 larger than the whole budget (it removes nothing); supersede (remove same-bucket,
 same-session, same-origin snapshots whose tokens are a strict prefix of the new
 ones, and an identical one; a boundary snapshot also removes the session's
-completion snapshots that are a strict prefix of it); account the new bytes; evict
+completion snapshots that are a strict prefix of it, and those whose prompt but its
+last token it starts with and then diverges from); account the new bytes; evict
 least-recently-used entries until both caps hold. Lookups walk a radix index per
-bucket, so their cost follows the prompt's length, not the number of entries.
+bucket, so their cost follows the prompt's length, not the number of entries; they
+and boundary inserts also scan the session's own completion snapshots (one or two
+per conversation; all anonymous callers' in the anonymous session).
 
 Why a boundary supersedes a completion but never the reverse: the idle warm-up
 extends a conversation's boundary over the reply just given, so that turn's
 completion (prompt + generated tokens) is a strict prefix of the new boundary
-whenever the reply re-tokenizes into the tokens generated. The conversation's next
-prompt starts with the boundary and matches it further (on a trimmable cache the
-boundary, trimmed, serves any prompt the completion would); keeping both would
-double what a conversation holds. A completion never removes a boundary: the next
-prompt re-renders the reply, so only the boundary is sure to be a prefix of it.
+whenever the reply re-tokenizes into the tokens generated. When it does not, the
+boundary starts with the completion's prompt (but its last token: the generation
+prompt's trailing newline may merge with the reply) and diverges inside the reply:
+the conversation goes on from the boundary, and the completion could serve only a
+prompt carrying the reply as generated, which the re-rendered history never does.
+Either way the next prompt starts with the boundary and matches it further (on a
+trimmable cache the boundary, trimmed, serves any prompt the completion would, up to
+where the two part); keeping both would double what a conversation holds. A
+completion never removes a boundary: the next prompt re-renders the reply, so only
+the boundary is sure to be a prefix of it.
+
+Sessions: the anonymous session is one session shared by every caller that names
+none, so there a boundary may also remove another anonymous caller's completion, but
+only one whose whole prompt (but its last token) it repeats: a caller that sent the
+same history and got another reply. That caller then prefills its reply once more,
+in its idle warm-up (which starts from the prompt instead) or, when its next turn
+comes first and the reply re-tokenizes as generated, in that turn. Lookup's
+`continues` already lets the next completion of a repeated history supersede such a
+sibling, so the anonymous session keeps the rule every session has.
 """
 
 from __future__ import annotations
@@ -245,15 +262,11 @@ class SnapshotStore:
 
     def _continued(self, bucket: Bucket, session: str, vector: tuple[int, ...]) -> EntryId | None:
         """This conversation's completion whose whole prompt the new prompt starts with: its previous turn."""
-        candidates = [self._entries[key] for key in self._completions.get((bucket, session), ())]
-        # All but the prompt's last token: the generation prompt's trailing newline can merge with the start of the
-        # reply when the history is re-rendered (byte-level BPE), so that one token may differ.
-        turns = [
-            c
-            for c in candidates
-            if c.prompt_length > 1 and vector[: c.prompt_length - 1] == c.tokens[: c.prompt_length - 1]
-        ]
+        turns = [c for c in self._conversation_completions(bucket, session) if _continues_prompt(vector, c)]
         return max(turns, key=lambda snapshot: snapshot.prompt_length).entry_id if turns else None
+
+    def _conversation_completions(self, bucket: Bucket, session: str) -> list[Snapshot]:
+        return [self._entries[key] for key in self._completions.get((bucket, session), ())]
 
     def _best_match(self, match: PathMatch[EntryId], session: str, tokens: tuple[int, ...]) -> LookupResult:
         # A usable prefix must leave at least one token to feed: the state after the whole prompt has no logits.
@@ -309,6 +322,14 @@ class SnapshotStore:
                     self.counters.supersedes += 1
                 else:
                     self.counters.replacements += 1
+        if origin is Origin.BOUNDARY:
+            # The turns this boundary carries on past (their completions left above were not prefixes of it).
+            for completion in self._conversation_completions(bucket, session):
+                if _continues_prompt(vector, completion) and completion.tokens[: len(vector)] != vector:
+                    superseded += 1
+                    freed += completion.nbytes
+                    self.counters.supersedes += 1
+                    self._remove(completion)
         return superseded, freed
 
     def _make_room(self, nbytes: int, session: str) -> tuple[int, int]:
@@ -353,3 +374,10 @@ def _covers(new: Origin, old: Origin, *, strict: bool) -> bool:
     """Whether a new snapshot of origin `new` makes an old one of origin `old`, whose tokens prefix it, redundant."""
     # A boundary extended over a turn's reply covers that turn's completion; a completion never covers a boundary.
     return new is old or (strict and new is Origin.BOUNDARY and old is Origin.COMPLETION)
+
+
+def _continues_prompt(vector: tuple[int, ...], completion: Snapshot) -> bool:
+    """Whether `vector` starts with the completion's prompt, all but its last token: the generation prompt's trailing
+    newline can merge with the start of the reply when the history is re-rendered (byte-level BPE)."""
+    kept = completion.prompt_length - 1
+    return kept > 0 and vector[:kept] == completion.tokens[:kept]

@@ -102,6 +102,85 @@ def test_a_boundary_supersedes_only_its_own_conversations_completion_prefixes(
     assert s.counters.evictions_lru == 0
 
 
+PROMPT = BASE[:20]  # a turn's prompt; its last token is the generation prompt's newline
+REPLY = (7, 7, 7)  # the tokens generated
+
+
+@pytest.mark.parametrize(
+    ("boundary", "session", "bucket", "superseded"),
+    [
+        # The history re-rendered through the reply, which did not re-tokenize as generated: the conversation goes on
+        # from the boundary, never from the completion.
+        ((*PROMPT, 8, 8, 8, 8), "a", BUCKET, True),
+        ((*PROMPT[:-1], 9, 8, 8, 8), "a", BUCKET, True),  # the newline merged with the reply's first token
+        ((*PROMPT, 7), "a", BUCKET, False),  # a prefix of the completion: the completion goes further
+        ((*PROMPT, 8, 8, 8, 8), "b", BUCKET, False),  # another session's conversation
+        ((*PROMPT, 8, 8, 8, 8), "a", OTHER_BUCKET, False),  # another bucket's
+        (PROMPT[:-1], "a", BUCKET, False),  # the prompt but its last token: does not go past it
+        ((*PROMPT[:-2], 9, 9, 9, 9), "a", BUCKET, False),  # leaves the prompt: another conversation
+    ],
+)
+def test_a_boundary_supersedes_the_completion_whose_prompt_it_carries_on_past(
+    boundary: tuple[int, ...], session: str, bucket: Bucket, superseded: bool
+) -> None:
+    s, _ = store()
+    s.insert(
+        bucket=BUCKET,
+        session="a",
+        origin=Origin.COMPLETION,
+        tokens=(*PROMPT, *REPLY),
+        state=None,
+        nbytes=7,
+        prompt_length=len(PROMPT),
+    )
+    result = s.insert(bucket=bucket, session=session, origin=Origin.BOUNDARY, tokens=boundary, state=None, nbytes=10)
+    assert (result.superseded, result.freed_bytes) == ((1, 7) if superseded else (0, 0))
+    survivors = [x.tokens for x in s.snapshots() if x.origin is Origin.COMPLETION]
+    assert survivors == ([] if superseded else [(*PROMPT, *REPLY)])
+    assert (s.counters.supersedes, s.counters.replacements, s.counters.evictions_lru) == (int(superseded), 0, 0)
+    assert s.nbytes == (10 if superseded else 17)
+
+
+def test_a_turn_whose_reply_re_tokenized_differently_leaves_one_snapshot_after_the_warm_up() -> None:
+    s, _ = store(trimmable=False)
+    put(s, PROMPT[:-3], nbytes=5)  # turn 1's history, captured during prefill (before the generation prompt)
+    s.insert(
+        bucket=BUCKET,
+        session="a",
+        origin=Origin.COMPLETION,
+        tokens=(*PROMPT, *REPLY),
+        state=None,
+        nbytes=7,
+        prompt_length=len(PROMPT),
+    )
+    history = (*PROMPT, 77, 3, 4)  # the reply re-rendered as one other token, then the end of the turn
+    result = s.insert(bucket=BUCKET, session="a", origin=Origin.BOUNDARY, tokens=history, state=None, nbytes=10)
+    assert (result.superseded, result.freed_bytes) == (2, 12)  # the shorter history by prefix, the completion
+    assert [(x.origin, x.tokens) for x in s.snapshots()] == [(Origin.BOUNDARY, history)]
+    assert s.lookup(BUCKET, "a", (*history, 5, 6)).matched == len(history)  # the next turn extends it
+
+
+def test_the_anonymous_session_keeps_the_same_rule() -> None:
+    """Anonymous callers share one session: a boundary that repeats an anonymous completion's whole prompt and goes
+    on elsewhere supersedes it, whoever sent it (see the module docstring: such a caller prefills one reply again)."""
+    s, _ = store()
+    completion = (*PROMPT, *REPLY)
+    s.insert(
+        bucket=BUCKET,
+        session=ANONYMOUS_SESSION,
+        origin=Origin.COMPLETION,
+        tokens=completion,
+        state=None,
+        nbytes=7,
+        prompt_length=len(PROMPT),
+    )
+    put(s, (*PROMPT, 8, 8), session="a")  # a named session never touches it
+    assert completion in [x.tokens for x in s.snapshots()]
+    put(s, (*PROMPT, 8, 8), session=ANONYMOUS_SESSION)
+    assert completion not in [x.tokens for x in s.snapshots()]
+    assert s.counters.supersedes == 1
+
+
 def test_a_completion_never_supersedes_a_boundary() -> None:
     s, _ = store()
     put(s, BASE[:20])  # the history the next turn needs
