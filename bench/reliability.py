@@ -693,13 +693,16 @@ class Sample:
     snapshot_evictions_lru: int
     running: int
     waiting: int
+    mlx_active_bytes: int
+    mlx_cache_bytes: int
 
 
 def sampler(server: RunningServer, every: float, stop: threading.Event, samples: list[Sample], t0: float) -> None:
     while True:
         try:
             stats = get_json(server, "/v1/cache/stats")
-            counters = scheduler(server)
+            health = get_json(server, "/health")
+            counters, memory = health["scheduler"], health["memory"]
             samples.append(
                 Sample(
                     t_s=time.monotonic() - t0,
@@ -710,6 +713,8 @@ def sampler(server: RunningServer, every: float, stop: threading.Event, samples:
                     snapshot_evictions_lru=stats["snapshot_evictions_lru"],
                     running=counters["running"],
                     waiting=counters["waiting"],
+                    mlx_active_bytes=memory["active_bytes"],
+                    mlx_cache_bytes=memory["cache_bytes"],
                 )
             )
         except (httpx.HTTPError, KeyError, ValueError) as error:
@@ -758,6 +763,8 @@ def is_failure(kind: str, outcome: str) -> bool:
 def run_soak(setup: Setup) -> PartResult:
     args = setup.args
     flags = ["--prompt-cache-snapshot-capacity-bytes", args.soak_snapshot_capacity]
+    if args.soak_mlx_cache_limit is not None:
+        flags += ["--mlx-cache-limit", args.soak_mlx_cache_limit]
     result = PartResult(
         name="soak",
         command=f"bench.reliability --parts soak --soak-seconds {args.soak_seconds:g}",
@@ -813,6 +820,24 @@ def run_soak(setup: Setup) -> PartResult:
         f"{mib(max(rss_values, default=None))} / {mib(rss_end)}",
     )
     result.row("RSS growth ~60 s -> end (MiB)", mib(growth))
+    if samples and minute is not None and last is not None:
+        result.row(
+            "MLX cache of freed buffers first / ~60 s / max / last (MiB)",
+            " / ".join(
+                f"{value / 2**20:.1f}"
+                for value in (
+                    samples[0].mlx_cache_bytes,
+                    minute.mlx_cache_bytes,
+                    max(s.mlx_cache_bytes for s in samples),
+                    last.mlx_cache_bytes,
+                )
+            ),
+        )
+        result.row(
+            "MLX arrays first / ~60 s / last (MiB)",
+            f"{samples[0].mlx_active_bytes / 2**20:.1f} / {minute.mlx_active_bytes / 2**20:.1f} / "
+            f"{last.mlx_active_bytes / 2**20:.1f}",
+        )
     result.row(
         "/health after clients stopped", f"{counters_text(first)}; idle: {counters_text(after)} ({idle_s:.1f} s)"
     )
@@ -1217,6 +1242,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--soak-seconds", type=float, default=180.0, help="soak: seconds of traffic (180)")
     add("--sample-every", type=float, default=2.0, help="soak: seconds between samples (2)")
     add("--soak-snapshot-capacity", default="4MiB", help="soak: --prompt-cache-snapshot-capacity-bytes (4MiB)")
+    add("--soak-mlx-cache-limit", default=None, help="soak: the server's --mlx-cache-limit (its default when unset)")
     add("--kill-writers", type=int, default=4, help="kill: client threads (4)")
     add("--kill-after", type=float, default=10.0, help="kill: seconds of traffic before SIGKILL (10)")
     add("--shutdown-timeout", type=float, default=5.0, help="shutdown: the server's --shutdown-timeout (5)")

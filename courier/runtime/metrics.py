@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from courier.runtime.mlx_memory import mlx_memory
 from courier.runtime.service_state import ServiceState
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -37,6 +38,7 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._scheduler()
         yield from self._prompt_cache()
+        yield from self._mlx_memory()
 
     def _scheduler(self) -> Iterator[Metric]:
         stats = self._state.scheduler
@@ -47,6 +49,14 @@ class _StateCollector(Collector):
             outcomes.add_metric([outcome], getattr(stats, outcome))
         yield outcomes
         yield CounterMetricFamily("courier_generated_tokens", "Tokens generated", value=stats.generated_tokens)
+
+    def _mlx_memory(self) -> Iterator[Metric]:
+        memory = mlx_memory()
+        yield GaugeMetricFamily("courier_mlx_active_bytes", "Bytes held by MLX arrays", value=memory.active_bytes)
+        yield GaugeMetricFamily(
+            "courier_mlx_cache_bytes", "Bytes of freed buffers MLX keeps for reuse", value=memory.cache_bytes
+        )
+        yield GaugeMetricFamily("courier_mlx_peak_bytes", "Most bytes MLX arrays held at once", value=memory.peak_bytes)
 
     def _prompt_cache(self) -> Iterator[Metric]:
         store = self._state.snapshot_store

@@ -145,6 +145,7 @@ class Settings:
     max_batch: int = 16
     max_queue: int = 64
     prefill_step_size: int = 512
+    mlx_cache_limit: int = 1024**3
     admission_window_ms: float = 20.0
     request_timeout: float = 600.0
     max_images: int = 16
@@ -251,6 +252,13 @@ OPTIONS: tuple[Option, ...] = (
         default=_DEFAULTS.prefill_step_size,
         help="prompt tokens prefilled per step; smaller keeps running streams flowing during long prefills",
         metavar="TOKENS",
+    ),
+    Option(
+        name="mlx_cache_limit",
+        parse=parse_bytes,
+        default=_DEFAULTS.mlx_cache_limit,
+        help="most bytes of freed buffers MLX keeps for reuse (0 keeps none); bounds memory under varied traffic",
+        metavar="BYTES",
     ),
     Option(
         name="admission_window_ms",

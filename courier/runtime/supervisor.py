@@ -52,6 +52,7 @@ from courier.messages.token_counter import TokenCounterMessage
 from courier.runtime.actor import Actor
 from courier.runtime.blas import BlasReport
 from courier.runtime.metrics import CourierMetrics
+from courier.runtime.mlx_memory import limit_cache
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.model_loader import LoadedModel, ModelLoadError, load_model, tool_call_format
 from courier.runtime.model_source import ModelSource
@@ -195,6 +196,7 @@ class Supervisor:
             progress=progress,
             trust_remote_code=self._settings.trust_remote_code,
         )
+        await self._mlx.call(partial(limit_cache, self._settings.mlx_cache_limit))
         try:
             loaded = await self._mlx.call(load)
         except ModelLoadError as error:

@@ -13,10 +13,14 @@ from tests.support.server import RunningServer, running_server
 MAX_BODY_BYTES = 65536
 
 
+MLX_CACHE_LIMIT = 8 * 1024 * 1024
+
+
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
     args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--max-body-bytes", str(MAX_BODY_BYTES)]
-    with running_server(args, env={"COURIER_SERVED_MODEL_NAME": "tiny"}) as running:
+    env = {"COURIER_SERVED_MODEL_NAME": "tiny", "COURIER_MLX_CACHE_LIMIT": str(MLX_CACHE_LIMIT)}
+    with running_server(args, env=env) as running:
         yield running
         assert running.stop() == 0
 
@@ -32,6 +36,13 @@ def test_health_reports_device_blas_and_weight_format(server: RunningServer) -> 
     assert body["weight_format"] == "float32 (from 4-bit affine, group size 32)"
     assert body["blas"]["library"] in ("OpenBLAS", "reference")
     assert body["model_info"]["prompt_cache_trimmable"] is True
+    memory = body["memory"]
+    assert memory["cache_limit_bytes"] == MLX_CACHE_LIMIT
+    assert 0 <= memory["cache_bytes"] <= MLX_CACHE_LIMIT
+    assert memory["active_bytes"] > 0  # the model's weights
+    with server.http() as http:
+        metrics = http.get("/metrics").text
+    assert "courier_mlx_cache_bytes" in metrics and "courier_mlx_active_bytes" in metrics
 
 
 def test_models_list_and_retrieve_with_the_openai_client(server: RunningServer) -> None:
