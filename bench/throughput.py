@@ -38,6 +38,11 @@ stopped before the next one starts. From the repository root:
 
     .venv/bin/python -m bench.throughput [--concurrency 1,4,8,16] [--max-tokens 32]
         [--servers courier,mlx-lm-4bit,mlx-lm-f32] [--cache-dir DIR] [--json PATH]
+        [--quiet-load 0.6 --quiet-timeout 900]
+
+On a shared machine, `--quiet-load L` waits before each server until the 1-minute load
+average is below L (polling every 30 s, at most `--quiet-timeout` seconds, then going on
+anyway); the load each server started under is reported beside it.
 
 Markdown tables go to stdout, progress to stderr. Server logs go to CACHE/bench-logs (kept when --cache-dir is given).
 """
@@ -62,7 +67,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -85,6 +90,8 @@ OPENBLAS_PATH = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 300.0
 READY_POLL_S = 0.5
+QUIET_POLL_S = 30.0
+RETRY_PAUSE_S = 5.0
 STOP_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 900.0
 LOG_TAIL_CHARS = 3000
@@ -172,6 +179,7 @@ class LevelResult:
     ttft_p50_s: float
     ttft_p95_s: float
     streams: list[StreamRecord]
+    retried: bool = False  # the first attempt was refused a connection; these are the second one's figures
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,6 +214,9 @@ class ServerRun:
     command: list[str]
     extra_env: dict[str, str]
     ready_s: float | None = None
+    # The 1-minute load average when its measurement started, and how long it waited for a quiet machine.
+    load_at_start: float | None = None
+    waited_for_quiet_s: float = 0.0
     single_stream: SingleStreamResult | None = None
     levels: list[LevelResult] = field(default_factory=list)
     error: str | None = None
@@ -533,25 +544,65 @@ async def measure_level(
     )
 
 
+@dataclass(slots=True)
+class Measured:
+    """What a server run measured so far: kept when a later part fails."""
+
+    single: SingleStreamResult | None = None
+    levels: list[LevelResult] = field(default_factory=list)
+
+
 async def measure_server(
-    server: str, port: int, single_prompts: Sequence[str], args: argparse.Namespace
-) -> tuple[SingleStreamResult, list[LevelResult]]:
+    server: str, port: int, single_prompts: Sequence[str], args: argparse.Namespace, measured: Measured
+) -> None:
     model = model_id(server)
     pool = PromptPool()
     async with make_client(port) as client:
         await stream_completion(client, model, WARMUP_PROMPT, args.max_tokens)
         progress(f"{server}: single stream, {len(single_prompts)} x {args.single_tokens} tokens")
-        single = await measure_single_stream(client, server, model, single_prompts, args.single_tokens)
-        levels: list[LevelResult] = []
+        measured.single = await measure_single_stream(client, server, model, single_prompts, args.single_tokens)
         for clients in args.concurrency:
             progress(f"{server}: {clients} concurrent streams x {args.max_tokens} tokens")
-            levels.append(await measure_level(client, server, model, pool.take(clients), args.max_tokens))
-    return single, levels
+            try:
+                level = await measure_level(client, server, model, pool.take(clients), args.max_tokens)
+            except openai.APIConnectionError as error:
+                # mlx_lm.server's HTTP server has a small listen backlog: a burst can be refused a connection.
+                # Once more, after a pause, with fresh prompts (the refused ones may be partly cached by now).
+                progress(f"{server}: {clients} streams: {type(error).__name__}: {error}; retrying once")
+                await asyncio.sleep(RETRY_PAUSE_S)
+                level = await measure_level(client, server, model, pool.take(clients), args.max_tokens)
+                level = replace(level, retried=True)
+            measured.levels.append(level)
+
+
+def load_average() -> float | None:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def wait_for_quiet(max_load: float | None, timeout_s: float) -> tuple[float | None, float]:
+    """Wait until the 1-minute load average is below `max_load` (None: don't wait); the load then and the wait."""
+    started = time.monotonic()
+    load = load_average()
+    while max_load is not None and load is not None and load >= max_load:
+        if time.monotonic() - started >= timeout_s:
+            progress(f"load {load:.2f} still >= {max_load} after {timeout_s:.0f} s; measuring anyway")
+            break
+        progress(f"load {load:.2f} >= {max_load}; waiting {QUIET_POLL_S:.0f} s")
+        time.sleep(QUIET_POLL_S)
+        load = load_average()
+    return load, time.monotonic() - started
 
 
 def run_server(
     server: str, model_dir: Path | None, cache_dir: Path, single_prompts: Sequence[str], args: argparse.Namespace
 ) -> ServerRun:
+    load, waited = wait_for_quiet(args.quiet_load, args.quiet_timeout)
+    measured = Measured()
+    ready_s: float | None = None
+    error_text: str | None = None
     port = free_port()
     command = server_command(server, port, cache_dir, model_dir, max(args.concurrency))
     extra_env = server_extra_env(server, args.openblas, cache_dir)
@@ -562,13 +613,20 @@ def run_server(
         with running_server(command, server_env(extra_env), log_path) as process:
             ready_s = wait_until_ready(process, f"http://{HOST}:{port}{ready_path(server)}", log_path)
             progress(f"{server}: ready after {ready_s:.1f} s")
-            single, levels = asyncio.run(measure_server(server, port, single_prompts, args))
+            asyncio.run(measure_server(server, port, single_prompts, args, measured))
     except (BenchmarkError, openai.OpenAIError, httpx.HTTPError, OSError) as error:
-        message = f"{type(error).__name__}: {error}"
-        progress(f"{server}: FAILED: {message}")
-        return ServerRun(name=server, command=command, extra_env=extra_env, error=message)
+        error_text = f"{type(error).__name__}: {error}"
+        progress(f"{server}: FAILED: {error_text}")
     return ServerRun(
-        name=server, command=command, extra_env=extra_env, ready_s=ready_s, single_stream=single, levels=levels
+        name=server,
+        command=command,
+        extra_env=extra_env,
+        ready_s=ready_s,
+        load_at_start=load,
+        waited_for_quiet_s=waited,
+        single_stream=measured.single,
+        levels=measured.levels,
+        error=error_text,
     )
 
 
@@ -638,7 +696,11 @@ def print_commands(runs: Sequence[ServerRun]) -> None:
     print("### Servers\n")
     for run in runs:
         env_text = " ".join(f"{key}={value}" for key, value in run.extra_env.items())
-        status = f"ready in {run.ready_s:.1f} s" if run.ready_s is not None else f"FAILED: {run.error}"
+        status = f"ready in {run.ready_s:.1f} s" if run.ready_s is not None else "not ready"
+        if run.error is not None:
+            status += f"; FAILED after {len(run.levels)} levels: {run.error}"
+        if run.load_at_start is not None:
+            status += f", load {run.load_at_start:.2f} at start"
         print(f"- `{run.name}`: `{(env_text + ' ') if env_text else ''}{' '.join(run.command)}` ({status})")
     print()
 
@@ -672,8 +734,9 @@ def print_sweep(runs: Sequence[ServerRun]) -> None:
     print("|---|---|---|---|---|---|---|")
     for run in runs:
         for level in run.levels:
+            retried = " (retried)" if level.retried else ""
             print(
-                f"| {run.name} | {level.clients} | {level.aggregate_tps:.1f} | {level.ttft_p50_s:.3f} "
+                f"| {run.name} | {level.clients}{retried} | {level.aggregate_tps:.1f} | {level.ttft_p50_s:.3f} "
                 f"| {level.ttft_p95_s:.3f} | {level.completion_tokens} | {level.wall_s:.2f} |"
             )
     print()
@@ -721,6 +784,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--single-tokens", type=int, default=128, help="max tokens per single-stream request (128)")
     parser.add_argument("--single-repeats", type=int, default=3, help="single-stream requests per server (3)")
     parser.add_argument("--compare-at", type=int, default=8, help="client count the targets are checked at (8)")
+    parser.add_argument("--quiet-load", type=float, default=None, help="wait for a 1-minute load below this")
+    parser.add_argument("--quiet-timeout", type=float, default=900.0, help="longest wait for a quiet machine (900 s)")
     parser.add_argument("--openblas", default=OPENBLAS_PATH, help=f"LD_PRELOAD for {MLX_LM_F32} ({OPENBLAS_PATH})")
     return parser.parse_args(argv)
 
@@ -764,6 +829,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     single_prompts = essay_prompts(args.single_repeats)
     runs: list[ServerRun] = []
     with cache_directory(args.cache_dir) as cache_dir:
+        wait_for_quiet(args.quiet_load, args.quiet_timeout)
         dir4, dir_f32, reference = prepare_reference(cache_dir, single_prompts, args, blas)
         model_dirs = {COURIER: None, MLX_LM_4BIT: dir4, MLX_LM_F32: dir_f32}
         for server in args.servers:
@@ -774,6 +840,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "single_tokens": args.single_tokens,
         "single_repeats": args.single_repeats,
         "servers": args.servers,
+        "quiet_load": args.quiet_load,
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
     }
     report = Report(
         environment=environment(blas),

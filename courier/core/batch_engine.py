@@ -6,20 +6,30 @@ and turns the raw tokens into events: detokenized text with stop strings and
 end-of-sequence tokens removed, optional logprobs, and a finish when a sequence
 ends. A failure inside the batched forward pass fails the requests that were in
 the batch and starts a fresh generator, so the engine keeps serving.
+
+Requests admitted together that begin with the same tokens (a system prompt no
+snapshot covers) have that prefix prefilled once and each start from a private copy
+(`core/shared_prefix.py`); requests admitted while it is still in use start from it
+too. `cached_tokens` counts only what the snapshot store served, never a shared
+prefix: that was computed for the requests in flight. With a dense KV cache a
+conversation's boundary snapshot is cut from the prompt's state instead of ending a
+prefill segment there, which saves a forward pass before the first token.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from courier.core.model_state import CachedPrefix, compact_copy, resume
+from courier.core import shared_prefix
+from courier.core.model_state import CachedPrefix, compact_copy, prefill, resume
 from courier.core.sampling import build_sampler
 from courier.core.snapshot_store import Origin
 from courier.core.stop_text import StopTextMatcher
@@ -71,6 +81,19 @@ class BatchLimits:
     max_batch: int
     prefill_batch: int
     prefill_step_size: int
+    # Requests admitted in the same step that share at least this many new prompt tokens prefill them once (0: off).
+    shared_prefix_min_tokens: int = shared_prefix.MIN_SHARED_TOKENS
+
+
+@dataclass(slots=True, kw_only=True)
+class _SharedState:
+    """A prefix prefilled once for requests that share it, kept while any of them is in flight."""
+
+    key: shared_prefix.InFlight  # its tokens; the first `key.start` of them restored from a stored snapshot
+    state: list[Any]  # compact; every request starts from its own copy
+    # The stored snapshot it started from, held so that its identity (`key.origin`) cannot be reused meanwhile.
+    anchor: Any
+    users: set[int] = field(default_factory=set)  # uids of the sequences that started from it
 
 
 @dataclass(slots=True, kw_only=True)
@@ -81,6 +104,10 @@ class _Sequence:
     stop: StopTextMatcher
     cached_tokens: int = 0
     generated: int = 0
+    # A dense cache prefills its history and generation prompt in one segment; its boundary snapshot is then cut
+    # from the state at the end of the prompt (0: none to cut).
+    cut_boundary: int = 0
+    shared: _SharedState | None = None
 
 
 class BatchEngine:
@@ -93,8 +120,12 @@ class BatchEngine:
         # stream created on another thread (mlx-lm's module-level one) costs a cross-thread sync every step.
         self._stream = mx.default_stream(mx.default_device())
         self._generator = self._new_generator()
+        # Plain KV caches only (no sliding window, no recurrent state): the state after a prompt holds the exact
+        # state after each of its prefixes, so a boundary snapshot needs no separate prefill segment.
+        self._dense = all(type(layer) is KVCache for layer in make_prompt_cache(model))
         self._by_uid: dict[int, _Sequence] = {}
         self._uid_by_request: dict[RequestId, int] = {}
+        self._shared: list[_SharedState] = []
 
     @property
     def model(self) -> Any:
@@ -106,8 +137,13 @@ class BatchEngine:
 
     def step(self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId]) -> list[EngineOutput]:
         outputs: list[EngineOutput] = []
-        for request in added:
-            outputs.extend(self._admit(request))
+        starts, failed = self._share_prefixes(added)
+        for index, request in enumerate(added):
+            if index in failed:
+                outputs.append(EngineOutput(request.request_id, GenerationFailed(message=failed[index])))
+            else:
+                outputs.extend(self._admit(request, starts.get(index)))
+        self._shared = [shared for shared in self._shared if shared.users]  # none of its requests could start
         self._cancel(cancelled)
         if not self._by_uid:
             return outputs
@@ -133,13 +169,94 @@ class BatchEngine:
             stream=self._stream,
         )
 
-    def _admit(self, request: EngineRequest) -> list[EngineOutput]:
+    def _share_prefixes(
+        self, added: Sequence[EngineRequest]
+    ) -> tuple[dict[int, tuple[_SharedState, int]], dict[int, str]]:
+        """Where requests start that share a prefix (see `core/shared_prefix.py`), and those that failed.
+
+        A request whose prompt begins with a shared prefix still in flight starts from it (a dense one cut to
+        what they have in common); the others that share a prefix among themselves get it prefilled here, once.
+        Returns index -> (shared state, tokens of it to start from), and index -> why its request failed (a
+        fault in the shared prefill).
+        """
+        starts: dict[int, tuple[_SharedState, int]] = {}
+        failed: dict[int, str] = {}
+        min_tokens = self._limits.shared_prefix_min_tokens
+        if min_tokens <= 0 or not added:
+            return starts, failed
+        candidates = [_candidate(request) for request in added]
+        keys = [shared.key for shared in self._shared]
+        for index, candidate in enumerate(candidates):
+            found = shared_prefix.match_in_flight(candidate, keys, trimmable=self._dense, min_tokens=min_tokens)
+            if found is not None:
+                starts[index] = (self._shared[found[0]], found[1])
+        rest = [index for index in range(len(added)) if index not in starts]
+        # An idle engine prefills a whole shared prefix in this step; a running batch waits for this step, so then
+        # no more than one prefill chunk is shared (the rest is prefilled in the batch, chunk by chunk).
+        most = self._limits.prefill_step_size if self._by_uid else None
+        for group in shared_prefix.plan([candidates[i] for i in rest], min_tokens=min_tokens, max_tokens=most):
+            members = [rest[i] for i in group.members]
+            first = added[members[0]]
+            shared = self._prefill_shared(first, group)
+            if isinstance(shared, str):
+                failed.update(dict.fromkeys(members, shared))
+            elif shared is not None:
+                self._shared.append(shared)
+                starts.update(dict.fromkeys(members, (shared, group.length)))
+                logger.debug(
+                    "shared prefix: %d tokens prefilled once for %d requests", group.shared_tokens, len(members)
+                )
+        return starts, failed
+
+    def _prefill_shared(self, first: EngineRequest, group: shared_prefix.SharedPrefix) -> _SharedState | str | None:
+        """The group's shared prefix, prefilled from where its members start; None: cannot; str: failed (why)."""
+        prompt = first.prompt_tokens
+        anchor = first.prefix.state if first.prefix is not None and group.start > 0 else None
+        cached, cache = resume(first.prefix, len(prompt)) if group.start > 0 else (0, None)
+        if cached != group.start:
+            return None  # the cached prefix cannot be resumed after all: each member starts on its own
+        try:
+            with mx.stream(self._stream):
+                cache = prefill(self._model, prompt[group.start : group.length], cache)
+            state, _ = compact_copy(cache)
+        except Exception as error:  # a fault in the forward pass: fail these requests, keep serving
+            logger.exception("shared prefix prefill failed; failing %d requests", len(group.members))
+            return f"generation failed: {type(error).__name__}: {error}"
+        origin = _candidate(first).origin
+        key = shared_prefix.InFlight(origin=origin, start=group.start, tokens=tuple(prompt[: group.length]))
+        return _SharedState(key=key, state=state, anchor=anchor)
+
+    def _release(self, sequence: _Sequence) -> None:
+        """A sequence left: a shared state no sequence in flight started from is dropped."""
+        shared = sequence.shared
+        if shared is not None:
+            shared.users.discard(sequence.uid)
+            if not shared.users:
+                self._shared = [s for s in self._shared if s is not shared]
+
+    def _admit(self, request: EngineRequest, start_from: tuple[_SharedState, int] | None = None) -> list[EngineOutput]:
         sampling = request.sampling
         prompt = list(request.prompt_tokens)
-        start, cache = resume(request.prefix, len(prompt))
+        shared: _SharedState | None = None
+        if start_from is not None:
+            # From a private copy of a prefix prefilled once for every request that shares it (cut to its first
+            # `start` tokens if it covers more). Only what the snapshot store served counts as cached: a shared
+            # prefix was computed for requests in flight, not kept for later.
+            shared, start = start_from
+            cut = start if start < len(shared.key.tokens) else None
+            cache, cached = compact_copy(shared.state, cut)[0], shared.key.start
+        else:
+            start, cache = resume(request.prefix, len(prompt))
+            cached = start
         segments = [prompt[start:]]
+        cut_boundary = 0
         if start < request.boundary < len(prompt):
-            segments = [prompt[start : request.boundary], prompt[request.boundary :]]
+            if self._dense and request.snapshots and request.boundary < len(prompt) - 1:
+                # One segment, one forward pass less before the first token; the boundary snapshot is cut from the
+                # state at the end of the prompt (all but its last token) when that segment ends.
+                cut_boundary = request.boundary
+            else:
+                segments = [prompt[start : request.boundary], prompt[request.boundary :]]
         try:
             sampler = build_sampler(sampling.temperature, sampling.top_p, sampling.seed)
             (uid,) = self._generator.insert_segments(
@@ -156,12 +273,17 @@ class BatchEngine:
             uid=uid,
             detokenizer=self._tokenizer.detokenizer,
             stop=StopTextMatcher(sampling.stop),
-            cached_tokens=start,
+            cached_tokens=cached,
+            cut_boundary=cut_boundary,
+            shared=shared,
         )
+        if shared is not None:
+            shared.users.add(uid)
         self._uid_by_request[request.request_id] = uid
         if request.snapshots and cache is not None and start >= request.boundary > 0:
-            # Started at or past its history boundary from another session's (or an older) snapshot: keep that
-            # state for this conversation too, or its next turn would find nothing of its own to extend.
+            # Started at or past its history boundary from another session's (or an older) snapshot, or from an
+            # in-batch shared prefix that ends there: keep that state for this conversation too, or its next turn
+            # would find nothing of its own to extend.
             return [EngineOutput(request.request_id, _snapshot(Origin.BOUNDARY, prompt[:start], cache))]
         return []
 
@@ -170,7 +292,7 @@ class BatchEngine:
         if uids:
             self._generator.remove(uids)
             for uid in uids:
-                del self._by_uid[uid]
+                self._release(self._by_uid.pop(uid))
 
     def _advance(self, sequence: _Sequence, response: Any) -> list[EngineOutput]:
         token = int(response.token)
@@ -218,7 +340,11 @@ class BatchEngine:
         return outputs
 
     def _boundary_snapshots(self, prompt_responses: Sequence[Any]) -> list[EngineOutput]:
-        """The state at the end of a conversation's history, just prefilled (end of its first segment)."""
+        """The states at the end of a prefill segment: a conversation's history, and the prompt but its last token.
+
+        With a dense cache the history's state is cut from the prompt's (its first `boundary` positions), in the
+        order a two-segment prefill would give them: history first.
+        """
         wanted = [
             r.uid
             for r in prompt_responses
@@ -229,7 +355,11 @@ class BatchEngine:
         outputs: list[EngineOutput] = []
         for uid, (cache, tokens) in self._generator.extract_cache(wanted).items():
             sequence = self._by_uid[uid]
-            outputs.append(EngineOutput(sequence.request.request_id, _snapshot(Origin.BOUNDARY, tokens, cache)))
+            request_id = sequence.request.request_id
+            cut = sequence.cut_boundary
+            if 0 < cut < len(tokens):
+                outputs.append(EngineOutput(request_id, _snapshot(Origin.BOUNDARY, tokens[:cut], cache, length=cut)))
+            outputs.append(EngineOutput(request_id, _snapshot(Origin.BOUNDARY, tokens, cache)))
         return outputs
 
     def _logprobs(self, sequence: _Sequence, token: int, logprobs: mx.array) -> tuple[TokenLogprob, ...]:
@@ -255,15 +385,31 @@ class BatchEngine:
     def _forget(self, sequence: _Sequence) -> None:
         self._by_uid.pop(sequence.uid, None)
         self._uid_by_request.pop(sequence.request.request_id, None)
+        self._release(sequence)
 
     def _fail_all(self, message: str) -> list[EngineOutput]:
         failed = [EngineOutput(s.request.request_id, GenerationFailed(message=message)) for s in self._by_uid.values()]
         self._by_uid.clear()
         self._uid_by_request.clear()
+        self._shared.clear()
         self._generator = self._new_generator()
         return failed
 
 
-def _snapshot(origin: Origin, tokens: Sequence[int], cache: list[Any]) -> SnapshotTaken:
-    state, nbytes = compact_copy(cache)
+def _candidate(request: EngineRequest) -> shared_prefix.Candidate:
+    length = len(request.prompt_tokens)
+    prefix = request.prefix
+    start = prefix.matched if prefix is not None and 0 < prefix.matched < length else 0
+    # Requests share only when they start from the same state: the same stored snapshot, trimmed alike, or none.
+    origin = (id(prefix.state), prefix.length) if start > 0 and prefix is not None else None
+    return shared_prefix.Candidate(
+        tokens=request.prompt_tokens,
+        start=start,
+        origin=origin,
+        limit=shared_prefix.limit_for(length, start, request.boundary),
+    )
+
+
+def _snapshot(origin: Origin, tokens: Sequence[int], cache: list[Any], length: int | None = None) -> SnapshotTaken:
+    state, nbytes = compact_copy(cache, length)
     return SnapshotTaken(origin=origin, tokens=tuple(tokens), state=state, nbytes=nbytes)
