@@ -24,6 +24,10 @@ Two measurements, in one run and on the same checkpoint:
      `--prompt-concurrency` set to the largest client count (so every stream of a burst joins
      one decode batch and all its prompts prefill together; the defaults are 32 and 8), and
      `--log-level WARNING` (drops the INFO lines it logs for every prompt it processes).
+     `OPENBLAS_CORETYPE` is removed from its environment: OpenBLAS picks its kernels itself,
+     as in the issue's measurement (on this CPU Debian's OpenBLAS 0.3.21 picks `Prescott`).
+   - `mlx-lm-f32-kernels`: the same, plus `OPENBLAS_CORETYPE` set to the kernels Courier's
+     loader chose (`Cooperlake` here): the peer on equal BLAS kernels, for the record.
 
    Both mlx_lm.server runs get `HF_HUB_CACHE` set to an empty directory of their own: its
    `/v1/models` lists the hub cache and fails mid-answer when there is none.
@@ -81,7 +85,9 @@ from courier.runtime.blas import BlasReport, load_optimized_blas
 COURIER = "courier"
 MLX_LM_4BIT = "mlx-lm-4bit"
 MLX_LM_F32 = "mlx-lm-f32"
-SERVER_NAMES = (COURIER, MLX_LM_4BIT, MLX_LM_F32)
+MLX_LM_F32_KERNELS = "mlx-lm-f32-kernels"
+SERVER_NAMES = (COURIER, MLX_LM_4BIT, MLX_LM_F32, MLX_LM_F32_KERNELS)
+F32_SERVERS = (MLX_LM_F32, MLX_LM_F32_KERNELS)
 COURIER_MODEL_ID = "SmolLM2-135M-Instruct"
 # mlx_lm.server maps this id to the model given by --model.
 MLX_LM_MODEL_ID = "default_model"
@@ -228,6 +234,7 @@ class Comparison:
     courier_vs_tuned: float | None
     courier_vs_as_shipped: float | None
     courier_ttft_p95_below_both: bool | None
+    courier_vs_equal_kernels: float | None = None  # against mlx-lm-f32-kernels, for the record
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -381,14 +388,16 @@ def server_command(name: str, port: int, cache_dir: Path, model_dir: Path | None
     if name == COURIER:
         return [venv_script("courier"), "serve", "--port", str(port), "--cache-dir", str(cache_dir)]
     command = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port", str(port)]
-    if name == MLX_LM_F32:
+    if name in F32_SERVERS:
         command += ["--decode-concurrency", str(max_clients), "--prompt-concurrency", str(max_clients)]
         command += ["--log-level", "WARNING"]
     return command
 
 
-def server_extra_env(name: str, openblas: str, cache_dir: Path) -> dict[str, str]:
-    """Environment a server gets on top of ours (which loses any LD_PRELOAD).
+def server_extra_env(name: str, openblas: str, cache_dir: Path, kernels: str | None) -> dict[str, str]:
+    """Environment a server gets on top of ours (which loses LD_PRELOAD and OPENBLAS_CORETYPE).
+
+    Courier chooses its BLAS kernels itself; `mlx-lm-f32-kernels` gets `kernels`, the ones it chose.
 
     mlx_lm.server's `/v1/models` lists the Hugging Face hub cache and fails mid-answer when
     there is none, so it gets an empty one of its own; nothing is loaded from it.
@@ -398,13 +407,15 @@ def server_extra_env(name: str, openblas: str, cache_dir: Path) -> dict[str, str
     hub_cache = cache_dir / "bench-hf-hub"
     hub_cache.mkdir(parents=True, exist_ok=True)
     extra = {"HF_HUB_CACHE": str(hub_cache)}
-    if name == MLX_LM_F32:
+    if name in F32_SERVERS:
         extra["LD_PRELOAD"] = openblas
+    if name == MLX_LM_F32_KERNELS and kernels:
+        extra["OPENBLAS_CORETYPE"] = kernels
     return extra
 
 
 def server_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
+    env = {key: value for key, value in os.environ.items() if key not in {"LD_PRELOAD", "OPENBLAS_CORETYPE"}}
     env.update(extra)
     return env
 
@@ -605,7 +616,7 @@ def run_server(
     error_text: str | None = None
     port = free_port()
     command = server_command(server, port, cache_dir, model_dir, max(args.concurrency))
-    extra_env = server_extra_env(server, args.openblas, cache_dir)
+    extra_env = server_extra_env(server, args.openblas, cache_dir, args.kernels)
     log_path = cache_dir / "bench-logs" / f"{server}.log"
     env_text = " ".join(f"{key}={value}" for key, value in extra_env.items())
     progress(f"{server}: starting {env_text + ' ' if env_text else ''}{' '.join(command)} (log: {log_path})")
@@ -663,6 +674,7 @@ def compare(runs: Sequence[ServerRun], clients: int) -> Comparison:
     courier = level_at(runs, COURIER, clients)
     tuned = level_at(runs, MLX_LM_F32, clients)
     shipped = level_at(runs, MLX_LM_4BIT, clients)
+    equal_kernels = level_at(runs, MLX_LM_F32_KERNELS, clients)
     below_both = None
     if courier is not None and tuned is not None and shipped is not None:
         below_both = courier.ttft_p95_s < min(tuned.ttft_p95_s, shipped.ttft_p95_s)
@@ -671,6 +683,9 @@ def compare(runs: Sequence[ServerRun], clients: int) -> Comparison:
         courier_vs_tuned=courier.aggregate_tps / tuned.aggregate_tps if courier and tuned else None,
         courier_vs_as_shipped=courier.aggregate_tps / shipped.aggregate_tps if courier and shipped else None,
         courier_ttft_p95_below_both=below_both,
+        courier_vs_equal_kernels=(
+            courier.aggregate_tps / equal_kernels.aggregate_tps if courier and equal_kernels else None
+        ),
     )
 
 
@@ -750,6 +765,8 @@ def print_comparison(comparison: Comparison) -> None:
     print(f"- Courier / tuned mlx_lm.server (float32, OpenBLAS): {vs_tuned}")
     print(f"- Courier / as-shipped mlx_lm.server (4-bit): {vs_shipped}")
     print(f"- Courier TTFT p95 below both: {'n/a' if below is None else ('yes' if below else 'no')}")
+    if comparison.courier_vs_equal_kernels is not None:
+        print(f"- Courier / mlx_lm.server on the same BLAS kernels: {comparison.courier_vs_equal_kernels:.2f}x")
 
 
 def write_json(report: Report, path: Path) -> None:
@@ -809,7 +826,7 @@ def prepare_reference(
     progress(f"4-bit directory: {dir4}; dequantizing to float32")
     model, tokenizer = load_float32(dir4)
     dir_f32 = None
-    if MLX_LM_F32 in args.servers:
+    if any(server in args.servers for server in F32_SERVERS):
         dir_f32 = save_float32_dir(model, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
         progress(f"float32 directory: {dir_f32}")
     progress(f"in-process mlx-lm: {len(single_prompts)} x {args.single_tokens} tokens")
@@ -821,17 +838,19 @@ def prepare_reference(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if MLX_LM_F32 in args.servers and not Path(args.openblas).is_file():
+    if any(server in args.servers for server in F32_SERVERS) and not Path(args.openblas).is_file():
         progress(f"OpenBLAS not found at {args.openblas}; pass --openblas PATH or leave out {MLX_LM_F32}")
         return 2
-    # Before anything imports MLX, so the in-process reference runs on OpenBLAS as Courier does.
+    # Before anything imports MLX, so the in-process reference runs on OpenBLAS, with the kernels Courier picks.
+    os.environ.pop("OPENBLAS_CORETYPE", None)
     blas = load_optimized_blas()
+    args.kernels = blas.kernels
     single_prompts = essay_prompts(args.single_repeats)
     runs: list[ServerRun] = []
     with cache_directory(args.cache_dir) as cache_dir:
         wait_for_quiet(args.quiet_load, args.quiet_timeout)
         dir4, dir_f32, reference = prepare_reference(cache_dir, single_prompts, args, blas)
-        model_dirs = {COURIER: None, MLX_LM_4BIT: dir4, MLX_LM_F32: dir_f32}
+        model_dirs = {COURIER: None, MLX_LM_4BIT: dir4, MLX_LM_F32: dir_f32, MLX_LM_F32_KERNELS: dir_f32}
         for server in args.servers:
             runs.append(run_server(server, model_dirs[server], cache_dir, single_prompts, args))
     settings = {
@@ -841,7 +860,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "single_repeats": args.single_repeats,
         "servers": args.servers,
         "quiet_load": args.quiet_load,
-        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "openblas_kernels": blas.kernels,
+        "openblas_kernel_choice": blas.kernel_choice,
     }
     report = Report(
         environment=environment(blas),

@@ -52,7 +52,14 @@ def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> in
         logger.error("%s", error)
         return EXIT_USAGE
     if blas.optimized:
-        logger.info("BLAS: %s %s (%s)", blas.library, blas.path or "", blas.detail)
+        logger.info(
+            "BLAS: %s %s (%s); kernels %s (%s)",
+            blas.library,
+            blas.path or "",
+            blas.detail,
+            blas.kernels or "unknown",
+            blas.kernel_choice or "not checked",
+        )
     else:
         logger.warning(
             "BLAS: MLX's reference BLAS (%s); CPU inference will be ~10x slower. "

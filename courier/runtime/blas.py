@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from courier.runtime.openblas_core import CoreChoice, choose_core
+
 logger = logging.getLogger(__name__)
 
 # Debian/Ubuntu multiarch paths (package libopenblas0-pthread) and the common fallbacks.
@@ -39,9 +41,18 @@ class BlasReport:
     path: str | None
     optimized: bool
     detail: str
+    kernels: str | None = None  # OpenBLAS's core name, e.g. "Cooperlake"
+    kernel_choice: str | None = None  # why those kernels: the library's own pick or OPENBLAS_CORETYPE
 
     def as_dict(self) -> dict[str, object]:
-        return {"library": self.library, "path": self.path, "optimized": self.optimized, "detail": self.detail}
+        return {
+            "library": self.library,
+            "path": self.path,
+            "optimized": self.optimized,
+            "detail": self.detail,
+            "kernels": self.kernels,
+            "kernel_choice": self.kernel_choice,
+        }
 
 
 _loaded: BlasReport | None = None
@@ -74,6 +85,7 @@ def _choose(choice: str) -> BlasReport:
     candidates = [choice] if choice != AUTO else _auto_candidates()
     failures: list[str] = []
     for candidate in candidates:
+        core = choose_core(candidate)
         try:
             handle = ctypes.CDLL(candidate, mode=os.RTLD_GLOBAL)
         except OSError as error:
@@ -82,7 +94,14 @@ def _choose(choice: str) -> BlasReport:
         if not hasattr(handle, "cblas_sgemm"):
             failures.append(f"{candidate}: no cblas_sgemm symbol")
             continue
-        return BlasReport(library="OpenBLAS", path=candidate, optimized=True, detail=_openblas_config(handle))
+        return BlasReport(
+            library="OpenBLAS",
+            path=candidate,
+            optimized=True,
+            detail=_openblas_config(handle),
+            kernels=_openblas_corename(handle),
+            kernel_choice=_describe(core),
+        )
     if choice != AUTO:
         raise OSError(f"cannot use BLAS library {choice!r}: {'; '.join(failures)}")
     reason = "; ".join(failures) if failures else "no OpenBLAS found"
@@ -99,6 +118,24 @@ def _auto_candidates() -> list[str]:
     if found:
         candidates.append(found)
     return list(dict.fromkeys(candidates))
+
+
+def _describe(core: CoreChoice | None) -> str | None:
+    if core is None:
+        return None
+    if core.chosen is None:
+        return core.reason
+    return f"OPENBLAS_CORETYPE={core.chosen}: {core.reason}"
+
+
+def _openblas_corename(handle: ctypes.CDLL) -> str | None:
+    try:
+        get_corename = handle.openblas_get_corename
+    except AttributeError:
+        return None
+    get_corename.restype = ctypes.c_char_p
+    raw = get_corename()
+    return raw.decode(errors="replace").strip() if isinstance(raw, bytes) else None
 
 
 def _openblas_config(handle: ctypes.CDLL) -> str:
