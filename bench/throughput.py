@@ -394,7 +394,7 @@ def server_command(name: str, port: int, cache_dir: Path, model_dir: Path | None
     return command
 
 
-def server_extra_env(name: str, openblas: str, cache_dir: Path, kernels: str | None) -> dict[str, str]:
+def server_extra_env(name: str, openblas: str, cache_dir: Path, kernels: str | None = None) -> dict[str, str]:
     """Environment a server gets on top of ours (which loses LD_PRELOAD and OPENBLAS_CORETYPE).
 
     Courier chooses its BLAS kernels itself; `mlx-lm-f32-kernels` gets `kernels`, the ones it chose.

@@ -31,7 +31,7 @@ ensure_openblas() {
     fi
 }
 
-# $1: the pip install target ("." or ".[dev]"); reinstalls when pyproject.toml changes.
+# $1: the pip install target ("." or ".[dev,vision]"); reinstalls when pyproject.toml changes.
 ensure_venv() {
     local target=$1 stamp
     require_python
@@ -60,7 +60,7 @@ case "$command" in
         exec "$VENV/bin/courier" serve "$@"
         ;;
     test)
-        ensure_venv ".[dev]"
+        ensure_venv ".[dev,vision]"
         log "ruff"
         "$VENV/bin/ruff" check courier tests bench traces
         "$VENV/bin/ruff" format --check courier tests bench traces

@@ -19,6 +19,7 @@ from courier.runtime.model_source import embedded_gguf_path  # noqa: E402
 from courier.runtime.progress import Progress  # noqa: E402
 from courier.runtime.tracing import configure_tracing  # noqa: E402
 from tests.support import tiny_models  # noqa: E402
+from tests.support.tiny_vision_model import build_tiny_vision_model  # noqa: E402
 
 _SPANS = InMemorySpanExporter()
 # The global tracer provider can be set once per process: this is the test suite's.
@@ -51,3 +52,10 @@ def tiny_llama_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="session")
 def tiny_qwen3_next_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_models.build_qwen3_next(smollm2_dir, tmp_path_factory.mktemp("tiny-qwen3-next"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight SmolVLM (needs mlx-vlm, the `vision` extra)."""
+    pytest.importorskip("mlx_vlm")
+    return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision"))

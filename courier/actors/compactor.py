@@ -7,7 +7,9 @@ same render as `/v1/responses/input_tokens`), selects what to keep
 tools, thinking off) like any request, and replies `CompactionResult` with the
 capsule, or `RequestFailed`: 400 `context_length_exceeded` when the history or
 the summary prompt does not fit or the summary is not shorter than what it
-replaces, 502 when the summary is empty or cut by `max_output_tokens`. The
+replaces, 502 when the summary is empty or cut by `max_output_tokens`. With a
+vision model the counts and the summary carry the images, read through the
+media fetcher once per compaction (one `FetchMemo` for all of it). The
 caller's context is never replaced on failure. After a success it asks for the
 compacted context to be prefilled while the server is idle, so the next turn
 starts from cache. Compactions run concurrently (up to `MAX_CONCURRENT`,
@@ -37,6 +39,7 @@ from courier.history.items import is_instruction, message_item, new_id, text_par
 from courier.history.replay import expand
 from courier.history.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS, segments, select
 from courier.history.summary_prompt import summary_messages
+from courier.media.images import FetchedImage
 from courier.messages.base import FailureKind, RequestFailed, RequestId
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage, CompactReply
 from courier.messages.generation import FinishReason, GenerationFinished, SamplingParams, TokensGenerated
@@ -48,6 +51,7 @@ from courier.messages.ingress import (
     IngressMessage,
     WarmUpConversation,
 )
+from courier.messages.media import FetchImages, FetchMemo, FetchReply, ImageRef, MediaFetcherMessage
 from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeReply, TokenizeResult
 from courier.runtime.actor import ActorBusy, ActorStopped, ask
 from courier.runtime.concurrent_actor import ConcurrentActor
@@ -82,9 +86,12 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         ingress: MemoryObjectSendStream[IngressMessage],
         codec: CapsuleCodec,
         limits: CompactorLimits,
+        *,
+        media_fetcher: MemoryObjectSendStream[MediaFetcherMessage] | None = None,
     ) -> None:
         super().__init__()
         self._token_counter = token_counter
+        self._media_fetcher = media_fetcher  # None: the model accepts text only
         self._ingress = ingress
         self._codec = codec
         self._limits = limits
@@ -104,9 +111,11 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             raise _Refused(_invalid(f"compaction item: {error}", "input")) from None
         instructions = [item for item in items if is_instruction(item)]
         history = [item for item in items if not is_instruction(item)]
+        # Every count and the summary read each image once: the counts render the history many times.
+        memo = FetchMemo()
         with tracer().start_as_current_span("compactor.selection") as span:
             parts = segments(history)
-            costs = [await self._count(chat_messages(None, part)) for part in parts]
+            costs = [await self._count(part, message.items, memo) for part in parts]
             keep_tokens = message.keep_tokens or self.default_keep_tokens()
             selection = select(parts, costs, keep_tokens)
             span.set_attributes(
@@ -121,7 +130,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             raise _Refused(_invalid("nothing to compact: the whole history is kept verbatim", "input"))
         summarized_tokens = sum(costs[index] for index in selection.summarized)
         retained = [item for index in selection.retained for item in parts[index]]
-        summary, finished = await self._summarize(summarized, message)
+        summary, finished = await self._summarize(summarized, message, memo)
         if finished.completion_tokens >= summarized_tokens:
             raise _Refused(
                 _invalid(
@@ -163,16 +172,34 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
     def default_keep_tokens(self) -> int:
         return min(self._limits.context_length // DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS)
 
-    async def _count(self, messages: list[JsonObject]) -> int:
+    async def _count(self, items: Sequence[JsonObject], request_items: Sequence[JsonObject], memo: FetchMemo) -> int:
+        """The tokens `items` render to, images included (a vision model's image tokens depend on the image)."""
+        messages = chat_messages(None, items)
+        images = await self._images(image_refs(items, request_items), memo)
         result: TokenizeReply = await ask(
             self._token_counter,
-            lambda reply: TokenizeChat(messages=messages, tools=None, add_generation_prompt=False, reply=reply),
+            lambda reply: TokenizeChat(
+                messages=messages, tools=None, add_generation_prompt=False, reply=reply, images=images
+            ),
         )
         if not isinstance(result, TokenizeResult):
             raise _Refused(result)
         return len(result.tokens)
 
-    async def _summarize(self, items: Sequence[JsonObject], message: CompactHistory) -> tuple[str, GenerationFinished]:
+    async def _images(self, refs: Sequence[ImageRef], memo: FetchMemo) -> tuple[FetchedImage, ...]:
+        """A vision model's images for a count, each read once per compaction (none for a text-only model)."""
+        if not refs or self._media_fetcher is None:
+            return ()
+        fetched: FetchReply = await ask(
+            self._media_fetcher, lambda reply: FetchImages(images=refs, memo=memo, reply=reply)
+        )
+        if isinstance(fetched, RequestFailed):
+            raise _Refused(fetched)
+        return fetched.images
+
+    async def _summarize(
+        self, items: Sequence[JsonObject], message: CompactHistory, memo: FetchMemo
+    ) -> tuple[str, GenerationFinished]:
         # The summarized part's images go with it: a text-only model refuses them at admission, naming the part.
         images = image_refs(items, message.items)
         prompt = ChatPrompt(messages=summary_messages(items), tools=None, thinking=False, images=images)
@@ -187,6 +214,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
                 reply=reply,
                 session=message.session,
                 cache_prompt=False,
+                memo=memo,
             ),
         )
         if not isinstance(admitted, Admitted):

@@ -3,11 +3,14 @@
 Receives `AdmitGeneration`; refuses at once (OVERLOADED) while the scheduler is
 at capacity, before any rendering; admits image parts before any fetch message
 exists (the `--max-images` cap, then the model: a text-only model refuses them,
-naming itself and the part); asks the token counter to render and count the
-prompt, refuses a prompt that with its requested output would overflow the
-model's context (400 `context_length_exceeded`), then asks the scheduler to
-queue it. Replies `Admitted` with the request's event stream, or `RequestFailed`
-(invalid input, or OVERLOADED when the scheduler's queue is full). Invariant: a
+naming itself and the part); has a vision model's images fetched (the media
+fetcher, each URL once per request or per the caller's memo); asks the token
+counter to render and count the prompt (with the images: their placeholders
+expanded, their pixels prepared), refuses a prompt that with its requested
+output would overflow the model's context (400 `context_length_exceeded`), then
+asks the scheduler to queue it, with the images' digest for the prompt cache.
+Replies `Admitted` with the request's event stream, or `RequestFailed` (invalid
+input, or OVERLOADED when the scheduler's queue is full). Invariant: a
 refused request leaves nothing queued and no stream open.
 """
 
@@ -20,6 +23,8 @@ from dataclasses import replace
 from anyio import BrokenResourceError, ClosedResourceError, WouldBlock, create_memory_object_stream
 from anyio.streams.memory import MemoryObjectSendStream
 
+from courier.history.chat_content import has_images
+from courier.media.images import FetchedImage
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.generation import GenerationEvent
 from courier.messages.ingress import (
@@ -31,7 +36,15 @@ from courier.messages.ingress import (
     TokenPrompt,
     WarmUpConversation,
 )
-from courier.messages.media import ImageRef
+from courier.messages.media import (
+    FetchImages,
+    FetchMemo,
+    FetchReply,
+    ImageRef,
+    ImagesFetched,
+    MediaFetcherMessage,
+    VisionInputs,
+)
 from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration, SubmitReply
 from courier.messages.token_counter import (
     TokenCounterMessage,
@@ -60,8 +73,10 @@ class IngressActor(Actor[IngressMessage]):
         model_id: str,
         max_images: int,
         scheduler_stats: SchedulerStats,
+        media_fetcher: MemoryObjectSendStream[MediaFetcherMessage] | None = None,
     ) -> None:
         self._token_counter = token_counter
+        self._media_fetcher = media_fetcher  # None: the model accepts text only
         self._scheduler = scheduler
         self._context_length = context_length
         self._vocabulary_size = vocabulary_size
@@ -77,7 +92,12 @@ class IngressActor(Actor[IngressMessage]):
                 await self._on_warm_up_conversation(message)
 
     async def _on_warm_up_conversation(self, message: WarmUpConversation) -> None:
-        """Render the history through the reply, as the next turn will, and queue it for an idle scheduler."""
+        """Render the history through the reply, as the next turn will, and queue it for an idle scheduler.
+
+        Not for a history with images: its state belongs to those images' bucket, and preparing it would read
+        them again; the turn's completion snapshot already serves the next turn."""
+        if has_images(message.messages):
+            return
         try:
             result: TokenizeReply = await ask(
                 self._token_counter,
@@ -107,7 +127,7 @@ class IngressActor(Actor[IngressMessage]):
         rendered = await self._prompt_tokens(message)
         if isinstance(rendered, RequestFailed):
             return rendered
-        tokens, boundary = rendered
+        tokens, boundary, vision = rendered
         param = "messages" if isinstance(message.prompt, ChatPrompt) else "prompt"
         if not tokens:
             return _invalid("the prompt is empty", param)
@@ -129,6 +149,7 @@ class IngressActor(Actor[IngressMessage]):
                     session=message.session,
                     boundary=boundary,
                     cache_prompt=message.cache_prompt,
+                    vision=vision,
                 ),
             )
         except BaseException:
@@ -151,15 +172,16 @@ class IngressActor(Actor[IngressMessage]):
             full = f"the server is at capacity ({stats.max_batch} running, {stats.max_queue} waiting); retry shortly"
             return RequestFailed(kind=FailureKind.OVERLOADED, message=full, code="queue_full")
         if isinstance(message.prompt, ChatPrompt) and message.prompt.images:
-            return self._refuse_images(message.prompt.images)
+            return self._refused_images(message.prompt.images)
         return None
 
-    def _refuse_images(self, images: Sequence[ImageRef]) -> RequestFailed:
-        """Image admission, before any fetch exists: the count cap, then the model (every model served today
-        is text-only, so an admitted image request cannot happen yet and nothing is ever fetched for one)."""
+    def _refused_images(self, images: Sequence[ImageRef]) -> RequestFailed | None:
+        """Image admission, before any fetch exists: the count cap, then the model."""
         if len(images) > self._max_images:
             message = f"{len(images)} images in one request; at most {self._max_images} are accepted (--max-images)"
             return _invalid(message, images[self._max_images].param)
+        if self._media_fetcher is not None:
+            return None
         first = images[0].param
         message = (
             f"The model '{self._model_id}' accepts text only, and {first} is an image; send text, or serve a vision "
@@ -169,14 +191,28 @@ class IngressActor(Actor[IngressMessage]):
             kind=FailureKind.INVALID_REQUEST, message=message, param=first, code="model_not_multimodal"
         )
 
-    async def _prompt_tokens(self, message: AdmitGeneration) -> tuple[tuple[int, ...], int] | RequestFailed:
-        """The prompt's tokens and, for chat, where the conversation's history ends in them."""
+    async def _fetch_images(self, message: AdmitGeneration) -> tuple[FetchedImage, ...] | RequestFailed:
+        """An admitted request's images, read by the media fetcher (none for a prompt without them)."""
+        prompt = message.prompt
+        if not isinstance(prompt, ChatPrompt) or not prompt.images or self._media_fetcher is None:
+            return ()
+        refs, memo = prompt.images, message.memo or FetchMemo()
+        fetched: FetchReply = await ask(
+            self._media_fetcher, lambda reply: FetchImages(images=refs, memo=memo, reply=reply)
+        )
+        return fetched.images if isinstance(fetched, ImagesFetched) else fetched
+
+    async def _prompt_tokens(
+        self, message: AdmitGeneration
+    ) -> tuple[tuple[int, ...], int, VisionInputs | None] | RequestFailed:
+        """The prompt's tokens, where a chat's history ends in them, and its images prepared for the model
+        (fetched first: admission, then fetch, then render)."""
         prompt = message.prompt
         if isinstance(prompt, TokenPrompt):
             out_of_range = [token for token in prompt.tokens if not 0 <= token < self._vocabulary_size]
             if out_of_range:
                 return _invalid(f"token ids outside the vocabulary (0..{self._vocabulary_size - 1})", "prompt")
-            return prompt.tokens, 0
+            return prompt.tokens, 0, None
         if isinstance(prompt, TextPrompt):
             text = prompt.text
             result: TokenizeReply = await ask(
@@ -184,6 +220,9 @@ class IngressActor(Actor[IngressMessage]):
             )
         else:
             chat = prompt
+            images = await self._fetch_images(message)
+            if isinstance(images, RequestFailed):
+                return images
             result = await ask(
                 self._token_counter,
                 lambda reply: TokenizeChat(
@@ -193,9 +232,12 @@ class IngressActor(Actor[IngressMessage]):
                     reply=reply,
                     with_history_boundary=message.cache_prompt,
                     thinking=chat.thinking,
+                    images=images,
                 ),
             )
-        return (result.tokens, result.history_boundary) if isinstance(result, TokenizeResult) else result
+        if not isinstance(result, TokenizeResult):
+            return result
+        return result.tokens, result.history_boundary, result.vision
 
 
 def _invalid(message: str, param: str) -> RequestFailed:

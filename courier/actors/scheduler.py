@@ -51,6 +51,8 @@ from courier.runtime.tracing import TraceCarrier, current_carrier
 SHUTDOWN_MESSAGE = "the server is shutting down"
 # Warm-ups waiting for an idle moment, one per session, newest kept.
 WARM_UP_QUEUE = 8
+# An idle scheduler gathers a burst for at most this many admission windows.
+_BURST_WINDOWS = 5
 
 
 @dataclass(slots=True, kw_only=True)
@@ -62,6 +64,8 @@ class _Queued:
     queued_at: float
     # The request's trace, so the snapshot store's spans for it join the request's trace.
     trace: TraceCarrier
+    # The prompt's images' digest: its snapshots live in the model's bucket for exactly these images.
+    media_digest: str = ""
     first_token_seen: bool = False
 
 
@@ -144,6 +148,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             sampling=message.sampling,
             boundary=message.boundary if caching else 0,
             snapshots=caching,
+            vision=message.vision,
         )
         queued = _Queued(
             request=request,
@@ -152,6 +157,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             cache_prompt=caching,
             queued_at=time.monotonic(),
             trace=current_carrier(),
+            media_digest=message.vision.digest if message.vision is not None else "",
         )
         self._waiting.append(queued)
         self._update_counts()
@@ -170,15 +176,31 @@ class SchedulerActor(Actor[SchedulerMessage]):
                     continue
                 self._wake = anyio.Event()
                 await self._wake.wait()
-                # Requests that arrive together (a burst of clients) get one batched prefill instead of a lone
-                # first prefill that delays all the others; only an idle engine waits, never a running batch.
-                await anyio.sleep(self._admission_window_s)
+                await self._gather_burst()
                 continue
             self._drop_abandoned()
             added = await self._promote()
             cancelled, self._cancelled = self._cancelled, []
             outputs = await self._mlx.call(partial(engine.step, added, cancelled))
             self._deliver(outputs)
+
+    async def _gather_burst(self) -> None:
+        """Let a burst of arrivals gather so it is prefilled as one batch; only an idle engine waits.
+
+        The wait lasts while requests keep arriving at most one window apart (a burst of clients sent
+        by one process takes longer than one window to arrive), up to `_BURST_WINDOWS` windows in all,
+        and ends early once a full batch waits. A lone request waits one window.
+        """
+        window = self._admission_window_s
+        if window <= 0:
+            return
+        deadline = time.monotonic() + window * _BURST_WINDOWS
+        while True:
+            seen = len(self._waiting)
+            await anyio.sleep(window)
+            arrived = len(self._waiting) > seen
+            if not arrived or len(self._waiting) >= self._stats.max_batch or time.monotonic() >= deadline:
+                return
 
     async def _promote(self) -> list[EngineRequest]:
         added: list[EngineRequest] = []
@@ -193,24 +215,29 @@ class SchedulerActor(Actor[SchedulerMessage]):
         request = queued.request
         if not queued.cache_prompt:
             return request
-        prefix = await self._lookup(queued.session, request.prompt_tokens, queued.trace)
+        found = await self._ask_store(queued.session, request.prompt_tokens, queued.trace, queued.media_digest)
+        prefix = _cached_prefix(found)
         return replace(request, prefix=prefix) if prefix is not None else request
 
-    async def _lookup(self, session: str, tokens: tuple[int, ...], trace: TraceCarrier) -> CachedPrefix | None:
-        return _cached_prefix(await self._ask_store(session, tokens, trace))
-
     async def _ask_store(
-        self, session: str, tokens: tuple[int, ...], trace: TraceCarrier, *, check_extended: bool = False
+        self,
+        session: str,
+        tokens: tuple[int, ...],
+        trace: TraceCarrier,
+        media_digest: str = "",
+        *,
+        check_extended: bool = False,
     ) -> LookupReply | None:
         caching = self._caching
         if caching is None:
             return None
+        bucket = replace(caching.bucket, media_digest=media_digest)
         try:
             found: LookupReply = await ask(
                 caching.store,
                 lambda reply: LookupPrefix(
                     trace=trace,
-                    bucket=caching.bucket,
+                    bucket=bucket,
                     session=session,
                     tokens=tokens,
                     reply=reply,
@@ -276,14 +303,14 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 self._end(output.request_id)
 
     def _keep_snapshot(self, running: _Queued, snapshot: SnapshotTaken) -> None:
-        self._insert(running.session, snapshot, running.trace)
+        self._insert(running.session, snapshot, running.trace, running.media_digest)
 
-    def _insert(self, session: str, snapshot: SnapshotTaken, trace: TraceCarrier) -> None:
+    def _insert(self, session: str, snapshot: SnapshotTaken, trace: TraceCarrier, media_digest: str = "") -> None:
         if self._caching is None:
             return
         message = InsertSnapshot(
             trace=trace,
-            bucket=self._caching.bucket,
+            bucket=replace(self._caching.bucket, media_digest=media_digest),
             session=session,
             origin=snapshot.origin,
             tokens=snapshot.tokens,

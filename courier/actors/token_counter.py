@@ -16,7 +16,10 @@ import anyio
 from jinja2 import TemplateError
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from courier.history.chat_content import as_parts
+from courier.media.images import combined_digest
 from courier.messages.base import FailureKind, RequestFailed
+from courier.messages.media import VisionInputs
 from courier.messages.token_counter import (
     Detokenize,
     DetokenizeResult,
@@ -26,6 +29,7 @@ from courier.messages.token_counter import (
     TokenizeText,
 )
 from courier.runtime.actor import Actor
+from courier.vision.processing import ImageProcessor
 
 T = TypeVar("T")
 
@@ -33,8 +37,9 @@ T = TypeVar("T")
 class TokenCounterActor(Actor[TokenCounterMessage]):
     name = "token_counter"
 
-    def __init__(self, tokenizer: TokenizerWrapper) -> None:
+    def __init__(self, tokenizer: TokenizerWrapper, images: ImageProcessor | None = None) -> None:
         self._tokenizer = tokenizer
+        self._images = images
         self._vocabulary_size = len(tokenizer.get_vocab())
 
     async def handle(self, message: TokenCounterMessage) -> None:
@@ -80,6 +85,8 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             await message.reply.send(DetokenizeResult(text=text))
 
     def _chat_tokens(self, message: TokenizeChat) -> TokenizeResult:
+        if message.images:
+            return self._chat_tokens_with_images(message)
         tokens = self._render_chat(message.messages, message.tools, message.add_generation_prompt, message.thinking)
         if not message.with_history_boundary:
             return TokenizeResult(tokens=tuple(tokens))
@@ -88,6 +95,16 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         history = self._render_chat(message.messages, message.tools, False, message.thinking)
         return TokenizeResult(tokens=tuple(tokens), history_boundary=_common_prefix(history, tokens))
 
+    def _chat_tokens_with_images(self, message: TokenizeChat) -> TokenizeResult:
+        """The template writes a placeholder per image; the model's processor expands each into its image tokens
+        and prepares the pixels. No history boundary: the history's own render would need its images too."""
+        if self._images is None:
+            raise ValueError("the model takes no images")
+        text = self._render_text(message.messages, message.tools, message.add_generation_prompt, message.thinking)
+        tokens, arrays = self._images.encode(text, message.images)
+        vision = VisionInputs(arrays=arrays, digest=combined_digest(message.images), image_count=len(message.images))
+        return TokenizeResult(tokens=tuple(tokens), vision=vision)
+
     def _render_chat(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -95,14 +112,34 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         add_generation_prompt: bool,
         thinking: bool = True,
     ) -> list[int]:
+        rendered = self._render_text(messages, tools, add_generation_prompt, thinking)
+        return list(self._tokenizer.encode(rendered, add_special_tokens=False))
+
+    def _render_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        add_generation_prompt: bool,
+        thinking: bool = True,
+    ) -> str:
         rendered = self._tokenizer.apply_chat_template(
-            [dict(item) for item in messages],
+            [self._for_template(item) for item in messages],
             tools=[dict(tool) for tool in tools] if tools else None,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
             **({} if thinking else {"enable_thinking": False}),
         )
-        return list(self._tokenizer.encode(rendered, add_special_tokens=False))
+        return str(rendered)
+
+    def _for_template(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """A vision model's template iterates over content parts; a text-only one wants the text (image parts
+        reach it only in counts, never in a generation: the ingress refuses them first)."""
+        content = message.get("content")
+        if self._images is not None:
+            return {**message, "content": as_parts(content)}
+        if isinstance(content, list):
+            return {**message, "content": "".join(part.get("text", "") for part in content)}
+        return dict(message)
 
 
 async def _off_loop(work: Callable[[], T]) -> T:

@@ -29,7 +29,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.core import shared_prefix
-from courier.core.model_state import CachedPrefix, compact_copy, prefill, resume
+from courier.core.model_state import CachedPrefix, compact_copy, prefill, prefill_embedded, resume
 from courier.core.sampling import build_sampler
 from courier.core.snapshot_store import Origin
 from courier.core.stop_text import StopTextMatcher
@@ -43,6 +43,8 @@ from courier.messages.generation import (
     TokenLogprob,
     TokensGenerated,
 )
+from courier.messages.media import VisionInputs
+from courier.vision.embedder import ImageEmbedder
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,7 @@ class EngineRequest:
     # Where the conversation's history ends in the prompt: a boundary snapshot is taken there (0: none).
     boundary: int = 0
     snapshots: bool = False
+    vision: VisionInputs | None = None  # the prompt's images (a vision-language model only)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,8 +114,11 @@ class _Sequence:
 
 
 class BatchEngine:
-    def __init__(self, model: Any, tokenizer: TokenizerWrapper, limits: BatchLimits) -> None:
+    def __init__(
+        self, model: Any, tokenizer: TokenizerWrapper, limits: BatchLimits, embedder: ImageEmbedder | None = None
+    ) -> None:
         self._model = model
+        self._embedder = embedder
         self._tokenizer = tokenizer
         self._limits = limits
         self._eos = frozenset(int(token) for token in tokenizer.eos_token_ids)
@@ -248,6 +254,13 @@ class BatchEngine:
         else:
             start, cache = resume(request.prefix, len(prompt))
             cached = start
+        if request.vision is not None:
+            try:
+                start, cache = self._prefill_images(request, start, cache)
+            except Exception as error:  # a fault in the vision tower or the prefill: fail this request only
+                logger.exception("image prefill failed for %s", request.request_id)
+                failed = GenerationFailed(message=f"generation failed: {type(error).__name__}: {error}")
+                return [EngineOutput(request.request_id, failed)]
         segments = [prompt[start:]]
         cut_boundary = 0
         if start < request.boundary < len(prompt):
@@ -286,6 +299,27 @@ class BatchEngine:
             # would find nothing of its own to extend.
             return [EngineOutput(request.request_id, _snapshot(Origin.BOUNDARY, prompt[:start], cache))]
         return []
+
+    def _prefill_images(self, request: EngineRequest, start: int, cache: Any) -> tuple[int, Any]:
+        """Prefill through the prompt's last image token from input embeddings (the vision tower's features in
+        the image tokens' places), at batch size one; the rest of the prompt joins the batch as text.
+
+        Returns where the batch takes over and the state so far (unchanged when a stored snapshot of the same
+        images already covers them).
+        """
+        vision, embedder = request.vision, self._embedder
+        if vision is None:
+            return start, cache
+        if embedder is None:
+            raise ValueError("the model takes no images")
+        prompt = request.prompt_tokens
+        end = min(embedder.image_span_end(prompt), len(prompt) - 1)
+        if end <= start:
+            return start, cache
+        with mx.stream(self._stream):
+            embeddings = embedder.embeddings(prompt, vision.arrays)
+            cache = prefill_embedded(self._model, prompt, embeddings, cache, start=start, end=end)
+        return end, cache
 
     def _cancel(self, request_ids: Sequence[RequestId]) -> None:
         uids = [uid for request_id in request_ids if (uid := self._uid_by_request.pop(request_id, None)) is not None]
@@ -402,12 +436,9 @@ def _candidate(request: EngineRequest) -> shared_prefix.Candidate:
     start = prefix.matched if prefix is not None and 0 < prefix.matched < length else 0
     # Requests share only when they start from the same state: the same stored snapshot, trimmed alike, or none.
     origin = (id(prefix.state), prefix.length) if start > 0 and prefix is not None else None
-    return shared_prefix.Candidate(
-        tokens=request.prompt_tokens,
-        start=start,
-        origin=origin,
-        limit=shared_prefix.limit_for(length, start, request.boundary),
-    )
+    # A prompt with images shares nothing: its image tokens stand for pixels other prompts do not have.
+    limit = 0 if request.vision is not None else shared_prefix.limit_for(length, start, request.boundary)
+    return shared_prefix.Candidate(tokens=request.prompt_tokens, start=start, origin=origin, limit=limit)
 
 
 def _snapshot(origin: Origin, tokens: Sequence[int], cache: list[Any], length: int | None = None) -> SnapshotTaken:

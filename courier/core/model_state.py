@@ -55,6 +55,20 @@ def prefill(model: Any, tokens: Sequence[int], cache: list[Any] | None = None) -
     return cache
 
 
+def prefill_embedded(
+    model: Any, tokens: Sequence[int], embeddings: mx.array, cache: list[Any] | None, *, start: int, end: int
+) -> list[Any]:
+    """`cache` advanced over `tokens[start:end]` fed as `embeddings[:, start:end]` (a vision model's merged text
+    and image embeddings for the whole prompt), at batch size one, evaluated."""
+    if cache is None:
+        cache = make_prompt_cache(model)
+    for chunk in range(start, end, PREFILL_CHUNK):
+        stop = min(chunk + PREFILL_CHUNK, end)
+        model(mx.array([list(tokens[chunk:stop])]), cache=cache, input_embeddings=embeddings[:, chunk:stop])
+        mx.eval([array for layer in cache for array in state_arrays(layer)])
+    return cache
+
+
 def compact_copy(cache: Sequence[Any], length: int | None = None) -> tuple[list[Any], int]:
     """A private copy of `cache` holding only its contents, and its size in bytes.
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from courier.core.tool_calls import json_arguments
-from courier.history.items import message_text
+from courier.history.chat_content import IMAGE_PART, chat_content, text_part
 from courier.storage.records import JsonObject
 
 
@@ -21,7 +21,7 @@ def chat_messages(instructions: str | None, items: Iterable[Mapping[str, Any]]) 
     for item in items:
         kind = item["type"]
         if kind == "message":
-            messages.append({"role": item["role"], "content": message_text(item)})
+            messages.append({"role": item["role"], "content": chat_content(_parts(item))})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],
@@ -37,6 +37,13 @@ def chat_messages(instructions: str | None, items: Iterable[Mapping[str, Any]]) 
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
     return messages
+
+
+def _parts(item: Mapping[str, Any]) -> list[JsonObject]:
+    """A message item's content as chat parts: its text, and a placeholder part for each image."""
+    return [
+        IMAGE_PART if part["type"] == "input_image" else text_part(part.get("text", "")) for part in item["content"]
+    ]
 
 
 def chat_tools(tools: Sequence[Mapping[str, Any]]) -> list[JsonObject]:

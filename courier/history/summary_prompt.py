@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from courier.history.chat_content import IMAGE_PART, chat_content, text_part
 from courier.history.items import image_urls, message_text
 from courier.storage.records import JsonObject
 
@@ -20,17 +21,23 @@ SUMMARY_REQUEST = (
 
 
 def summary_messages(items: Sequence[JsonObject]) -> list[JsonObject]:
-    transcript = "\n\n".join(_line(item) for item in items)
-    return [{"role": "user", "content": f"Conversation:\n\n{transcript}\n\n{SUMMARY_REQUEST}"}]
+    """The summary prompt; each image of the summarized items sits in the transcript where it was shown."""
+    parts: list[JsonObject] = [text_part("Conversation:\n\n")]
+    for index, item in enumerate(items):
+        if index:
+            parts.append(text_part("\n\n"))
+        parts.extend(_line(item))
+    parts.append(text_part(f"\n\n{SUMMARY_REQUEST}"))
+    return [{"role": "user", "content": chat_content(parts)}]
 
 
-def _line(item: JsonObject) -> str:
+def _line(item: JsonObject) -> list[JsonObject]:
     kind = item["type"]
     if kind == "message":
-        images = " [image]" * len(image_urls(item))
-        return f"{str(item['role']).capitalize()}: {message_text(item)}{images}"
+        images = [IMAGE_PART for _ in image_urls(item)]
+        return [text_part(f"{str(item['role']).capitalize()}: {message_text(item)}"), *images]
     if kind == "function_call":
-        return f"Tool call {item['name']} ({item['call_id']}): {item['arguments']}"
+        return [text_part(f"Tool call {item['name']} ({item['call_id']}): {item['arguments']}")]
     if kind == "function_call_output":
-        return f"Tool result ({item['call_id']}): {item['output']}"
-    return str(kind).capitalize()
+        return [text_part(f"Tool result ({item['call_id']}): {item['output']}")]
+    return [text_part(str(kind).capitalize())]

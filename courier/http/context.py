@@ -11,6 +11,7 @@ from courier.http.errors import ApiError
 from courier.http.responses.in_flight import InFlightResponses
 from courier.messages.compactor import CompactorMessage
 from courier.messages.ingress import IngressMessage
+from courier.messages.media import MediaFetcherMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
@@ -26,6 +27,7 @@ class Outboxes:
     storage: MemoryObjectSendStream[StorageMessage]
     compactor: MemoryObjectSendStream[CompactorMessage]
     snapshot_store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None
+    media_fetcher: MemoryObjectSendStream[MediaFetcherMessage] | None = None  # served only for a vision model
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

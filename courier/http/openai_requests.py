@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from courier.core.tool_calls import json_arguments
+from courier.history.chat_content import IMAGE_PART, chat_content, text_part
 from courier.http.errors import ApiError
 from courier.http.validation import optional_bool
 from courier.messages.generation import SamplingParams
@@ -159,27 +160,29 @@ def _chat_message(message: Any, index: int, images: list[ImageRef]) -> dict[str,
     return normalized
 
 
-def _content(content: Any, param: str, images: list[ImageRef]) -> str | None:
-    """The text of a message's content; its image parts are collected in `images` (the ingress admits them)."""
+def _content(content: Any, param: str, images: list[ImageRef]) -> str | list[dict[str, Any]] | None:
+    """A message's content: its text, or text and image parts in order when it has images (collected in
+    `images`, which the ingress admits before anything is fetched)."""
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise ApiError.invalid(f"{param} must be a string or a list of content parts", param=param)
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for index, part in enumerate(content):
         part_param = f"{param}[{index}]"
         if not isinstance(part, dict):
             raise ApiError.invalid(f"{part_param} must be an object", param=part_param)
         kind = part.get("type")
         if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
+            parts.append(text_part(part["text"]))
         elif kind == "image_url":
             images.append(ImageRef(url=_image_url(part.get("image_url"), part_param), param=part_param))
+            parts.append(IMAGE_PART)
         elif kind in ("input_audio", "file"):
             raise ApiError.invalid(f"{part_param}: {kind} parts are not supported", param=part_param)
         else:
             raise ApiError.invalid(f"{part_param} must be a text part with a string 'text'", param=part_param)
-    return "".join(texts)
+    return chat_content(parts)
 
 
 def _image_url(value: Any, param: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
@@ -19,6 +20,14 @@ class FetchedImage:
     format: str
     width: int
     height: int
+
+
+def combined_digest(images: Sequence[FetchedImage]) -> str:
+    """The multimodal digest of a prompt's images, in order: joins the prompt cache's bucket."""
+    combined = hashlib.sha256()
+    for image in images:
+        combined.update(image.digest.encode())
+    return combined.hexdigest()
 
 
 def inspect_image(data: bytes, max_pixels: int) -> FetchedImage:

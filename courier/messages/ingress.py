@@ -10,7 +10,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from courier.messages.base import Message, ReplyStream, RequestFailed, RequestId
 from courier.messages.generation import GenerationEvent, SamplingParams
-from courier.messages.media import ImageRef
+from courier.messages.media import FetchMemo, ImageRef
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +59,8 @@ class AdmitGeneration(Message):
     reply: ReplyStream[AdmitReply]
     session: str  # the prompt-cache session ("" for anonymous callers, who share one)
     cache_prompt: bool
+    # Images already read for this work (a compaction's counts): each URL is read once across all of it.
+    memo: FetchMemo | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

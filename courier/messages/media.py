@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
-from courier.media.images import FetchedImage
+from courier.media.images import FetchedImage, combined_digest
 from courier.messages.base import Message, ReplyStream, RequestFailed
 
 
@@ -35,10 +34,20 @@ class ImagesFetched:
     @property
     def digest(self) -> str:
         """The multimodal digest: joins the prompt cache's bucket, so state is never reused across images."""
-        combined = hashlib.sha256()
-        for image in self.images:
-            combined.update(image.digest.encode())
-        return combined.hexdigest()
+        return combined_digest(self.images)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VisionInputs:
+    """A prompt's images as the model's processor prepared them, for the engine's prefill.
+
+    `arrays` are the keyword arguments of the vision model's `get_input_embeddings` (pixel values, masks),
+    as MLX arrays; `digest` joins the prompt cache's bucket, so state is never reused across images.
+    """
+
+    arrays: Mapping[str, Any]
+    digest: str
+    image_count: int
 
 
 FetchReply: TypeAlias = ImagesFetched | RequestFailed

@@ -9,6 +9,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.messages.base import Message, ReplyStream, RequestFailed, RequestId
 from courier.messages.generation import GenerationEvent, SamplingParams
+from courier.messages.media import VisionInputs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,6 +34,7 @@ class SubmitGeneration(Message):
     session: str
     boundary: int
     cache_prompt: bool
+    vision: VisionInputs | None = None  # the prompt's images, for a vision model's prefill
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

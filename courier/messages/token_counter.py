@@ -6,14 +6,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from courier.media.images import FetchedImage
 from courier.messages.base import Message, ReplyStream, RequestFailed
+from courier.messages.media import VisionInputs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenizeResult:
     tokens: tuple[int, ...]
-    # For chat: where the conversation's history ends in `tokens` (0 when not asked for).
+    # For chat: where the conversation's history ends in `tokens` (0 when not asked for, and with images).
     history_boundary: int = 0
+    vision: VisionInputs | None = None  # the images, prepared for the model (chat with images only)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +45,8 @@ class TokenizeChat(Message):
     reply: ReplyStream[TokenizeReply]
     with_history_boundary: bool = False
     thinking: bool = True  # False renders with `enable_thinking=False` (templates without it ignore it)
+    # The messages' images in order, fetched: a vision model's processor expands their placeholders.
+    images: tuple[FetchedImage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

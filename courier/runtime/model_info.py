@@ -21,6 +21,7 @@ class ModelInfo:
     stored_format: str
     prompt_cache_trimmable: bool
     created: int
+    accepts_images: bool = False  # a vision-language model (mlx-vlm)
 
     @property
     def usable_context_length(self) -> int:

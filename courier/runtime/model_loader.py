@@ -14,7 +14,6 @@ from typing import Any
 
 import mlx.core as mx
 from mlx import nn
-from mlx.utils import tree_flatten
 from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -26,7 +25,9 @@ from courier.runtime.gguf_tokenizer import UnsupportedTokenizer
 from courier.runtime.model_info import ModelInfo
 from courier.runtime.model_source import ModelSource, SourceKind
 from courier.runtime.progress import Progress
-from courier.runtime.weight_format import to_dense_dtype
+from courier.runtime.weight_format import describe_weights, dtype_name, to_dense_dtype
+from courier.vision.loader import LoadedVision, VisionLoadError, load_vision_model
+from courier.vision.model_dir import is_vision_model, read_config
 
 _WARMUP_TEXT = "Hello"
 
@@ -40,6 +41,7 @@ class LoadedModel:
     model: nn.Module
     tokenizer: TokenizerWrapper
     info: ModelInfo
+    vision: LoadedVision | None = None  # a vision-language model's image path
 
 
 def load_model(
@@ -53,19 +55,30 @@ def load_model(
     trust_remote_code: bool = False,
 ) -> LoadedModel:
     location = _local_location(source, cache_dir, progress)
-    with progress.step(f"loading {source.describe()}"):
-        try:
-            model, tokenizer, config = mlx_lm_load(location, return_config=True, trust_remote_code=trust_remote_code)
-        except Exception as error:  # mlx-lm raises many types (hub, config, weights): report them all alike
-            raise ModelLoadError(f"cannot load model from {location}: {type(error).__name__}: {error}") from error
-    stored_format = _weights_format(model, config)
     device = active_device()
     dtype = serving_dtype(weight_format, device)
+    config = read_config(location)
+    vision: LoadedVision | None = None
+    if is_vision_model(config):
+        assert config is not None
+        with progress.step(f"loading vision-language model {source.describe()}"):
+            vision, stored_format = _load_vision(location, config, dtype, trust_remote_code)
+        model, tokenizer = vision.text_model, vision.tokenizer
+    else:
+        with progress.step(f"loading {source.describe()}"):
+            try:
+                model, tokenizer, config = mlx_lm_load(
+                    location, return_config=True, trust_remote_code=trust_remote_code
+                )
+            except Exception as error:  # mlx-lm raises many types (hub, config, weights): report them all alike
+                raise ModelLoadError(f"cannot load model from {location}: {type(error).__name__}: {error}") from error
+        stored_format = describe_weights(model, config)
+        if dtype is not None:
+            with progress.step(f"preparing {dtype_name(dtype)} weights for {device}"):
+                model = to_dense_dtype(model, dtype)
     served_format = stored_format
     if dtype is not None:
-        with progress.step(f"preparing {_dtype_name(dtype)} weights for {device}"):
-            model = to_dense_dtype(model, dtype)
-        served_format = _dtype_name(dtype)
+        served_format = dtype_name(dtype)
         if served_format != stored_format:
             served_format = f"{served_format} (from {stored_format})"
     if warmup:
@@ -82,8 +95,21 @@ def load_model(
         stored_format=stored_format,
         prompt_cache_trimmable=bool(can_trim_prompt_cache(make_prompt_cache(model))),
         created=int(time.time()),
+        accepts_images=vision is not None,
     )
-    return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+    return LoadedModel(model=model, tokenizer=tokenizer, info=info, vision=vision)
+
+
+def _load_vision(
+    location: str, config: dict[str, Any], dtype: mx.Dtype | None, trust_remote_code: bool
+) -> tuple[LoadedVision, str]:
+    """A vision-language model (mlx-vlm, the optional `courier[vision]` extra), and how it stores its weights."""
+    try:
+        return load_vision_model(location, config, dtype=dtype, trust_remote_code=trust_remote_code)
+    except VisionLoadError as error:
+        raise ModelLoadError(str(error)) from error
+    except Exception as error:  # mlx-vlm raises many types (config, processor, weights): report them all alike
+        raise ModelLoadError(f"cannot load vision model from {location}: {type(error).__name__}: {error}") from error
 
 
 def _local_location(source: ModelSource, cache_dir: Path, progress: Progress) -> str:
@@ -100,21 +126,6 @@ def _warm_up(model: nn.Module, tokenizer: TokenizerWrapper) -> None:
     cache = make_prompt_cache(model)
     logits = model(mx.array([tokens]), cache=cache)
     mx.eval(mx.argmax(logits[:, -1, :], axis=-1))
-
-
-def _weights_format(model: nn.Module, config: dict[str, Any]) -> str:
-    quantization = config.get("quantization")
-    if isinstance(quantization, dict) and "bits" in quantization:
-        mode = quantization.get("mode", "affine")
-        return f"{quantization['bits']}-bit {mode}, group size {quantization.get('group_size', '?')}"
-    for _, parameter in tree_flatten(model.parameters()):
-        if isinstance(parameter, mx.array) and mx.issubdtype(parameter.dtype, mx.floating):
-            return _dtype_name(parameter.dtype)
-    return "unknown"
-
-
-def _dtype_name(dtype: mx.Dtype) -> str:
-    return str(dtype).removeprefix("mlx.core.")
 
 
 def _context_length(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int | None:

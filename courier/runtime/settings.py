@@ -103,6 +103,10 @@ def _optional_text(text: str) -> str | None:
     return text or None
 
 
+def _optional_path(text: str) -> Path | None:
+    return Path(text).expanduser() if text else None
+
+
 def parse_api_prefix(text: str) -> str:
     """`/courier` nests every route under it; empty for none. No trailing slash, no query or spaces."""
     prefix = text.strip().rstrip("/")
@@ -149,6 +153,10 @@ class Settings:
     admission_window_ms: float = 20.0
     request_timeout: float = 600.0
     max_images: int = 16
+    max_image_bytes: int = 64 * 1024**2
+    max_image_pixels: int = 50_000_000
+    media_path: Path | None = None
+    allow_private_media_urls: bool = False
     prompt_cache: bool = True
     prompt_cache_snapshot_capacity_bytes: int | None = None
     prompt_cache_snapshot_max_entries: int = 4096
@@ -264,7 +272,10 @@ OPTIONS: tuple[Option, ...] = (
         name="admission_window_ms",
         parse=parse_non_negative_float,
         default=_DEFAULTS.admission_window_ms,
-        help="an idle scheduler waits this long for more arrivals so a burst is prefilled as one batch; 0 disables",
+        help=(
+            "an idle scheduler waits for more arrivals so a burst is prefilled as one batch: while they keep "
+            "coming at most this far apart, up to 5 times this in all; 0 disables"
+        ),
         metavar="MS",
     ),
     Option(
@@ -280,6 +291,34 @@ OPTIONS: tuple[Option, ...] = (
         default=_DEFAULTS.max_images,
         help="most image parts one request may hold (more is a 400, before anything is fetched)",
         metavar="N",
+    ),
+    Option(
+        name="max_image_bytes",
+        parse=parse_positive_bytes,
+        default=_DEFAULTS.max_image_bytes,
+        help="most bytes read for one image, enforced while it streams in (a vision model only)",
+        metavar="BYTES",
+    ),
+    Option(
+        name="max_image_pixels",
+        parse=parse_positive_int,
+        default=_DEFAULTS.max_image_pixels,
+        help="most pixels (width x height) of one image, read from its header before decoding",
+        metavar="N",
+    ),
+    Option(
+        name="media_path",
+        parse=_optional_path,
+        default=_DEFAULTS.media_path,
+        help="the directory file:// image URLs are confined to (unset: file:// URLs are refused)",
+        metavar="DIR",
+    ),
+    Option(
+        name="allow_private_media_urls",
+        parse=parse_bool,
+        default=_DEFAULTS.allow_private_media_urls,
+        help="let image URLs reach loopback, private and link-local addresses (local use only: logs a warning)",
+        is_flag=True,
     ),
     Option(
         name="prompt_cache",

@@ -33,6 +33,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from courier.actors.compactor import CompactorActor, CompactorLimits
 from courier.actors.ingress import IngressActor
+from courier.actors.media_fetcher import MediaFetcherActor
 from courier.actors.scheduler import PromptCaching, SchedulerActor
 from courier.actors.snapshot_store import SnapshotStoreActor
 from courier.actors.storage import StorageActor
@@ -42,9 +43,11 @@ from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
 from courier.history.capsule import CapsuleCodec
 from courier.http.app import create_app
 from courier.http.context import AppContext, Outboxes
+from courier.media.fetcher import FetchLimits, MediaFetcher
 from courier.messages.base import Message
 from courier.messages.compactor import CompactorMessage
 from courier.messages.ingress import IngressMessage
+from courier.messages.media import MediaFetcherMessage
 from courier.messages.scheduler import SchedulerMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.storage import StorageMessage
@@ -82,6 +85,7 @@ MLX_THREAD_JOIN_S = 2.0
 ERROR_FLUSH_S = 2.0
 PREFILL_BATCH = 8
 COMPACTOR_INBOX = 64
+MEDIA_INBOX = 64
 MIN_COMPACTION_KEY_BYTES = 16
 
 
@@ -114,6 +118,7 @@ class Supervisor:
         self._compactor_send, self._compactor_receive = anyio.create_memory_object_stream[CompactorMessage](
             COMPACTOR_INBOX
         )
+        self._media_send, self._media_receive = anyio.create_memory_object_stream[MediaFetcherMessage](MEDIA_INBOX)
         self._capsules = CapsuleCodec(None, settings.max_body_bytes)
         stats = SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue)
         self._state = ServiceState(blas=blas, model_id=settings.served_model_name or source.default_id, scheduler=stats)
@@ -139,6 +144,7 @@ class Supervisor:
                 self._snapshots_receive,
                 self._storage_receive,
                 self._compactor_receive,
+                self._media_receive,
             ):
                 inbox.close()
             self._mlx.close(MLX_THREAD_JOIN_S)
@@ -160,6 +166,7 @@ class Supervisor:
                 storage=self._storage_send,
                 compactor=self._compactor_send,
                 snapshot_store=self._snapshots_send if self._settings.prompt_cache else None,
+                media_fetcher=self._media_send,
             ),
         )
         config = HypercornConfig()
@@ -250,12 +257,14 @@ class Supervisor:
             prefill_batch=min(settings.max_batch, PREFILL_BATCH),
             prefill_step_size=settings.prefill_step_size,
         )
-        token_counter = TokenCounterActor(loaded.tokenizer)
+        vision = loaded.vision
+        media_fetcher = await self._start_media_fetcher(task_group) if vision is not None else None
+        token_counter = TokenCounterActor(loaded.tokenizer, vision.processor if vision is not None else None)
         await task_group.start(self._run_actor, token_counter, self._token_counter_receive, self._token_counter_send)
         caching = await self._start_snapshot_store(task_group, loaded) if settings.prompt_cache else None
         scheduler = SchedulerActor(
             self._mlx,
-            lambda: BatchEngine(loaded.model, loaded.tokenizer, limits),
+            lambda: BatchEngine(loaded.model, loaded.tokenizer, limits, vision.embedder if vision else None),
             self._state.scheduler,
             admission_window_s=settings.admission_window_ms / 1000,
             caching=caching,
@@ -270,6 +279,7 @@ class Supervisor:
             model_id=loaded.info.model_id,
             max_images=settings.max_images,
             scheduler_stats=self._state.scheduler,
+            media_fetcher=media_fetcher,
         )
         await task_group.start(self._run_actor, ingress, self._ingress_receive, self._ingress_send)
         compactor = CompactorActor(
@@ -281,8 +291,28 @@ class Supervisor:
                 max_output_bytes=settings.max_body_bytes,
                 timeout_s=settings.request_timeout,
             ),
+            media_fetcher=media_fetcher,
         )
         await task_group.start(self._run_actor, compactor, self._compactor_receive, self._compactor_send)
+
+    async def _start_media_fetcher(self, task_group: TaskGroup) -> MemoryObjectSendStream[MediaFetcherMessage]:
+        """A vision model's images are read by the media fetcher, under the address policy and the limits."""
+        settings = self._settings
+        if settings.allow_private_media_urls:
+            logger.warning(
+                "WARNING: --allow-private-media-urls is set: image URLs may reach loopback, private, link-local "
+                "(cloud metadata) and other non-public addresses. Use it only on a machine no untrusted client "
+                "can reach."
+            )
+        limits = FetchLimits(
+            max_bytes=settings.max_image_bytes,
+            max_pixels=settings.max_image_pixels,
+            media_root=settings.media_path,
+            allow_private=settings.allow_private_media_urls,
+        )
+        actor = MediaFetcherActor(MediaFetcher(limits))
+        await task_group.start(self._run_actor, actor, self._media_receive, self._media_send)
+        return self._media_send
 
     async def _start_snapshot_store(self, task_group: TaskGroup, loaded: LoadedModel) -> PromptCaching:
         settings = self._settings
@@ -338,6 +368,7 @@ class Supervisor:
         for outbox in (
             self._compactor_send,
             self._ingress_send,
+            self._media_send,
             self._scheduler_send,
             self._snapshots_send,
             self._token_counter_send,

@@ -8,9 +8,11 @@ stored float16 and then needs a second cast. Layers this module does not know
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 from mlx import nn
-from mlx.utils import tree_unflatten
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import dequantize_model
 
 
@@ -48,3 +50,19 @@ def _dequantized(module: nn.QuantizedLinear | nn.QuantizedEmbedding, dtype: mx.D
         bits=module.bits,
         mode=module.mode,
     )
+
+
+def describe_weights(model: nn.Module, config: dict[str, Any]) -> str:
+    """How the checkpoint stores its weights: "4-bit affine, group size 32", "bfloat16", ..."""
+    quantization = config.get("quantization")
+    if isinstance(quantization, dict) and "bits" in quantization:
+        mode = quantization.get("mode", "affine")
+        return f"{quantization['bits']}-bit {mode}, group size {quantization.get('group_size', '?')}"
+    for _, parameter in tree_flatten(model.parameters()):
+        if isinstance(parameter, mx.array) and mx.issubdtype(parameter.dtype, mx.floating):
+            return dtype_name(parameter.dtype)
+    return "unknown"
+
+
+def dtype_name(dtype: mx.Dtype) -> str:
+    return str(dtype).removeprefix("mlx.core.")

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -42,18 +44,18 @@ def test_cpu_flags_reads_the_first_flags_line(tmp_path: Path) -> None:
 def test_only_weaker_kernels_are_overridden(monkeypatch: pytest.MonkeyPatch, detected: str, chosen: str | None) -> None:
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.setattr(openblas_core, "probe_corename", lambda library: detected)
-    monkeypatch.setattr(openblas_core.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     choice = choose_core("libopenblas.so.0", flags=AVX512 | {"avx512_bf16"})
     assert (choice.detected, choice.chosen) == (detected, chosen)
-    assert openblas_core.os.environ.get(ENV_VAR) == chosen
+    assert os.environ.get(ENV_VAR) == chosen
 
 
 def test_kernels_unknown_to_courier_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.setattr(openblas_core, "probe_corename", lambda library: "NeoverseV2")
-    monkeypatch.setattr(openblas_core.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     assert choose_core("libopenblas.so.0", flags=AVX512).chosen is None
-    assert ENV_VAR not in openblas_core.os.environ
+    assert ENV_VAR not in os.environ
 
 
 def test_an_operators_setting_is_never_touched(monkeypatch: pytest.MonkeyPatch) -> None:

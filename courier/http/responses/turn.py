@@ -27,9 +27,11 @@ from courier.http.generation import admit_prompt
 from courier.http.responses.objects import ResponseDraft
 from courier.http.responses.request import ResponsesRequest
 from courier.http.storage_calls import ask_storage
+from courier.media.images import FetchedImage
 from courier.messages.base import RequestId
 from courier.messages.compactor import CompactHistory, CompactionResult
 from courier.messages.ingress import Admitted, ChatPrompt
+from courier.messages.media import FetchImages, FetchMemo, ImageRef, ImagesFetched
 from courier.messages.storage import LoadChain, LoadConversationItems
 from courier.messages.token_counter import TokenizeChat, TokenizeResult
 from courier.storage.records import JsonObject
@@ -101,16 +103,35 @@ def context_messages(context: AppContext, request: ResponsesRequest, items: Sequ
 
 
 async def count_tokens(context: AppContext, request: ResponsesRequest, items: Sequence[JsonObject]) -> int:
-    """What a turn over `items` prefills: the render `/v1/responses/input_tokens` reports."""
-    messages = context_messages(context, request, items)
+    """What a turn over `items` prefills: the render `/v1/responses/input_tokens` reports (a vision model's
+    images counted as the image tokens they expand to, so they are fetched)."""
+    shown = replayed_items(context, request, items)
+    messages = chat_messages(request.instructions, shown)
+    images = await _images_to_count(context, image_refs(shown, request.input_items))
     counted = await ask_actor(
         context.outboxes.token_counter,
         lambda reply: TokenizeChat(
-            messages=messages, tools=request.template_tools, add_generation_prompt=True, reply=reply
+            messages=messages, tools=request.template_tools, add_generation_prompt=True, reply=reply, images=images
         ),
         TokenizeResult,
     )
     return len(counted.tokens)
+
+
+async def _images_to_count(context: AppContext, refs: tuple[ImageRef, ...]) -> tuple[FetchedImage, ...]:
+    """The images a count must see: none for a text-only model (its template shows their text only)."""
+    model, fetcher = context.state.model, context.outboxes.media_fetcher
+    if not refs or model is None or not model.accepts_images or fetcher is None:
+        return ()
+    cap = context.settings.max_images
+    if len(refs) > cap:
+        raise ApiError.invalid(
+            f"{len(refs)} images in one request; at most {cap} are accepted (--max-images)", param=refs[cap].param
+        )
+    fetched = await ask_actor(
+        fetcher, lambda reply: FetchImages(images=refs, memo=FetchMemo(), reply=reply), ImagesFetched
+    )
+    return fetched.images
 
 
 async def plan_turn(context: AppContext, request: ResponsesRequest) -> Plan:

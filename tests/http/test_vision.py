@@ -1,0 +1,259 @@
+"""A vision model served end to end: images fetched after admission, once, and reaching the model.
+
+A tiny random-weight SmolVLM (tests/support/tiny_vision_model.py) behind a real
+server, the official openai client, and a real HTTP server that counts what it is
+asked for. Random weights say nothing useful, but they are deterministic: the same
+image gives the same tokens and another image other tokens, so an image that did
+not reach the model would show.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+from PIL import Image
+
+from tests.support.media_server import MediaServer, media_server
+from tests.support.server import RunningServer, serving
+from tests.support.tiny_vision_model import IMAGE_SEQ_LEN
+
+MODEL = "tiny-vision"
+# Each image expands to <fake_token_around_image><global-img> + IMAGE_SEQ_LEN x <image> + <fake_token_around_image>.
+TOKENS_PER_IMAGE = IMAGE_SEQ_LEN + 3
+
+
+@pytest.fixture(scope="module")
+def media() -> Iterator[MediaServer]:
+    with media_server() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def media_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("media")
+    (root / "blue.png").write_bytes(png((0, 0, 255)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trace") / "spans.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_vision_dir: Path, cache_dir: Path, media_root: Path, trace_file: Path) -> Iterator[RunningServer]:
+    flags = ["--allow-private-media-urls", "--media-path", str(media_root), "--max-images", "3"]
+    flags += ["--prompt-cache-min-prefix", "4", "--trace-file", str(trace_file)]
+    with serving(tiny_vision_dir, cache_dir, MODEL, *flags) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return server.openai_client()
+
+
+@pytest.fixture(scope="module")
+def http(server: RunningServer) -> Iterator[httpx.Client]:
+    with server.http() as session:
+        yield session
+
+
+def png(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def data_url(color: tuple[int, int, int]) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(color)).decode()
+
+
+def image_part(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def ask(client: openai.OpenAI, content: Any, **extra: Any) -> Any:
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],
+        max_tokens=6,
+        temperature=0,
+        **extra,
+    )
+
+
+def test_health_says_the_model_takes_images(http: httpx.Client) -> None:
+    info = http.get("/health").json()["model_info"]
+    assert info["accepts_images"] is True
+    assert info["architecture"] == "smolvlm"
+
+
+def test_the_image_reaches_the_model(client: openai.OpenAI) -> None:
+    def answer(color: tuple[int, int, int]) -> tuple[str, int]:
+        reply = ask(client, [{"type": "text", "text": "What is this?"}, image_part(data_url(color))])
+        assert reply.usage is not None
+        return str(reply.choices[0].message.content), reply.usage.prompt_tokens
+
+    red, red_tokens = answer((255, 0, 0))
+    blue, _ = answer((0, 0, 255))
+    again, _ = answer((255, 0, 0))
+    assert red == again  # deterministic for one image
+    assert red != blue  # so the difference is the pixels
+    text_only = ask(client, "What is this?")
+    assert text_only.usage is not None
+    assert red_tokens - text_only.usage.prompt_tokens == TOKENS_PER_IMAGE
+
+
+def test_a_url_is_fetched_once_per_request_after_admission(client: openai.OpenAI, media: MediaServer) -> None:
+    before = media.requests["/image.png"]
+    url = media.url("/image.png")
+    reply = ask(client, [image_part(url), {"type": "text", "text": "and again:"}, image_part(url)])
+    assert reply.usage is not None
+    assert media.requests["/image.png"] == before + 1
+    messages: Any = [{"role": "user", "content": [image_part(url), {"type": "text", "text": "Describe."}]}]
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert media.requests["/image.png"] == before + 2
+
+
+def test_file_urls_are_confined_to_the_media_path(client: openai.OpenAI, media_root: Path) -> None:
+    """A file:// path is joined under --media-path; nothing outside it is read."""
+    inside = ask(client, [image_part("file:///blue.png")])
+    from_data = ask(client, [image_part(data_url((0, 0, 255)))])
+    assert inside.choices[0].message.content == from_data.choices[0].message.content  # the same pixels
+    (media_root.parent / "elsewhere.png").write_bytes(png((0, 0, 255)))
+    for url in ("file:///../elsewhere.png", "file:///%2e%2e/elsewhere.png", "file:///missing.png"):
+        with pytest.raises(openai.BadRequestError) as refused:
+            ask(client, [{"type": "text", "text": "Look:"}, image_part(url)])
+        assert refused.value.body["param"] == "messages[0].content[1]"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("data:image/png;base64," + base64.b64encode(b"not an image at all").decode(), "not a decodable image"),
+        ("/missing", "404"),
+    ],
+)
+def test_a_bad_image_is_a_400_naming_its_part(
+    client: openai.OpenAI, http: httpx.Client, media: MediaServer, url: str, reason: str
+) -> None:
+    url = media.url(url) if url.startswith("/") else url
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(client, [{"type": "text", "text": "Look:"}, image_part(url)])
+    body: dict[str, Any] = refused.value.body  # type: ignore[assignment]
+    assert body["param"] == "messages[0].content[1]"
+    assert reason in body["message"]
+    assert http.get("/health").json()["scheduler"]["running"] == 0
+    assert ask(client, "still serving?").choices[0].message.content
+
+
+def test_responses_take_input_images_and_count_them(client: openai.OpenAI, media: MediaServer) -> None:
+    before = media.requests["/image.png"]
+    content: list[Any] = [
+        {"type": "input_text", "text": "Describe it."},
+        {"type": "input_image", "image_url": media.url("/image.png"), "detail": "auto"},
+    ]
+    item: Any = {"role": "user", "content": content}
+    counted = client.responses.input_tokens.count(model=MODEL, input=[item])
+    response = client.responses.create(model=MODEL, input=[item], max_output_tokens=5, temperature=0)
+    assert response.usage is not None
+    assert response.usage.input_tokens == counted.input_tokens
+    text_only = client.responses.input_tokens.count(model=MODEL, input="Describe it.")
+    assert counted.input_tokens - text_only.input_tokens == TOKENS_PER_IMAGE
+    assert media.requests["/image.png"] == before + 2  # once for the count, once for the response
+
+
+def test_cached_state_is_reused_for_the_same_image_and_never_for_another(client: openai.OpenAI) -> None:
+    question = [{"type": "text", "text": "Tell me a long story about what you see here."}]
+    first = ask(client, [*question, image_part(data_url((10, 200, 10)))], user="vision-cache")
+    assert first.usage is not None
+    assert first.usage.prompt_tokens_details is not None
+    repeat = ask(client, [*question, image_part(data_url((10, 200, 10)))], user="vision-cache")
+    other = ask(client, [*question, image_part(data_url((200, 10, 10)))], user="vision-cache")
+    assert repeat.usage is not None and repeat.usage.prompt_tokens_details is not None
+    assert other.usage is not None and other.usage.prompt_tokens_details is not None
+    assert repeat.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+    assert repeat.choices[0].message.content == first.choices[0].message.content
+
+
+def test_a_compaction_reads_each_image_once(http: httpx.Client, media: MediaServer) -> None:
+    before = media.requests["/image.png"]
+    image = {"type": "input_image", "image_url": media.url("/image.png")}
+    history = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Look at this."}, image]},
+        {"role": "assistant", "content": "A red square."},
+        {"role": "user", "content": [{"type": "input_text", "text": "And this one?"}, image]},
+        {"role": "assistant", "content": "The same square."},
+        {"role": "user", "content": "Thanks."},
+    ]
+    reply = http.post("/v1/responses/compact", json={"model": MODEL, "input": history, "keep_tokens": 1}, timeout=120)
+    # Random weights never end a summary: the summary was generated (from the images) and cut, a 502.
+    assert reply.status_code == 502, reply.text
+    assert reply.json()["error"]["code"] == "compaction_failed"
+    assert media.requests["/image.png"] == before + 1
+
+
+def test_the_private_address_switch_is_announced(server: RunningServer) -> None:
+    assert "--allow-private-media-urls is set" in server.log()
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_vision_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
+    """The defaults: the address policy on, no media path; and a 1 KiB image limit."""
+    with serving(tiny_vision_dir, cache_dir, MODEL, "--max-image-bytes", "1KiB") as running:
+        yield running
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("http://127.0.0.1:{port}/image.png", "loopback"),
+        ("http://169.254.169.254/latest/meta-data/", "link-local"),
+        ("http://user:secret@example.com/image.png", "credentials"),
+        ("file:///etc/hostname", "--media-path"),
+        ("data:image/png;base64," + base64.b64encode(png((9, 9, 9), (300, 300)) + b"\0" * 2048).decode(), "1024"),
+    ],
+)
+def test_by_default_private_addresses_local_files_and_big_images_are_refused(
+    guarded: RunningServer, media: MediaServer, url: str, reason: str
+) -> None:
+    before = sum(media.requests.values())
+    client = guarded.openai_client()
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(client, [{"type": "text", "text": "Look:"}, image_part(url.format(port=media.port))])
+    body: dict[str, Any] = refused.value.body  # type: ignore[assignment]
+    assert body["param"] == "messages[0].content[1]"
+    assert reason in body["message"], body["message"]
+    assert sum(media.requests.values()) == before
+    assert "allow-private-media-urls is set" not in guarded.log()
+
+
+def test_an_admitted_request_traces_admission_then_fetch_then_render(server: RunningServer, trace_file: Path) -> None:
+    """Runs last in this module: stopping the server flushes its spans."""
+    assert server.stop() == 0
+    spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()]
+    children: dict[str, list[dict[str, Any]]] = {}
+    for span in spans:
+        children.setdefault(span["parent_id"] or "", []).append(span)
+    admitted_with_images = 0
+    for span in spans:
+        if span["name"] != "ingress.AdmitGeneration":
+            continue
+        steps = sorted(children.get(span["context"]["span_id"], []), key=lambda child: child["start_time"])
+        names = [step["name"] for step in steps]
+        if "media_fetcher.FetchImages" not in names or "token_counter.TokenizeChat" not in names:
+            continue  # no images, or a fetch that failed (nothing is rendered then)
+        admitted_with_images += 1
+        assert names.index("media_fetcher.FetchImages") < names.index("token_counter.TokenizeChat"), names
+    assert admitted_with_images >= 5
