@@ -4,8 +4,12 @@ Each `step` admits new requests into the running batch, drops cancelled ones,
 advances every sequence by one decode token (and new ones by one prefill chunk),
 and turns the raw tokens into events: detokenized text with stop strings and
 end-of-sequence tokens removed, optional logprobs, and a finish when a sequence
-ends. A failure inside the batched forward pass fails the requests that were in
-the batch and starts a fresh generator, so the engine keeps serving.
+ends. A failure inside the batched forward pass starts a fresh generator and
+isolates the culprit: each sequence of the failed batch is replayed alone (its
+prompt and the tokens it generated, prefilled at batch size one, then its next
+input probed); one that fails again fails alone, the others rejoin the batch from
+their replayed state and carry on. A second failure right after a recovery fails
+the whole batch, so a fault no single sequence explains cannot loop.
 
 Requests admitted together that begin with the same tokens (a system prompt no
 snapshot covers) have that prefix prefilled once and each start from a private copy
@@ -111,6 +115,7 @@ class _Sequence:
     # from the state at the end of the prompt (0: none to cut).
     cut_boundary: int = 0
     shared: _SharedState | None = None
+    token_ids: list[int] = field(default_factory=list)  # generated so far, for a replay after a fault
 
 
 class BatchEngine:
@@ -132,6 +137,7 @@ class BatchEngine:
         self._by_uid: dict[int, _Sequence] = {}
         self._uid_by_request: dict[RequestId, int] = {}
         self._shared: list[_SharedState] = []
+        self._just_recovered = False  # the last step failed and its sequences were replayed
 
     @property
     def model(self) -> Any:
@@ -155,9 +161,9 @@ class BatchEngine:
             return outputs
         try:
             prompt_responses, responses = self._generator.next()
-        except Exception as error:  # a fault in the batched forward pass: fail this batch, keep serving
-            logger.exception("generation step failed; failing %d requests", len(self._by_uid))
-            return outputs + self._fail_all(f"generation failed: {type(error).__name__}: {error}")
+        except Exception as error:  # a fault in the batched forward pass: isolate the culprit, keep serving
+            return outputs + self._recover(error)
+        self._just_recovered = False
         outputs.extend(self._boundary_snapshots(prompt_responses))
         for response in responses:
             sequence = self._by_uid.get(response.uid)
@@ -331,6 +337,7 @@ class BatchEngine:
     def _advance(self, sequence: _Sequence, response: Any) -> list[EngineOutput]:
         token = int(response.token)
         sequence.generated += 1
+        sequence.token_ids.append(token)
         finish = response.finish_reason
         ended_by_eos = finish == "stop" and token in self._eos
         text = ""
@@ -420,6 +427,53 @@ class BatchEngine:
         self._by_uid.pop(sequence.uid, None)
         self._uid_by_request.pop(sequence.request.request_id, None)
         self._release(sequence)
+
+    def _recover(self, error: Exception) -> list[EngineOutput]:
+        """A fresh generator; each sequence of the failed batch replayed alone, failing only those that fail."""
+        reason = f"generation failed: {type(error).__name__}: {error}"
+        if self._just_recovered or len(self._by_uid) <= 1:
+            logger.exception("generation step failed; failing %d requests", len(self._by_uid))
+            return self._fail_all(reason)
+        logger.exception("generation step failed; replaying its %d requests one by one", len(self._by_uid))
+        sequences = list(self._by_uid.values())
+        self._by_uid.clear()
+        self._uid_by_request.clear()
+        self._shared.clear()
+        self._generator = self._new_generator()
+        self._just_recovered = True
+        outputs: list[EngineOutput] = []
+        for sequence in sequences:
+            sequence.shared = None
+            try:
+                self._replay(sequence)
+            except Exception as replay_error:  # this one faults on its own: the culprit
+                logger.warning("request %s fails on its own: %s", sequence.request.request_id, replay_error)
+                message = f"generation failed: {type(replay_error).__name__}: {replay_error}"
+                outputs.append(EngineOutput(sequence.request.request_id, GenerationFailed(message=message)))
+        return outputs
+
+    def _replay(self, sequence: _Sequence) -> None:
+        """Rebuild `sequence`'s state at batch size one, probe its next input, and put it back in the batch."""
+        request = sequence.request
+        tokens = [*request.prompt_tokens, *sequence.token_ids]
+        with mx.stream(self._stream):
+            start, cache = self._prefill_images(request, 0, None) if request.vision is not None else (0, None)
+            cache = prefill(self._model, tokens[start:-1], cache) if start < len(tokens) - 1 else cache
+            probe, _ = compact_copy(cache) if cache is not None else (None, 0)
+            mx.eval(self._model(mx.array([tokens[-1:]]), cache=probe))
+        remaining = max(1, (request.sampling.max_tokens or 1) - sequence.generated)
+        sampling = request.sampling
+        (uid,) = self._generator.insert_segments(
+            [[tokens[-1:]]],
+            max_tokens=[remaining],
+            caches=[cache] if cache is not None else None,
+            all_tokens=[tokens[:-1]] if cache is not None else None,
+            samplers=[build_sampler(sampling.temperature, sampling.top_p, sampling.seed)],
+        )
+        sequence.uid = uid
+        sequence.cut_boundary = 0
+        self._by_uid[uid] = sequence
+        self._uid_by_request[request.request_id] = uid
 
     def _fail_all(self, message: str) -> list[EngineOutput]:
         failed = [EngineOutput(s.request.request_id, GenerationFailed(message=message)) for s in self._by_uid.values()]

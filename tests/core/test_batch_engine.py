@@ -26,16 +26,16 @@ from courier.messages.generation import (
 LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
 
 
-class FailingOnce:
-    """Wraps a real model; its next forward pass raises, as a fault inside MLX would."""
+class Failing:
+    """Wraps a real model; once armed, its next `failures` forward passes raise, as a fault inside MLX would."""
 
     def __init__(self, model: Any) -> None:
         self._model = model
-        self.armed = False
+        self.failures = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.armed:
-            self.armed = False
+        if self.failures > 0:
+            self.failures -= 1
             raise RuntimeError("simulated kernel fault")
         return self._model(*args, **kwargs)
 
@@ -89,18 +89,57 @@ def test_cancelled_request_leaves_the_batch(loaded: tuple[Any, Any]) -> None:
     assert set(finished(outputs)) == {"keep"}
 
 
-def test_a_failing_step_fails_that_batch_and_the_engine_keeps_serving(loaded: tuple[Any, Any]) -> None:
+def texts(outputs: list[EngineOutput]) -> dict[str, str]:
+    collected: dict[str, str] = {}
+    for output in outputs:
+        if isinstance(output.event, TokensGenerated):
+            collected[output.request_id] = collected.get(output.request_id, "") + output.event.text
+    return collected
+
+
+def test_a_transient_fault_replays_the_batch_and_loses_nothing(loaded: tuple[Any, Any]) -> None:
     model, tokenizer = loaded
-    flaky = FailingOnce(model)
+    undisturbed = run_until_done(engine := BatchEngine(model, tokenizer, LIMITS), engine.step([request("x", 30)], []))
+    flaky = Failing(model)
+    engine = BatchEngine(flaky, tokenizer, LIMITS)
+    outputs = engine.step([request("x", 30), request("y", 30, (9, 8, 7))], [])
+    outputs += engine.step([], [])
+    flaky.failures = 1
+    outputs += engine.step([], [])  # fails; both are replayed alone and rejoin the batch
+    assert engine.active == 2
+    run_until_done(engine, outputs)
+    ends = finished(outputs)
+    assert all(isinstance(event, GenerationFinished) and event.completion_tokens == 30 for event in ends.values())
+    assert set(ends) == {"x", "y"}
+    assert texts(outputs)["x"] == texts(undisturbed)["x"]
+
+
+def test_a_fault_that_follows_a_request_fails_it_alone(loaded: tuple[Any, Any]) -> None:
+    """The batch step fails, then the replay of the first request fails too: that one is the culprit."""
+    model, tokenizer = loaded
+    flaky = Failing(model)
+    engine = BatchEngine(flaky, tokenizer, LIMITS)
+    outputs = engine.step([request("x", 20), request("y", 20)], [])
+    flaky.failures = 2  # the batched step, then x's replay
+    outputs += engine.step([], [])
+    run_until_done(engine, outputs)
+    ends = finished(outputs)
+    assert isinstance(ends["x"], GenerationFailed) and "simulated kernel fault" in ends["x"].message
+    assert isinstance(ends["y"], GenerationFinished) and ends["y"].completion_tokens == 20
+
+
+def test_a_fault_right_after_a_recovery_fails_the_batch_and_the_engine_keeps_serving(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    flaky = Failing(model)
     engine = BatchEngine(flaky, tokenizer, LIMITS)
     outputs = engine.step([request("x", 50), request("y", 50)], [])
-    flaky.armed = True
-    outputs += engine.step([], [])
+    flaky.failures = 1
+    outputs += engine.step([], [])  # replayed
+    flaky.failures = 1
+    outputs += engine.step([], [])  # fails again at once: no second replay
     failed = finished(outputs)
     assert set(failed) == {"x", "y"}
-    assert all(
-        isinstance(event, GenerationFailed) and "simulated kernel fault" in event.message for event in failed.values()
-    )
+    assert all(isinstance(event, GenerationFailed) for event in failed.values())
     assert engine.active == 0
     after = run_until_done(engine, engine.step([request("z", 4)], []))
     assert isinstance(finished(after)["z"], GenerationFinished)
@@ -273,10 +312,10 @@ def test_requests_arriving_later_start_from_the_shared_prefix_still_in_flight(fa
 
 def test_a_failing_shared_prefill_fails_only_the_requests_sharing_it(loaded: tuple[Any, Any]) -> None:
     model, tokenizer = loaded
-    flaky = FailingOnce(model)
+    flaky = Failing(model)
     engine = BatchEngine(flaky, tokenizer, CHAT_LIMITS)
     sharing = burst(tokenizer, "s", "Describe {} in two sentences.")
-    flaky.armed = True  # the first forward pass of the step is the shared prefill
+    flaky.failures = 1  # the first forward pass of the step is the shared prefill
     outputs = run_all(engine, [*sharing, request("alone", 4)])
     ends = finished(outputs)
     assert all(isinstance(ends[f"s{n}"], GenerationFailed) for n in range(len(TOPICS)))

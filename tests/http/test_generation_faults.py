@@ -41,3 +41,38 @@ def test_a_model_with_its_own_code_needs_trust_remote_code(faulty_dir: Path, cac
     args = ["--model", str(faulty_dir), "--cache-dir", str(cache_dir)]
     with pytest.raises(ServerExited, match="trust_remote_code"), running_server(args):
         pass
+
+
+def test_a_fault_fails_only_its_own_request_and_its_batch_mates_carry_on(faulty_dir: Path, cache_dir: Path) -> None:
+    """The poisoned request joins a running batch; the step fails; each request is replayed alone."""
+    args = ["--model", str(faulty_dir), "--cache-dir", str(cache_dir), "--served-model-name", "faulty"]
+    with running_server([*args, "--trust-remote-code"]) as server, server.openai_client() as client:
+        alone = client.completions.create(model="faulty", prompt=[1, 2, 3], max_tokens=1500, temperature=0)
+        assert alone.usage is not None
+        stream = client.completions.create(
+            model="faulty",
+            prompt=[1, 2, 3],
+            max_tokens=1500,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = iter(stream)
+        first = next(chunks)
+        with pytest.raises(openai.InternalServerError, match="poisoned input"):
+            client.completions.create(model="faulty", prompt=[4, POISON_TOKEN, 5], max_tokens=4)
+        rest = list(chunks)
+        text = "".join(chunk.choices[0].text for chunk in [first, *rest] if chunk.choices)
+        finishes = [
+            chunk.choices[0].finish_reason for chunk in rest if chunk.choices and chunk.choices[0].finish_reason
+        ]
+        usage = rest[-1].usage
+        assert usage is not None
+        assert finishes == [alone.choices[0].finish_reason]
+        assert usage.completion_tokens == alone.usage.completion_tokens
+        assert text == alone.choices[0].text
+        assert "replaying its 2 requests one by one" in server.log()
+        with server.http() as http:
+            scheduler = http.get("/health").json()["scheduler"]
+        assert (scheduler["failed"], scheduler["running"], scheduler["waiting"]) == (1, 0, 0)
+        assert server.stop() == 0
