@@ -161,7 +161,7 @@ class Settings:
     prompt_cache_snapshot_capacity_bytes: int | None = None
     prompt_cache_snapshot_max_entries: int = 4096
     prompt_cache_snapshot_ttl: float = 7200.0
-    prompt_cache_min_prefix: int = 32
+    prompt_cache_min_prefix: int = 16
     data_dir: Path = Path(platformdirs.user_data_dir("courier"))
     storage_max_bytes: int = 1024**3
     storage_max_entries: int = 100_000
