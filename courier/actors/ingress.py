@@ -132,7 +132,9 @@ class IngressActor(Actor[IngressMessage]):
         if not tokens:
             return _invalid("the prompt is empty", param)
         sampling = message.sampling
-        max_tokens = sampling.max_tokens or self._context_length - len(tokens)
+        room = self._context_length - len(tokens)
+        requested = sampling.max_tokens or room
+        max_tokens = min(requested, room) if message.fit_to_context else requested
         if max_tokens <= 0 or len(tokens) + max_tokens > self._context_length:
             return _context_exceeded(self._context_length, len(tokens), max_tokens, param)
         sampling = replace(sampling, max_tokens=max_tokens)

@@ -65,6 +65,7 @@ async def admit_prompt(
     *,
     session: str,
     cache_prompt: bool,
+    fit_to_context: bool = False,
 ) -> Admitted:
     context.require_ready()
     return await ask_actor(
@@ -76,6 +77,7 @@ async def admit_prompt(
             reply=reply,
             session=session,
             cache_prompt=cache_prompt,
+            fit_to_context=fit_to_context,
         ),
         Admitted,
     )

@@ -61,6 +61,8 @@ class AdmitGeneration(Message):
     cache_prompt: bool
     # Images already read for this work (a compaction's counts): each URL is read once across all of it.
     memo: FetchMemo | None = None
+    # Cap `sampling.max_tokens` at what the context leaves instead of refusing (a turn just compacted to fit).
+    fit_to_context: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

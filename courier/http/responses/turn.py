@@ -13,7 +13,7 @@ prompt cache and the batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from courier.history.capsule import CapsuleError
 from courier.history.chat_render import chat_messages
@@ -169,14 +169,10 @@ async def admit_turn(
 ) -> Turn:
     request = plan.request
     items: Sequence[JsonObject] = plan.items
-    sampling = request.sampling
     compaction_item = None
     if compaction is not None:
         compaction_item = {**compaction.compaction_item, "id": compaction_id or compaction.compaction_item["id"]}
         items = [*compaction.output[:-1], compaction_item]
-        remaining = context.context_length - await count_tokens(context, request, items)
-        if remaining > 0:
-            sampling = replace(sampling, max_tokens=min(sampling.max_tokens or remaining, remaining))
     shown = replayed_items(context, request, items)
     prompt = ChatPrompt(
         messages=chat_messages(request.instructions, shown),
@@ -186,10 +182,12 @@ async def admit_turn(
     admitted = await admit_prompt(
         context,
         prompt,
-        sampling,
+        request.sampling,
         RequestId(plan.draft.id),
         session=request.session,
         cache_prompt=request.cache_prompt,
+        # A compacted turn generates what the context leaves, up to max_output_tokens, rather than failing.
+        fit_to_context=compaction is not None,
     )
     return Turn(request=request, draft=plan.draft, items=items, admitted=admitted, compaction_item=compaction_item)
 
