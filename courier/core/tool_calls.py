@@ -95,6 +95,16 @@ def parse_tool_call(text: str, parser: ToolParser, tools: Sequence[Mapping[str, 
     return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=parsed["name"], arguments=arguments)
 
 
+def parse_tool_calls(
+    raw_calls: Sequence[str], tool_format: ToolCallFormat | None, tools: Sequence[Mapping[str, Any]] | None
+) -> list[ToolCall]:
+    """The valid tool calls among `raw_calls` (what a `ToolCallSplitter` found); none without a format."""
+    if tool_format is None:
+        return []
+    parsed = (parse_tool_call(raw, tool_format.parser, tools) for raw in raw_calls)
+    return [call for call in parsed if call is not None]
+
+
 def json_arguments(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
     """Tool-call arguments as chat templates expect them: a mapping when the JSON string holds one."""
     if isinstance(arguments, dict):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_call
+from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
 from courier.http.responses.items import function_call_item, message_item, text_part
 from courier.http.responses.objects import logprob_objects
 from courier.messages.generation import TokenLogprob, TokensGenerated
@@ -44,10 +44,7 @@ class OutputAssembler:
             self._raw_calls.extend(split.calls)
             rest = split.content
             self._text.append(rest)
-        if self._format is None:
-            return rest, []
-        parsed = (parse_tool_call(raw, self._format.parser, self._tools) for raw in self._raw_calls)
-        return rest, [call for call in parsed if call is not None]
+        return rest, parse_tool_calls(self._raw_calls, self._format, self._tools)
 
     def message(self, message_id: str | None = None, status: str = "completed") -> JsonObject:
         item = message_item("assistant", [text_part("output_text", self.text, logprob_objects(self._logprobs))], status)

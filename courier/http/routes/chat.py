@@ -10,7 +10,7 @@ from typing import Any
 from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
 from quart import Blueprint, Response
 
-from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, json_arguments, parse_tool_call
+from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, json_arguments, parse_tool_calls
 from courier.http import openai_format
 from courier.http.context import AppContext
 from courier.http.generation import admit, collect, generated_events, new_request_id, sse
@@ -74,7 +74,7 @@ async def _stream(
                 streamed.append(rest.content)
                 if rest.content:
                     yield chunk({"content": rest.content})
-            calls = _parse_calls(raw_calls, request, tool_format)
+            calls = parse_tool_calls(raw_calls, tool_format, request.tools)
             _warm_up_next_turn(context, request, "".join(streamed), calls)
             if calls:
                 yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)})
@@ -125,17 +125,8 @@ def _split_tool_calls(
         return text, []
     splitter = ToolCallSplitter(tool_format.start, tool_format.end)
     first, rest = splitter.feed(text), splitter.finish()
-    calls = _parse_calls([*first.calls, *rest.calls], request, tool_format)
+    calls = parse_tool_calls([*first.calls, *rest.calls], tool_format, request.tools)
     return first.content + rest.content, calls
-
-
-def _parse_calls(
-    raw_calls: list[str], request: GenerationRequest, tool_format: ToolCallFormat | None
-) -> list[ToolCall]:
-    if tool_format is None:
-        return []
-    parsed = (parse_tool_call(raw, tool_format.parser, request.tools) for raw in raw_calls)
-    return [call for call in parsed if call is not None]
 
 
 def _finish_reason(finished: GenerationFinished, calls: list[ToolCall]) -> str:
