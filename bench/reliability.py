@@ -24,7 +24,8 @@ embedded SmolLM2 conversion lends it its tokenizer), drives it with the official
   `compaction_failed` is the expected answer). The server gets `--prompt-cache-snapshot-capacity-bytes`
   `--soak-snapshot-capacity` (4MiB, about 17 snapshots of a 460-token state on this model, so it evicts).
   Every `--sample-every` (2) s: RSS, `/v1/cache/stats` snapshot_bytes vs snapshot_capacity_bytes, `/health`
-  running/waiting. Failures: any 5xx but 502 `compaction_failed`, stream errors, connection errors; 4xx are
+  running/waiting, MLX memory and glibc malloc's bytes in use and freed-but-held. Failures: any 5xx but 502
+  `compaction_failed`, stream errors, connection errors; 4xx are
   counted apart. At the end: running == waiting == 0, RSS growth from the sample nearest 60 s to the last.
 - `kill`: `--data-dir D`; 4 client threads create stored Responses (`max_output_tokens` 8; two of them chain
   with `previous_response_id`) and record every id answered with 200 and a body; after `--kill-after` (10) s
@@ -695,6 +696,8 @@ class Sample:
     waiting: int
     mlx_active_bytes: int
     mlx_cache_bytes: int
+    malloc_in_use_bytes: int | None = None  # glibc's heap, from /health "malloc" (None off glibc)
+    malloc_free_held_bytes: int | None = None
 
 
 def sampler(server: RunningServer, every: float, stop: threading.Event, samples: list[Sample], t0: float) -> None:
@@ -715,6 +718,8 @@ def sampler(server: RunningServer, every: float, stop: threading.Event, samples:
                     waiting=counters["waiting"],
                     mlx_active_bytes=memory["active_bytes"],
                     mlx_cache_bytes=memory["cache_bytes"],
+                    malloc_in_use_bytes=(health.get("malloc") or {}).get("in_use_bytes"),
+                    malloc_free_held_bytes=(health.get("malloc") or {}).get("free_held_bytes"),
                 )
             )
         except (httpx.HTTPError, KeyError, ValueError) as error:
@@ -838,6 +843,10 @@ def run_soak(setup: Setup) -> PartResult:
             f"{samples[0].mlx_active_bytes / 2**20:.1f} / {minute.mlx_active_bytes / 2**20:.1f} / "
             f"{last.mlx_active_bytes / 2**20:.1f}",
         )
+        for label, field_name in (("in use", "malloc_in_use_bytes"), ("freed but held", "malloc_free_held_bytes")):
+            values = [getattr(s, field_name) for s in (samples[0], minute, last)]
+            if None not in values:
+                result.row(f"malloc {label} first / ~60 s / last (MiB)", " / ".join(f"{v / 2**20:.1f}" for v in values))
     result.row(
         "/health after clients stopped", f"{counters_text(first)}; idle: {counters_text(after)} ({idle_s:.1f} s)"
     )

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from courier import __version__
 from courier.runtime import settings as settings_module
 from courier.runtime.blas import load_optimized_blas
+from courier.runtime.malloc_tuning import pin_malloc_thresholds
 from courier.runtime.model_source import ModelSourceError, resolve_model_source
 
 logger = logging.getLogger("courier")
@@ -46,6 +47,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> int:
+    malloc = pin_malloc_thresholds(environ, settings.malloc_tuning)
+    logger.info("malloc: %s", malloc.detail)
     try:
         blas = load_optimized_blas(settings.blas)
     except OSError as error:

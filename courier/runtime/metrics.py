@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from courier.runtime.malloc_tuning import malloc_usage
 from courier.runtime.mlx_memory import mlx_memory
 from courier.runtime.service_state import ServiceState
 
@@ -57,6 +58,14 @@ class _StateCollector(Collector):
             "courier_mlx_cache_bytes", "Bytes of freed buffers MLX keeps for reuse", value=memory.cache_bytes
         )
         yield GaugeMetricFamily("courier_mlx_peak_bytes", "Most bytes MLX arrays held at once", value=memory.peak_bytes)
+        heap = malloc_usage()
+        if heap is not None:
+            yield GaugeMetricFamily(
+                "courier_malloc_in_use_bytes", "Bytes in use in glibc's heap", value=heap["in_use_bytes"]
+            )
+            yield GaugeMetricFamily(
+                "courier_malloc_free_held_bytes", "Freed bytes glibc's heap keeps", value=heap["free_held_bytes"]
+            )
 
     def _prompt_cache(self) -> Iterator[Metric]:
         store = self._state.snapshot_store

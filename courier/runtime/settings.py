@@ -150,6 +150,7 @@ class Settings:
     max_queue: int = 64
     prefill_step_size: int = 512
     mlx_cache_limit: int = 1024**3
+    malloc_tuning: bool = True
     admission_window_ms: float = 20.0
     request_timeout: float = 600.0
     max_images: int = 16
@@ -267,6 +268,13 @@ OPTIONS: tuple[Option, ...] = (
         default=_DEFAULTS.mlx_cache_limit,
         help="most bytes of freed buffers MLX keeps for reuse (0 keeps none); bounds memory under varied traffic",
         metavar="BYTES",
+    ),
+    Option(
+        name="malloc_tuning",
+        parse=parse_bool,
+        default=_DEFAULTS.malloc_tuning,
+        help="pin glibc's mmap and trim thresholds at 128 KiB so freed memory goes back to the system",
+        is_flag=True,
     ),
     Option(
         name="admission_window_ms",

@@ -8,6 +8,7 @@ import orjson
 from quart import Blueprint, Response
 
 from courier.http.context import AppContext
+from courier.runtime.malloc_tuning import malloc_usage
 from courier.runtime.mlx_memory import mlx_memory
 from courier.runtime.service_state import Phase
 
@@ -28,6 +29,7 @@ def blueprint(context: AppContext) -> Blueprint:
             "model_info": model.as_dict() if model else None,
             "scheduler": state.scheduler.as_dict(),
             "memory": mlx_memory().as_dict(),
+            "malloc": malloc_usage(),
             "uptime_s": round(time.time() - state.started_at, 3),
         }
         status = 200 if state.phase is Phase.READY else 503
