@@ -5,9 +5,11 @@ Two measurements, in one run and on the same checkpoint:
 1. Single-stream decode. The reference is mlx-lm's `stream_generate` in this process on the
    weights Courier serves on CPU (the 4-bit conversion of the embedded GGUF dequantized to
    float32, OpenBLAS loaded before MLX), reported as mlx-lm's `generation_tps`. Each server
-   then gets the same prompts as one streaming chat completion at a time over HTTP; its decode
-   rate is (completion tokens - 1) / (last content delta - first content delta). The ratio
-   HTTP / in-process is the cost of serving (Courier's target: >= 0.95). mlx-lm's figure
+   then gets the same prompts as one streaming chat completion at a time over HTTP, each prompt
+   run in process just before (the model stays loaded here; the server idles meanwhile), so each
+   pair sees the same machine; its decode rate is (completion tokens - 1) / (last content delta -
+   first content delta). The ratio HTTP / paired in-process medians is the cost of serving
+   (Courier's target: >= 0.95). mlx-lm's figure
    counts one token more over the same interval, so the ratio errs against the server.
 
 2. Concurrency sweep. N streaming clients (the official `openai` client, distinct prompts,
@@ -196,6 +198,9 @@ class SingleStreamResult:
     decode_tps: float
     completion_tokens: list[int]
     runs_tps: list[float]
+    # mlx-lm in process on the same prompts, each run just before the server's (median, and each run).
+    paired_in_process_tps: float | None = None
+    paired_runs_tps: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -320,39 +325,44 @@ def save_float32_dir(model: Any, dir4: Path, target: Path) -> Path:
     return target
 
 
-def measure_in_process(
-    model: Any, tokenizer: Any, prompts: Sequence[str], max_tokens: int, blas: BlasReport
-) -> InProcessResult:
-    from mlx_lm import stream_generate
+class InProcessReference:
+    """mlx-lm's `stream_generate` in this process, on the weights Courier serves on CPU."""
 
-    def chat_tokens(prompt: str) -> list[int]:
-        tokens: list[int] = tokenizer.apply_chat_template(
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        from mlx_lm import stream_generate
+
+        self._model = model
+        self._tokenizer = tokenizer
+        self._stream_generate = stream_generate
+        self.run(WARMUP_PROMPT, 8)
+
+    def run(self, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+        """One generation: mlx-lm's generation_tps, the HTTP formula's decode rate, and the tokens."""
+        tokens: list[int] = self._tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True
         )
-        return tokens
-
-    for _ in stream_generate(model, tokenizer, chat_tokens(WARMUP_PROMPT), max_tokens=8):
-        pass
-    generation_tps: list[float] = []
-    decode_tps: list[float] = []
-    tokens: list[int] = []
-    for prompt in prompts:
         stamps: list[float] = []
         last: Any = None
-        for response in stream_generate(model, tokenizer, chat_tokens(prompt), max_tokens=max_tokens):
+        for response in self._stream_generate(self._model, self._tokenizer, tokens, max_tokens=max_tokens):
             stamps.append(time.perf_counter())
             last = response
         if last is None or len(stamps) < 2:
             raise BenchmarkError(f"in-process generation produced fewer than 2 tokens for {prompt!r}")
-        generation_tps.append(float(last.generation_tps))
-        decode_tps.append((last.generation_tokens - 1) / (stamps[-1] - stamps[0]))
-        tokens.append(int(last.generation_tokens))
+        decode_tps = (last.generation_tokens - 1) / (stamps[-1] - stamps[0])
+        return float(last.generation_tps), decode_tps, int(last.generation_tokens)
+
+
+def measure_in_process(
+    reference: InProcessReference, prompts: Sequence[str], max_tokens: int, blas: BlasReport
+) -> InProcessResult:
+    runs = [reference.run(prompt, max_tokens) for prompt in prompts]
+    generation_tps = [run[0] for run in runs]
     return InProcessResult(
         weights="float32 (from the 4-bit conversion of the embedded GGUF)",
         blas=blas.as_dict(),
         generation_tps=statistics.median(generation_tps),
-        decode_tps=statistics.median(decode_tps),
-        completion_tokens=tokens,
+        decode_tps=statistics.median(run[1] for run in runs),
+        completion_tokens=[run[2] for run in runs],
         runs_generation_tps=generation_tps,
     )
 
@@ -524,15 +534,29 @@ async def stream_completion(client: openai.AsyncOpenAI, model: str, prompt: str,
 
 
 async def measure_single_stream(
-    client: openai.AsyncOpenAI, server: str, model: str, prompts: Sequence[str], max_tokens: int
+    client: openai.AsyncOpenAI,
+    server: str,
+    model: str,
+    prompts: Sequence[str],
+    max_tokens: int,
+    *,
+    reference: InProcessReference | None,
 ) -> SingleStreamResult:
-    streams = [await stream_completion(client, model, prompt, max_tokens) for prompt in prompts]
+    """Each prompt in process (while the server idles), then over HTTP: the pair sees the same machine."""
+    streams: list[StreamResult] = []
+    paired: list[float] = []
+    for prompt in prompts:
+        if reference is not None:
+            paired.append(reference.run(prompt, max_tokens)[0])
+        streams.append(await stream_completion(client, model, prompt, max_tokens))
     runs = [stream.decode_tps for stream in streams]
     return SingleStreamResult(
         server=server,
         decode_tps=statistics.median(runs),
         completion_tokens=[stream.completion_tokens for stream in streams],
         runs_tps=runs,
+        paired_in_process_tps=statistics.median(paired) if paired else None,
+        paired_runs_tps=paired,
     )
 
 
@@ -571,7 +595,9 @@ async def measure_server(
     async with make_client(port) as client:
         await stream_completion(client, model, WARMUP_PROMPT, args.max_tokens)
         progress(f"{server}: single stream, {len(single_prompts)} x {args.single_tokens} tokens")
-        measured.single = await measure_single_stream(client, server, model, single_prompts, args.single_tokens)
+        measured.single = await measure_single_stream(
+            client, server, model, single_prompts, args.single_tokens, reference=args.reference
+        )
         for clients in args.concurrency:
             progress(f"{server}: {clients} concurrent streams x {args.max_tokens} tokens")
             try:
@@ -729,13 +755,14 @@ def print_single_stream(report: Report) -> None:
             f"generation_tps {reference.generation_tps:.1f} tok/s (same formula as HTTP: {reference.decode_tps:.1f}), "
             f"tokens {reference.completion_tokens}\n"
         )
-    print("| server | HTTP decode tok/s | tokens | in-process tok/s | HTTP / in-process |")
+    print("The ratio is against in-process runs of the same prompts, each just before the server's (paired).\n")
+    print("| server | HTTP decode tok/s | tokens | paired in-process tok/s | HTTP / in-process |")
     print("|---|---|---|---|---|")
     for run in report.servers:
         single = run.single_stream
         if single is None:
             continue
-        in_tps = reference.generation_tps if reference else math.nan
+        in_tps = single.paired_in_process_tps or (reference.generation_tps if reference else math.nan)
         ratio = single.decode_tps / in_tps
         target = f" (target >= {TARGET_SINGLE_STREAM_RATIO})" if run.name == COURIER else ""
         tokens = single.completion_tokens
@@ -819,8 +846,9 @@ def cache_directory(requested: Path | None) -> Iterator[Path]:
 
 def prepare_reference(
     cache_dir: Path, single_prompts: Sequence[str], args: argparse.Namespace, blas: BlasReport
-) -> tuple[Path, Path | None, InProcessResult]:
-    """Convert the GGUF, write the float32 directory if needed, and measure mlx-lm in process."""
+) -> tuple[Path, Path | None, InProcessReference, InProcessResult]:
+    """Convert the GGUF, write the float32 directory if needed, and measure mlx-lm in process (kept loaded, so
+    each server's single-stream runs are paired with in-process runs)."""
     progress("converting the embedded GGUF to a 4-bit MLX directory")
     dir4 = prepare_4bit_dir(cache_dir)
     progress(f"4-bit directory: {dir4}; dequantizing to float32")
@@ -830,10 +858,8 @@ def prepare_reference(
         dir_f32 = save_float32_dir(model, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
         progress(f"float32 directory: {dir_f32}")
     progress(f"in-process mlx-lm: {len(single_prompts)} x {args.single_tokens} tokens")
-    reference = measure_in_process(model, tokenizer, single_prompts, args.single_tokens, blas)
-    del model, tokenizer
-    release_mlx_memory()
-    return dir4, dir_f32, reference
+    reference = InProcessReference(model, tokenizer)
+    return dir4, dir_f32, reference, measure_in_process(reference, single_prompts, args.single_tokens, blas)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -849,7 +875,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[ServerRun] = []
     with cache_directory(args.cache_dir) as cache_dir:
         wait_for_quiet(args.quiet_load, args.quiet_timeout)
-        dir4, dir_f32, reference = prepare_reference(cache_dir, single_prompts, args, blas)
+        dir4, dir_f32, args.reference, reference = prepare_reference(cache_dir, single_prompts, args, blas)
         model_dirs = {COURIER: None, MLX_LM_4BIT: dir4, MLX_LM_F32: dir_f32, MLX_LM_F32_KERNELS: dir_f32}
         for server in args.servers:
             runs.append(run_server(server, model_dirs[server], cache_dir, single_prompts, args))
