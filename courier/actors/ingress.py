@@ -20,7 +20,9 @@ from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import replace
 
+import anyio
 from anyio import BrokenResourceError, ClosedResourceError, WouldBlock, create_memory_object_stream
+from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.history.chat_content import has_images
@@ -29,6 +31,7 @@ from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.generation import GenerationEvent
 from courier.messages.ingress import (
     AdmitGeneration,
+    AdmitReply,
     Admitted,
     ChatPrompt,
     IngressMessage,
@@ -58,6 +61,8 @@ from courier.runtime.scheduler_stats import SchedulerStats
 
 # Events per request: one per generated token at most, plus the terminal event.
 EVENT_SLACK = 2
+# Requests with images admitted at once (each fetches, then renders, in its own task).
+IMAGE_ADMISSIONS = 8
 
 
 class IngressActor(Actor[IngressMessage]):
@@ -83,13 +88,51 @@ class IngressActor(Actor[IngressMessage]):
         self._model_id = model_id
         self._max_images = max_images
         self._stats = scheduler_stats
+        self._image_slots = anyio.Semaphore(IMAGE_ADMISSIONS)
+        self._tasks: TaskGroup | None = None
+        self._tasks_ready = anyio.Event()
+
+    async def background(self) -> None:
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            self._tasks_ready.set()
+            await anyio.sleep_forever()
 
     async def handle(self, message: IngressMessage) -> None:
         match message:
+            case AdmitGeneration() if self._fetches_images(message):
+                await self._admit_aside(message)
             case AdmitGeneration():
-                await self._on_admit_generation(message)
+                await self._on_admit_generation(message, message.reply)
             case WarmUpConversation():
                 await self._on_warm_up_conversation(message)
+
+    def _fetches_images(self, message: AdmitGeneration) -> bool:
+        return (
+            self._media_fetcher is not None and isinstance(message.prompt, ChatPrompt) and bool(message.prompt.images)
+        )
+
+    async def _admit_aside(self, message: AdmitGeneration) -> None:
+        """A request with images is admitted in its own task: a slow image host must not hold up the requests
+        behind it. At most `IMAGE_ADMISSIONS` at once; beyond them the request is refused as overloaded."""
+        reply = message.reply.clone()  # the actor closes the original when `handle` returns
+        try:
+            self._image_slots.acquire_nowait()
+        except WouldBlock:
+            with reply:
+                busy = f"{IMAGE_ADMISSIONS} requests with images are being fetched; retry shortly"
+                await reply.send(RequestFailed(kind=FailureKind.OVERLOADED, message=busy))
+            return
+        await self._tasks_ready.wait()
+        assert self._tasks is not None
+        self._tasks.start_soon(self._admit_then_release, message, reply)
+
+    async def _admit_then_release(self, message: AdmitGeneration, reply: MemoryObjectSendStream[AdmitReply]) -> None:
+        with reply:
+            try:
+                await self._on_admit_generation(message, reply)
+            finally:
+                self._image_slots.release()
 
     async def _on_warm_up_conversation(self, message: WarmUpConversation) -> None:
         """Render the history through the reply, as the next turn will, and queue it for an idle scheduler.
@@ -111,14 +154,17 @@ class IngressActor(Actor[IngressMessage]):
             with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
                 self._scheduler.send_nowait(QueueWarmUp(session=message.session, tokens=result.tokens))
 
-    async def _on_admit_generation(self, message: AdmitGeneration) -> None:
+    async def _on_admit_generation(
+        self, message: AdmitGeneration, reply_stream: MemoryObjectSendStream[AdmitReply]
+    ) -> None:
         try:
             reply = await self._admit(message)
         except ActorBusy:
             reply = RequestFailed(kind=FailureKind.OVERLOADED, message="the server is busy; retry shortly")
         except ActorStopped:
             reply = RequestFailed(kind=FailureKind.UNAVAILABLE, message="the server is shutting down")
-        await message.reply.send(reply)
+        with suppress(BrokenResourceError, ClosedResourceError):
+            await reply_stream.send(reply)
 
     async def _admit(self, message: AdmitGeneration) -> Admitted | RequestFailed:
         refused = self._refused_early(message)

@@ -2,8 +2,9 @@
 
 Receives `FetchImages` only for requests the ingress has already admitted (the
 model accepts images, the count is within `--max-images`), so a refused request
-never reaches it. Each URL is read once per `FetchMemo` and a failed one is not
-retried; the first failure answers the whole request with a 400 naming its part.
+never reaches it. A request's distinct URLs are read side by side; each is read
+once per `FetchMemo` and a failed one is not retried; the first failing part (in
+request order) answers the whole request with a 400 naming it.
 Requests are served concurrently (`runtime/concurrent_actor.py`): one slow host
 holds up only its own request. Each read is a `media_fetcher.fetch` span.
 """
@@ -18,7 +19,7 @@ from courier.media.address_policy import MediaRefused
 from courier.media.fetcher import MediaFetcher
 from courier.media.images import FetchedImage
 from courier.messages.base import FailureKind, RequestFailed
-from courier.messages.media import FetchImages, FetchReply, ImageRef, ImagesFetched, MediaFetcherMessage
+from courier.messages.media import FetchImages, FetchMemo, FetchReply, ImageRef, ImagesFetched, MediaFetcherMessage
 from courier.runtime.concurrent_actor import ConcurrentActor
 from courier.runtime.tracing import tracer
 
@@ -34,17 +35,22 @@ class MediaFetcherActor(ConcurrentActor[MediaFetcherMessage]):
         self._fetcher = fetcher
 
     async def serve(self, message: FetchImages) -> FetchReply:
+        memo = message.memo
+        wanted = {ref.url: ref for ref in message.images if ref.url not in memo.results}
+        async with anyio.create_task_group() as fetches:  # a request's URLs are read side by side
+            for ref in wanted.values():
+                fetches.start_soon(self._fetch_into, ref, memo)
         images: list[FetchedImage] = []
         for ref in message.images:
-            result = message.memo.results.get(ref.url)
-            if result is None:
-                result = await self._fetch(ref)
-                message.memo.results[ref.url] = result
-                message.memo.fetches += 1
+            result = memo.results[ref.url]
             if isinstance(result, RequestFailed):
                 return RequestFailed(kind=result.kind, message=f"{ref.param}: {result.message}", param=ref.param)
             images.append(result)
         return ImagesFetched(images=tuple(images))
+
+    async def _fetch_into(self, ref: ImageRef, memo: FetchMemo) -> None:
+        memo.results[ref.url] = await self._fetch(ref)
+        memo.fetches += 1
 
     async def _fetch(self, ref: ImageRef) -> FetchedImage | RequestFailed:
         scheme = urlsplit(ref.url).scheme.lower()

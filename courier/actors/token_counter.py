@@ -101,7 +101,10 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         if self._images is None:
             raise ValueError("the model takes no images")
         text = self._render_text(message.messages, message.tools, message.add_generation_prompt, message.thinking)
-        tokens, arrays = self._images.encode(text, message.images)
+        try:
+            tokens, arrays = self._images.encode(text, message.images)
+        except Exception as error:  # the model's processor on client bytes: any failure is this request's
+            raise ValueError(f"the model's processor could not prepare the images: {type(error).__name__}") from error
         vision = VisionInputs(arrays=arrays, digest=combined_digest(message.images), image_count=len(message.images))
         return TokenizeResult(tokens=tuple(tokens), vision=vision)
 

@@ -116,6 +116,7 @@ class _Sequence:
     cut_boundary: int = 0
     shared: _SharedState | None = None
     token_ids: list[int] = field(default_factory=list)  # generated so far, for a replay after a fault
+    sampler: Any = None  # kept for a replay, so a seeded request's random stream carries on
 
 
 class BatchEngine:
@@ -295,6 +296,7 @@ class BatchEngine:
             cached_tokens=cached,
             cut_boundary=cut_boundary,
             shared=shared,
+            sampler=sampler,
         )
         if shared is not None:
             shared.users.add(uid)
@@ -450,6 +452,7 @@ class BatchEngine:
                 logger.warning("request %s fails on its own: %s", sequence.request.request_id, replay_error)
                 message = f"generation failed: {type(replay_error).__name__}: {replay_error}"
                 outputs.append(EngineOutput(sequence.request.request_id, GenerationFailed(message=message)))
+        self._just_recovered = bool(self._by_uid)  # nothing replayed: the next batch starts afresh
         return outputs
 
     def _replay(self, sequence: _Sequence) -> None:
@@ -457,7 +460,9 @@ class BatchEngine:
         request = sequence.request
         tokens = [*request.prompt_tokens, *sequence.token_ids]
         with mx.stream(self._stream):
-            start, cache = self._prefill_images(request, 0, None) if request.vision is not None else (0, None)
+            start, cache = resume(request.prefix, len(request.prompt_tokens))  # from its stored snapshot, if any
+            if request.vision is not None:
+                start, cache = self._prefill_images(request, start, cache)
             cache = prefill(self._model, tokens[start:-1], cache) if start < len(tokens) - 1 else cache
             probe, _ = compact_copy(cache) if cache is not None else (None, 0)
             mx.eval(self._model(mx.array([tokens[-1:]]), cache=probe))
@@ -468,7 +473,7 @@ class BatchEngine:
             max_tokens=[remaining],
             caches=[cache] if cache is not None else None,
             all_tokens=[tokens[:-1]] if cache is not None else None,
-            samplers=[build_sampler(sampling.temperature, sampling.top_p, sampling.seed)],
+            samplers=[sequence.sampler or build_sampler(sampling.temperature, sampling.top_p, sampling.seed)],
         )
         sequence.uid = uid
         sequence.cut_boundary = 0

@@ -31,7 +31,7 @@ def combined_digest(images: Sequence[FetchedImage]) -> str:
 
 
 def inspect_image(data: bytes, max_pixels: int) -> FetchedImage:
-    """Read the header for the size (refusing over `max_pixels` before decoding), then verify the data."""
+    """Read the header for the size (refusing over `max_pixels` before decoding), then verify and decode the data."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -41,6 +41,8 @@ def inspect_image(data: bytes, max_pixels: int) -> FetchedImage:
                     raise MediaRefused(f"the image is {width}x{height}, over the limit of {max_pixels} pixels")
                 image.verify()
                 image_format = image.format or "unknown"
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()  # every pixel decodes: a truncated file is refused here, not in the model's processor
     except MediaRefused:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombWarning) as error:

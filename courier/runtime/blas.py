@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from courier.runtime.openblas_core import CoreChoice, choose_core
+from courier.runtime.openblas_core import ENV_VAR, CoreChoice, choose_core
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +90,11 @@ def _choose(choice: str) -> BlasReport:
             handle = ctypes.CDLL(candidate, mode=os.RTLD_GLOBAL)
         except OSError as error:
             failures.append(f"{candidate}: {error}")
+            _forget_choice(core)
             continue
         if not hasattr(handle, "cblas_sgemm"):
             failures.append(f"{candidate}: no cblas_sgemm symbol")
+            _forget_choice(core)
             continue
         return BlasReport(
             library="OpenBLAS",
@@ -118,6 +120,12 @@ def _auto_candidates() -> list[str]:
     if found:
         candidates.append(found)
     return list(dict.fromkeys(candidates))
+
+
+def _forget_choice(core: CoreChoice) -> None:
+    """A candidate that could not be used leaves no OPENBLAS_CORETYPE of ours for the next one to mistake."""
+    if core.chosen is not None and core.detected is not None:
+        os.environ.pop(ENV_VAR, None)
 
 
 def _describe(core: CoreChoice | None) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,7 +53,9 @@ class MallocTuning:
     detail: str
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
+    """glibc, once (finding it runs `ldconfig -p`; /health and /metrics ask on every call)."""
     if not sys.platform.startswith("linux"):
         return None
     try:

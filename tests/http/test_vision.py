@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,13 @@ def png(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
     return buffer.getvalue()
 
 
+def jpeg() -> bytes:
+    """A JPEG whose pixels are noise, so that cutting its tail truncates image data (not just padding)."""
+    buffer = io.BytesIO()
+    Image.frombytes("RGB", (64, 48), bytes(range(256)) * 36).save(buffer, format="JPEG", quality=95)
+    return buffer.getvalue()
+
+
 def data_url(color: tuple[int, int, int]) -> str:
     return "data:image/png;base64," + base64.b64encode(png(color)).decode()
 
@@ -125,6 +133,17 @@ def test_a_url_is_fetched_once_per_request_after_admission(client: openai.OpenAI
     assert media.requests["/image.png"] == before + 2
 
 
+def test_a_slow_image_host_holds_up_only_its_own_request(client: openai.OpenAI, media: MediaServer) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(ask, client, [image_part(media.url("/held")), {"type": "text", "text": "Slow one."}])
+        assert media.held.wait(timeout=60)  # its image is being fetched, and the host does not answer yet
+        meanwhile = ask(client, "Are you there?")
+        assert meanwhile.choices[0].message.content
+        assert not held.done()
+        media.release.set()
+        assert held.result(timeout=120).choices[0].message.content
+
+
 def test_file_urls_are_confined_to_the_media_path(client: openai.OpenAI, media_root: Path) -> None:
     """A file:// path is joined under --media-path; nothing outside it is read."""
     inside = ask(client, [image_part("file:///blue.png")])
@@ -141,6 +160,7 @@ def test_file_urls_are_confined_to_the_media_path(client: openai.OpenAI, media_r
     ("url", "reason"),
     [
         ("data:image/png;base64," + base64.b64encode(b"not an image at all").decode(), "not a decodable image"),
+        ("data:image/jpeg;base64," + base64.b64encode(jpeg()[:-300]).decode(), "not a decodable image"),
         ("/missing", "404"),
     ],
 )

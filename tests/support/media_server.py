@@ -1,6 +1,7 @@
 """A real HTTP server on an ephemeral port that counts the requests it gets, for media-fetch tests.
 
-Routes: `/image.png` (a small PNG), `/redirect?to=URL` (302), `/stream?bytes=N` (N bytes of a PNG-looking
+Routes: `/image.png` (a small PNG), `/held` (the same PNG, sent only once the test sets `release`; `held` is
+set when it is asked for), `/redirect?to=URL` (302), `/stream?bytes=N` (N bytes of a PNG-looking
 body sent in chunks, no Content-Length; counts what it managed to send), `/missing` (404). A test network
 backend (`RoutedBackend`) lets a fetcher reach it under a public-looking host name and, when asked, claim
 that the connection landed on a public address.
@@ -33,6 +34,8 @@ class MediaServer:
         self._server = server
         self.requests: Counter[str] = Counter()
         self.streamed_bytes = 0
+        self.held = threading.Event()  # `/held` was asked for
+        self.release = threading.Event()  # `/held` answers once this is set
 
     @property
     def port(self) -> int:
@@ -57,6 +60,10 @@ def media_server() -> Iterator[MediaServer]:
             served.requests[parts.path] += 1
             query = parse_qs(parts.query)
             if parts.path == "/image.png":
+                self._send(200, image, {"Content-Type": "image/png", "Content-Length": str(len(image))})
+            elif parts.path == "/held":
+                served.held.set()
+                served.release.wait(timeout=60)
                 self._send(200, image, {"Content-Type": "image/png", "Content-Length": str(len(image))})
             elif parts.path == "/redirect":
                 self._send(302, b"", {"Location": query["to"][0], "Content-Length": "0"})
