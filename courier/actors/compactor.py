@@ -112,7 +112,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         instructions = [item for item in items if is_instruction(item)]
         history = [item for item in items if not is_instruction(item)]
         # Every count and the summary read each image once: the counts render the history many times.
-        memo = FetchMemo()
+        memo = message.memo or FetchMemo()
         with tracer().start_as_current_span("compactor.selection") as span:
             parts = segments(history)
             costs = [await self._count(part, message.items, memo) for part in parts]

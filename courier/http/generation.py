@@ -31,6 +31,7 @@ from courier.messages.generation import (
     TokensGenerated,
 )
 from courier.messages.ingress import AdmitGeneration, Admitted, Prompt
+from courier.messages.media import FetchMemo
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +67,7 @@ async def admit_prompt(
     session: str,
     cache_prompt: bool,
     fit_to_context: bool = False,
+    memo: FetchMemo | None = None,
 ) -> Admitted:
     context.require_ready()
     return await ask_actor(
@@ -78,6 +80,7 @@ async def admit_prompt(
             session=session,
             cache_prompt=cache_prompt,
             fit_to_context=fit_to_context,
+            memo=memo,
         ),
         Admitted,
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from courier.messages.base import Message, ReplyStream, RequestFailed
+from courier.messages.media import FetchMemo
 from courier.storage.records import JsonObject
 
 
@@ -33,6 +34,7 @@ class CompactHistory(Message):
     max_output_tokens: int
     session: str
     reply: ReplyStream[CompactReply]
+    memo: FetchMemo | None = None  # images already read for this turn (automatic compaction): read once in all
 
 
 CompactorMessage: TypeAlias = CompactHistory

@@ -259,6 +259,27 @@ def test_by_default_private_addresses_local_files_and_big_images_are_refused(
     assert "allow-private-media-urls is set" not in guarded.log()
 
 
+def test_an_automatically_compacted_turn_reads_each_image_once(http: httpx.Client, media: MediaServer) -> None:
+    """Its threshold count, the compaction's counts and summary, and the admission share one read per URL."""
+    before = media.requests["/image.png"]
+    image = {"type": "input_image", "image_url": media.url("/image.png")}
+    history = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Look at this."}, image]},
+        {"role": "assistant", "content": "A red square."},
+        {"role": "user", "content": "What colour was it?"},
+    ]
+    body = {
+        "model": MODEL,
+        "input": history,
+        "max_output_tokens": 4,
+        "context_management": [{"type": "compaction", "compact_threshold": 8}],
+    }
+    reply = http.post("/v1/responses", json=body, timeout=120)
+    # Random weights never end a summary, so the compaction fails (502); its images were read all the same.
+    assert reply.status_code == 502, reply.text
+    assert media.requests["/image.png"] == before + 1
+
+
 def test_an_admitted_request_traces_admission_then_fetch_then_render(server: RunningServer, trace_file: Path) -> None:
     """Runs last in this module: stopping the server flushes its spans."""
     assert server.stop() == 0

@@ -13,7 +13,7 @@ prompt cache and the batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from courier.history.capsule import CapsuleError
 from courier.history.chat_render import chat_messages
@@ -46,6 +46,8 @@ class Plan:
     draft: ResponseDraft
     items: list[JsonObject]  # the history then this request's input, as stored and sent (capsules unexpanded)
     compaction_due: bool
+    # The turn's images, read once for its count, its compaction and its admission alike.
+    memo: FetchMemo = field(default_factory=FetchMemo)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,12 +104,14 @@ def context_messages(context: AppContext, request: ResponsesRequest, items: Sequ
     return chat_messages(request.instructions, replayed_items(context, request, items))
 
 
-async def count_tokens(context: AppContext, request: ResponsesRequest, items: Sequence[JsonObject]) -> int:
+async def count_tokens(
+    context: AppContext, request: ResponsesRequest, items: Sequence[JsonObject], memo: FetchMemo | None = None
+) -> int:
     """What a turn over `items` prefills: the render `/v1/responses/input_tokens` reports (a vision model's
     images counted as the image tokens they expand to, so they are fetched)."""
     shown = replayed_items(context, request, items)
     messages = chat_messages(request.instructions, shown)
-    images = await _images_to_count(context, image_refs(shown, request.input_items))
+    images = await _images_to_count(context, image_refs(shown, request.input_items), memo or FetchMemo())
     counted = await ask_actor(
         context.outboxes.token_counter,
         lambda reply: TokenizeChat(
@@ -118,7 +122,9 @@ async def count_tokens(context: AppContext, request: ResponsesRequest, items: Se
     return len(counted.tokens)
 
 
-async def _images_to_count(context: AppContext, refs: tuple[ImageRef, ...]) -> tuple[FetchedImage, ...]:
+async def _images_to_count(
+    context: AppContext, refs: tuple[ImageRef, ...], memo: FetchMemo
+) -> tuple[FetchedImage, ...]:
     """The images a count must see: none for a text-only model (its template shows their text only)."""
     model, fetcher = context.state.model, context.outboxes.media_fetcher
     if not refs or model is None or not model.accepts_images or fetcher is None:
@@ -128,9 +134,7 @@ async def _images_to_count(context: AppContext, refs: tuple[ImageRef, ...]) -> t
         raise ApiError.invalid(
             f"{len(refs)} images in one request; at most {cap} are accepted (--max-images)", param=refs[cap].param
         )
-    fetched = await ask_actor(
-        fetcher, lambda reply: FetchImages(images=refs, memo=FetchMemo(), reply=reply), ImagesFetched
-    )
+    fetched = await ask_actor(fetcher, lambda reply: FetchImages(images=refs, memo=memo, reply=reply), ImagesFetched)
     return fetched.images
 
 
@@ -139,12 +143,13 @@ async def plan_turn(context: AppContext, request: ResponsesRequest) -> Plan:
     context.require_model(request.model)
     items = [*await history_items(context, request), *request.input_items]
     due = False
+    memo = FetchMemo()
     if request.compact_threshold is not None:
-        tokens = await count_tokens(context, request, items)
+        tokens = await count_tokens(context, request, items, memo)
         wanted = request.max_output_tokens or 1
         due = tokens >= request.compact_threshold or tokens + wanted > context.context_length
     draft = ResponseDraft(request=request, model=context.state.model_id)
-    return Plan(request=request, draft=draft, items=items, compaction_due=due)
+    return Plan(request=request, draft=draft, items=items, compaction_due=due, memo=memo)
 
 
 async def compact(context: AppContext, plan: Plan) -> CompactionResult:
@@ -159,6 +164,7 @@ async def compact(context: AppContext, plan: Plan) -> CompactionResult:
             max_output_tokens=AUTO_COMPACTION_SUMMARY_TOKENS,
             session=request.session,
             reply=reply,
+            memo=plan.memo,
         ),
         CompactionResult,
     )
@@ -188,6 +194,7 @@ async def admit_turn(
         cache_prompt=request.cache_prompt,
         # A compacted turn generates what the context leaves, up to max_output_tokens, rather than failing.
         fit_to_context=compaction is not None,
+        memo=plan.memo,
     )
     return Turn(request=request, draft=plan.draft, items=items, admitted=admitted, compaction_item=compaction_item)
 
