@@ -81,17 +81,32 @@ def _text_model(vlm: Any, config: dict[str, Any]) -> nn.Module:
     except ImportError:
         raise VisionLoadError(f"the text model type {text_type!r} is not one mlx-lm knows") from None
     text_config["model_type"] = text_type
-    text_config.setdefault("tie_word_embeddings", False)
+    text_config.setdefault("tie_word_embeddings", bool(config.get("tie_word_embeddings", False)))
     model: nn.Module = module.Model(module.ModelArgs.from_dict(text_config))
     weights = [(_text_weight_name(name), value) for name, value in tree_flatten(vlm.language_model.parameters())]
     if text_config["tie_word_embeddings"]:
         weights = [(name, value) for name, value in weights if not name.startswith("lm_head.")]
+    _quantize_like(model, {name for name, _ in weights}, config)
     try:
         model.load_weights(weights, strict=True)
     except ValueError as error:
         raise VisionLoadError(f"the text model's weights do not fit mlx-lm's {text_type}: {error}") from None
     model.eval()
     return model
+
+
+def _quantize_like(model: nn.Module, names: set[str], config: dict[str, Any]) -> None:
+    """Quantize the layers the checkpoint stores quantized (kept so on Metal and CUDA), as mlx-lm's loader does."""
+    if not any(name.endswith(".scales") for name in names):
+        return
+    quantization = config.get("quantization") or {}
+    nn.quantize(
+        model,
+        group_size=int(quantization.get("group_size", 64)),
+        bits=int(quantization.get("bits", 4)),
+        mode=str(quantization.get("mode", "affine")),
+        class_predicate=lambda path, _module: f"{path}.scales" in names,
+    )
 
 
 def _text_weight_name(name: str) -> str:
