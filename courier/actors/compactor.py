@@ -68,6 +68,7 @@ class CompactorLimits:
     context_length: int
     max_output_bytes: int  # a replay body must fit the server's body limit
     timeout_s: float
+    max_images: int = 16  # --max-images, checked over the whole history before any image is read
 
 
 class _Refused(Exception):
@@ -113,6 +114,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         history = [item for item in items if not is_instruction(item)]
         # Every count and the summary read each image once: the counts render the history many times.
         memo = message.memo or FetchMemo()
+        self._admit_images(image_refs(history, message.items))
         with tracer().start_as_current_span("compactor.selection") as span:
             parts = segments(history)
             costs = [await self._count(part, message.items, memo) for part in parts]
@@ -185,6 +187,13 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         if not isinstance(result, TokenizeResult):
             raise _Refused(result)
         return len(result.tokens)
+
+    def _admit_images(self, refs: Sequence[ImageRef]) -> None:
+        """The image cap over the whole history, before its counts read any image (a vision model only)."""
+        cap = self._limits.max_images
+        if self._media_fetcher is not None and len(refs) > cap:
+            too_many = f"{len(refs)} images in the history; at most {cap} are accepted (--max-images)"
+            raise _Refused(_invalid(too_many, refs[cap].param))
 
     async def _images(self, refs: Sequence[ImageRef], memo: FetchMemo) -> tuple[FetchedImage, ...]:
         """A vision model's images for a count, each read once per compaction (none for a text-only model)."""

@@ -290,6 +290,7 @@ class Supervisor:
                 context_length=loaded.info.usable_context_length,
                 max_output_bytes=settings.max_body_bytes,
                 timeout_s=settings.request_timeout,
+                max_images=settings.max_images,
             ),
             media_fetcher=media_fetcher,
         )

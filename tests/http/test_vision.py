@@ -259,6 +259,24 @@ def test_by_default_private_addresses_local_files_and_big_images_are_refused(
     assert "allow-private-media-urls is set" not in guarded.log()
 
 
+def test_a_compaction_over_the_image_cap_reads_nothing(http: httpx.Client, media: MediaServer) -> None:
+    before = sum(media.requests.values())
+    image = {"type": "input_image", "image_url": media.url("/image.png")}
+    history: list[Any] = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Look."}, image]},
+        {"role": "assistant", "content": "Seen."},
+        {"role": "user", "content": [{"type": "input_text", "text": "And this."}, image]},
+        {"role": "assistant", "content": "Seen."},
+        {"role": "user", "content": [image, image]},  # the fourth image is one over --max-images 3
+        {"role": "user", "content": "Now what?"},
+    ]
+    reply = http.post("/v1/responses/compact", json={"model": MODEL, "input": history, "keep_tokens": 1}, timeout=60)
+    assert reply.status_code == 400, reply.text
+    assert "at most 3" in reply.json()["error"]["message"]
+    assert reply.json()["error"]["param"] == "input[4].content[1]"
+    assert sum(media.requests.values()) == before
+
+
 def test_an_automatically_compacted_turn_reads_each_image_once(http: httpx.Client, media: MediaServer) -> None:
     """Its threshold count, the compaction's counts and summary, and the admission share one read per URL."""
     before = media.requests["/image.png"]
