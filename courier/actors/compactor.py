@@ -51,7 +51,7 @@ from courier.messages.ingress import (
     IngressMessage,
     WarmUpConversation,
 )
-from courier.messages.media import FetchImages, FetchMemo, FetchReply, ImageRef, MediaFetcherMessage
+from courier.messages.media import FetchImages, FetchMemo, FetchReply, ImageRef, MediaFetcherMessage, over_image_cap
 from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeReply, TokenizeResult
 from courier.runtime.actor import ActorBusy, ActorStopped, ask
 from courier.runtime.concurrent_actor import ConcurrentActor
@@ -190,10 +190,9 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
 
     def _admit_images(self, refs: Sequence[ImageRef]) -> None:
         """The image cap over the whole history, before its counts read any image (a vision model only)."""
-        cap = self._limits.max_images
-        if self._media_fetcher is not None and len(refs) > cap:
-            too_many = f"{len(refs)} images in the history; at most {cap} are accepted (--max-images)"
-            raise _Refused(_invalid(too_many, refs[cap].param))
+        over = over_image_cap(refs, self._limits.max_images, "in the history")
+        if self._media_fetcher is not None and over is not None:
+            raise _Refused(over)
 
     async def _images(self, refs: Sequence[ImageRef], memo: FetchMemo) -> tuple[FetchedImage, ...]:
         """A vision model's images for a count, each read once per compaction (none for a text-only model)."""

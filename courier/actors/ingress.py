@@ -47,6 +47,7 @@ from courier.messages.media import (
     ImagesFetched,
     MediaFetcherMessage,
     VisionInputs,
+    over_image_cap,
 )
 from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration, SubmitReply
 from courier.messages.token_counter import (
@@ -225,11 +226,9 @@ class IngressActor(Actor[IngressMessage]):
 
     def _refused_images(self, images: Sequence[ImageRef]) -> RequestFailed | None:
         """Image admission, before any fetch exists: the count cap, then the model."""
-        if len(images) > self._max_images:
-            message = f"{len(images)} images in one request; at most {self._max_images} are accepted (--max-images)"
-            return _invalid(message, images[self._max_images].param)
-        if self._media_fetcher is not None:
-            return None
+        over = over_image_cap(images, self._max_images)
+        if over is not None or self._media_fetcher is not None:
+            return over
         first = images[0].param
         message = (
             f"The model '{self._model_id}' accepts text only, and {first} is an image; send text, or serve a vision "

@@ -16,6 +16,7 @@ import anyio
 from jinja2 import TemplateError
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from courier.core.token_prefix import common_prefix_length
 from courier.history.chat_content import as_parts
 from courier.media.images import combined_digest
 from courier.messages.base import FailureKind, RequestFailed
@@ -93,7 +94,7 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         # The history rendered on its own, clipped to what it shares with the live prompt: the next turn of this
         # conversation renders the same tokens, so a snapshot taken there can be extended by it.
         history = self._render_chat(message.messages, message.tools, False, message.thinking)
-        return TokenizeResult(tokens=tuple(tokens), history_boundary=_common_prefix(history, tokens))
+        return TokenizeResult(tokens=tuple(tokens), history_boundary=common_prefix_length(history, tokens))
 
     def _chat_tokens_with_images(self, message: TokenizeChat) -> TokenizeResult:
         """The template writes a placeholder per image; the model's processor expands each into its image tokens
@@ -105,7 +106,7 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             tokens, arrays = self._images.encode(text, message.images)
         except Exception as error:  # the model's processor on client bytes: any failure is this request's
             raise ValueError(f"the model's processor could not prepare the images: {type(error).__name__}") from error
-        vision = VisionInputs(arrays=arrays, digest=combined_digest(message.images), image_count=len(message.images))
+        vision = VisionInputs(arrays=arrays, digest=combined_digest(message.images))
         return TokenizeResult(tokens=tuple(tokens), vision=vision)
 
     def _render_chat(
@@ -147,15 +148,6 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
 
 async def _off_loop(work: Callable[[], T]) -> T:
     return await anyio.to_thread.run_sync(work)
-
-
-def _common_prefix(left: list[int], right: list[int]) -> int:
-    length = 0
-    for a, b in zip(left, right, strict=False):
-        if a != b:
-            break
-        length += 1
-    return length
 
 
 def _invalid(text: str, param: str) -> RequestFailed:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Generic, TypeVar
 
+from courier.core.token_prefix import common_prefix_length
+
 K = TypeVar("K", bound=Hashable)
 # A diverging match needs one snapshot to trim, not all of them: the walk below the shared point stops here.
 MAX_SHARED_KEYS = 32
@@ -53,7 +55,7 @@ class RadixIndex(Generic[K]):
                 rest = ()
                 break
             label, child = edge
-            common = _common_length(label, rest)
+            common = common_prefix_length(label, rest)
             if common < len(label):
                 middle: _Node[K] = _Node(below=child.below)
                 middle.edges[label[common]] = (label[common:], child)
@@ -87,7 +89,7 @@ class RadixIndex(Generic[K]):
             if not rest or rest[0] not in node.edges:
                 break
             label, child = node.edges[rest[0]]
-            common = _common_length(label, rest)
+            common = common_prefix_length(label, rest)
             depth += common
             below = child
             if common < len(label):
@@ -131,17 +133,3 @@ class RadixIndex(Generic[K]):
                 del node.edges[rest[0]]
                 return
             node, rest = child, rest[len(label) :]
-
-
-def _common_length(left: Tokens, right: Tokens) -> int:
-    limit = min(len(left), len(right))
-    if left[:limit] == right[:limit]:  # the usual case, compared in C
-        return limit
-    low, high = 0, limit  # left[:low] == right[:low], left[:high] != right[:high]
-    while high - low > 1:
-        middle = (low + high) // 2
-        if left[:middle] == right[:middle]:
-            low = middle
-        else:
-            high = middle
-    return low

@@ -25,6 +25,8 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from courier.core.token_prefix import common_prefix_length
+
 # Shortest in-batch shared prefix worth a separate prefill.
 MIN_SHARED_TOKENS = 8
 # Prefilling k shared tokens once instead of in each of n batch rows saves (n - 1) * k token computations, and
@@ -97,7 +99,7 @@ def plan(
             length = min(length, start + max_tokens)
         first = candidates[members[0]].tokens
         for index in members[1:]:
-            length = start + _common_length(first[start:length], candidates[index].tokens[start:length])
+            length = start + common_prefix_length(first[start:length], candidates[index].tokens[start:length])
         shared = length - start
         if shared < min_tokens or (len(members) - 1) * shared <= fixed_cost_tokens:
             continue
@@ -128,18 +130,11 @@ def match_in_flight(
         if shared.origin != candidate.origin or shared.start != candidate.start:
             continue
         end = min(len(shared.tokens), candidate.limit)
-        covered = shared.start + _common_length(shared.tokens[shared.start : end], candidate.tokens[shared.start : end])
+        covered = shared.start + common_prefix_length(
+            shared.tokens[shared.start : end], candidate.tokens[shared.start : end]
+        )
         if covered < len(shared.tokens) and not trimmable:
             continue
         if covered - shared.start >= min_tokens and (best is None or covered > best[1]):
             best = (index, covered)
     return best
-
-
-def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    count = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        count += 1
-    return count

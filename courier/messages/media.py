@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from courier.media.images import FetchedImage, combined_digest
-from courier.messages.base import Message, ReplyStream, RequestFailed
+from courier.media.images import FetchedImage
+from courier.messages.base import FailureKind, Message, ReplyStream, RequestFailed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -16,6 +16,14 @@ class ImageRef:
 
     url: str
     param: str
+
+
+def over_image_cap(images: Sequence[ImageRef], cap: int, where: str = "in one request") -> RequestFailed | None:
+    """The `--max-images` refusal (a 400 naming the first image over the cap), or None within it."""
+    if len(images) <= cap:
+        return None
+    message = f"{len(images)} images {where}; at most {cap} are accepted (--max-images)"
+    return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=message, param=images[cap].param)
 
 
 @dataclass(slots=True)
@@ -31,11 +39,6 @@ class FetchMemo:
 class ImagesFetched:
     images: tuple[FetchedImage, ...]
 
-    @property
-    def digest(self) -> str:
-        """The multimodal digest: joins the prompt cache's bucket, so state is never reused across images."""
-        return combined_digest(self.images)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VisionInputs:
@@ -47,7 +50,6 @@ class VisionInputs:
 
     arrays: Mapping[str, Any]
     digest: str
-    image_count: int
 
 
 FetchReply: TypeAlias = ImagesFetched | RequestFailed

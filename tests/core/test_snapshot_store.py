@@ -106,6 +106,19 @@ PROMPT = BASE[:20]  # a turn's prompt; its last token is the generation prompt's
 REPLY = (7, 7, 7)  # the tokens generated
 
 
+def put_turn_completion(s: SnapshotStore) -> None:
+    """Turn 1's completion snapshot: PROMPT and the REPLY generated after it (7 bytes)."""
+    s.insert(
+        bucket=BUCKET,
+        session="a",
+        origin=Origin.COMPLETION,
+        tokens=(*PROMPT, *REPLY),
+        state=None,
+        nbytes=7,
+        prompt_length=len(PROMPT),
+    )
+
+
 @pytest.mark.parametrize(
     ("boundary", "session", "bucket", "superseded"),
     [
@@ -124,15 +137,7 @@ def test_a_boundary_supersedes_the_completion_whose_prompt_it_carries_on_past(
     boundary: tuple[int, ...], session: str, bucket: Bucket, superseded: bool
 ) -> None:
     s, _ = store()
-    s.insert(
-        bucket=BUCKET,
-        session="a",
-        origin=Origin.COMPLETION,
-        tokens=(*PROMPT, *REPLY),
-        state=None,
-        nbytes=7,
-        prompt_length=len(PROMPT),
-    )
+    put_turn_completion(s)
     result = s.insert(bucket=bucket, session=session, origin=Origin.BOUNDARY, tokens=boundary, state=None, nbytes=10)
     assert (result.superseded, result.freed_bytes) == ((1, 7) if superseded else (0, 0))
     survivors = [x.tokens for x in s.snapshots() if x.origin is Origin.COMPLETION]
@@ -144,15 +149,7 @@ def test_a_boundary_supersedes_the_completion_whose_prompt_it_carries_on_past(
 def test_a_turn_whose_reply_re_tokenized_differently_leaves_one_snapshot_after_the_warm_up() -> None:
     s, _ = store(trimmable=False)
     put(s, PROMPT[:-3], nbytes=5)  # turn 1's history, captured during prefill (before the generation prompt)
-    s.insert(
-        bucket=BUCKET,
-        session="a",
-        origin=Origin.COMPLETION,
-        tokens=(*PROMPT, *REPLY),
-        state=None,
-        nbytes=7,
-        prompt_length=len(PROMPT),
-    )
+    put_turn_completion(s)
     history = (*PROMPT, 77, 3, 4)  # the reply re-rendered as one other token, then the end of the turn
     result = s.insert(bucket=BUCKET, session="a", origin=Origin.BOUNDARY, tokens=history, state=None, nbytes=10)
     assert (result.superseded, result.freed_bytes) == (2, 12)  # the shorter history by prefix, the completion

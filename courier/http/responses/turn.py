@@ -31,7 +31,7 @@ from courier.media.images import FetchedImage
 from courier.messages.base import RequestId
 from courier.messages.compactor import CompactHistory, CompactionResult
 from courier.messages.ingress import Admitted, ChatPrompt
-from courier.messages.media import FetchImages, FetchMemo, ImageRef, ImagesFetched
+from courier.messages.media import FetchImages, FetchMemo, ImageRef, ImagesFetched, over_image_cap
 from courier.messages.storage import LoadChain, LoadConversationItems
 from courier.messages.token_counter import TokenizeChat, TokenizeResult
 from courier.storage.records import JsonObject
@@ -129,11 +129,9 @@ async def _images_to_count(
     model, fetcher = context.state.model, context.outboxes.media_fetcher
     if not refs or model is None or not model.accepts_images or fetcher is None:
         return ()
-    cap = context.settings.max_images
-    if len(refs) > cap:
-        raise ApiError.invalid(
-            f"{len(refs)} images in one request; at most {cap} are accepted (--max-images)", param=refs[cap].param
-        )
+    over = over_image_cap(refs, context.settings.max_images)
+    if over is not None:
+        raise ApiError.from_failure(over)
     fetched = await ask_actor(fetcher, lambda reply: FetchImages(images=refs, memo=memo, reply=reply), ImagesFetched)
     return fetched.images
 

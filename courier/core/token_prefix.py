@@ -1,0 +1,22 @@
+"""How many leading tokens two token sequences share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def common_prefix_length(left: Sequence[int], right: Sequence[int]) -> int:
+    """The length of the longest common prefix; slices are compared in C, halving the span on a mismatch."""
+    if type(left) is not type(right):  # a list never equals a tuple: compare like with like
+        left, right = tuple(left), tuple(right)
+    limit = min(len(left), len(right))
+    if left[:limit] == right[:limit]:  # the usual case
+        return limit
+    low, high = 0, limit  # left[:low] == right[:low], left[:high] != right[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if left[:middle] == right[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
