@@ -28,12 +28,12 @@ CONFIGS: tuple[tuple[str, str, str], ...] = (
 WORKER = r"""
 import json, sys, time
 from pathlib import Path
-from courier.runtime.blas import load_optimized_blas
+from courier.platform.blas import load_optimized_blas
 blas = load_optimized_blas(sys.argv[2])
 from mlx_lm import stream_generate
-from courier.runtime.model_loader import load_model
-from courier.runtime.model_source import resolve_model_source
-from courier.runtime.progress import Progress
+from courier.model.loader import load_model
+from courier.model.source import resolve_model_source
+from courier.model.progress import Progress
 weight_format, cache_dir = sys.argv[1], Path(sys.argv[3])
 prompt_tokens, decode_tokens, repeats = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 started = time.perf_counter()

@@ -23,13 +23,13 @@ from typing import Any
 
 import httpx
 
-from courier.runtime.blas import load_optimized_blas
+from courier.platform.blas import load_optimized_blas
 
 load_optimized_blas()
 
-from courier.runtime.gguf_convert import ensure_converted  # noqa: E402
-from courier.runtime.model_source import embedded_gguf_path  # noqa: E402
-from courier.runtime.progress import Progress  # noqa: E402
+from courier.model.gguf_convert import ensure_converted  # noqa: E402
+from courier.model.progress import Progress  # noqa: E402
+from courier.model.source import embedded_gguf_path  # noqa: E402
 from tests.support.server import running_server  # noqa: E402
 from tests.support.tiny_models import build_llama  # noqa: E402
 

@@ -151,7 +151,7 @@ from bench.throughput import (
     venv_script,
     wait_until_ready,
 )
-from courier.runtime.blas import load_optimized_blas
+from courier.platform.blas import load_optimized_blas
 
 PARTS = ("a", "b", "c")
 TINY_MODELS = ("llama", "qwen3_next")

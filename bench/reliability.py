@@ -76,7 +76,7 @@ from openai.types.responses import ResponseInputItemParam
 
 from bench.multiturn import build_tiny_model, choices
 from bench.throughput import cache_directory, environment, percentile, prepare_4bit_dir, progress
-from courier.runtime.blas import load_optimized_blas
+from courier.platform.blas import load_optimized_blas
 from tests.support.server import RunningServer, running_server, server_command
 
 PARTS = ("load", "disconnects", "soak", "kill", "shutdown")

@@ -82,7 +82,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
-from courier.runtime.blas import BlasReport, load_optimized_blas
+from courier.platform.blas import BlasReport, load_optimized_blas
 
 COURIER = "courier"
 MLX_LM_4BIT = "mlx-lm-4bit"
@@ -289,9 +289,9 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def prepare_4bit_dir(cache_dir: Path) -> Path:
-    from courier.runtime.gguf_convert import ensure_converted
-    from courier.runtime.model_source import embedded_gguf_path
-    from courier.runtime.progress import Progress
+    from courier.model.gguf_convert import ensure_converted
+    from courier.model.progress import Progress
+    from courier.model.source import embedded_gguf_path
 
     return ensure_converted(embedded_gguf_path(), cache_dir, Progress(enabled=False))
 
@@ -301,7 +301,7 @@ def load_float32(dir4: Path) -> tuple[Any, Any]:
     import mlx.core as mx
     from mlx_lm import load
 
-    from courier.runtime.weight_format import to_dense_dtype
+    from courier.model.weight_format import to_dense_dtype
 
     model, tokenizer = load(str(dir4))
     return to_dense_dtype(model, mx.float32), tokenizer

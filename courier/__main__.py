@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from courier.cli import entry_point
+from courier.server.cli import entry_point
 
 entry_point()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from courier.runtime.blas import load_optimized_blas
+from courier.platform.blas import load_optimized_blas
 
 # Before anything imports mlx.core: tests then run on the same fast CPU path as the server.
 load_optimized_blas()
@@ -14,9 +14,9 @@ load_optimized_blas()
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
-from courier.runtime.gguf_convert import ensure_converted  # noqa: E402
-from courier.runtime.model_source import embedded_gguf_path  # noqa: E402
-from courier.runtime.progress import Progress  # noqa: E402
+from courier.model.gguf_convert import ensure_converted  # noqa: E402
+from courier.model.progress import Progress  # noqa: E402
+from courier.model.source import embedded_gguf_path  # noqa: E402
 from courier.runtime.tracing import configure_tracing  # noqa: E402
 from tests.support import tiny_models  # noqa: E402
 from tests.support.tiny_vision_model import build_tiny_vision_model  # noqa: E402

@@ -3,7 +3,7 @@
 Receives `CompactHistory`. Replays any earlier capsule first, cuts the history
 into segments where a cut may fall, counts each through the token counter (the
 same render as `/v1/responses/input_tokens`), selects what to keep
-(`history/selection.py`), asks the ingress for one summary generation (greedy, no
+(`conversation/selection.py`), asks the ingress for one summary generation (greedy, no
 tools, thinking off) like any request, and replies `CompactionResult` with the
 capsule, or `RequestFailed`: 400 `context_length_exceeded` when the history or
 the summary prompt does not fit or the summary is not shorter than what it
@@ -32,13 +32,13 @@ import anyio
 from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.history.capsule import Capsule, CapsuleCodec, CapsuleError, item_digest
-from courier.history.chat_render import chat_messages
-from courier.history.image_refs import image_refs
-from courier.history.items import is_instruction, message_item, new_id, text_part
-from courier.history.replay import expand
-from courier.history.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS, segments, select
-from courier.history.summary_prompt import summary_messages
+from courier.conversation.capsule import Capsule, CapsuleCodec, CapsuleError, item_digest
+from courier.conversation.chat_render import chat_messages
+from courier.conversation.image_refs import image_refs
+from courier.conversation.items import is_instruction, message_item, new_id, text_part
+from courier.conversation.replay import expand
+from courier.conversation.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS, segments, select
+from courier.conversation.summary_prompt import summary_messages
 from courier.media.images import FetchedImage
 from courier.messages.base import FailureKind, RequestFailed, RequestId
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage, CompactReply

@@ -25,7 +25,7 @@ from anyio import BrokenResourceError, ClosedResourceError, WouldBlock, create_m
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.history.chat_content import has_images
+from courier.conversation.chat_content import has_images
 from courier.media.images import FetchedImage
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.generation import GenerationEvent
@@ -58,7 +58,7 @@ from courier.messages.token_counter import (
     TokenizeText,
 )
 from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
-from courier.runtime.scheduler_stats import SchedulerStats
+from courier.status.scheduler_stats import SchedulerStats
 
 # Events per request: one per generated token at most, plus the terminal event.
 EVENT_SLACK = 2

@@ -28,10 +28,10 @@ from functools import partial
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.core.batch_engine import BatchEngine, EngineOutput, EngineRequest, SnapshotTaken
-from courier.core.model_state import CachedPrefix
 from courier.core.snapshot_store import Bucket
-from courier.core.warm_up import WarmUp
+from courier.engine.batch_engine import BatchEngine, EngineOutput, EngineRequest, SnapshotTaken
+from courier.engine.model_state import CachedPrefix
+from courier.engine.warm_up import WarmUp
 from courier.messages.base import FailureKind, RequestFailed, RequestId
 from courier.messages.generation import GenerationEvent, GenerationFailed, GenerationFinished, TokensGenerated
 from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration
@@ -45,8 +45,8 @@ from courier.messages.snapshot_store import (
 )
 from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.mlx_thread import MlxThread
-from courier.runtime.scheduler_stats import SchedulerStats
 from courier.runtime.tracing import TraceCarrier, current_carrier
+from courier.status.scheduler_stats import SchedulerStats
 
 SHUTDOWN_MESSAGE = "the server is shutting down"
 # Warm-ups waiting for an idle moment, one per session, newest kept.

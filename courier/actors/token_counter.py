@@ -16,8 +16,8 @@ import anyio
 from jinja2 import TemplateError
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from courier.conversation.chat_content import as_parts
 from courier.core.token_prefix import common_prefix_length
-from courier.history.chat_content import as_parts
 from courier.media.images import combined_digest
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.media import VisionInputs
@@ -29,8 +29,8 @@ from courier.messages.token_counter import (
     TokenizeResult,
     TokenizeText,
 )
+from courier.model.vision.processing import ImageProcessor
 from courier.runtime.actor import Actor
-from courier.vision.processing import ImageProcessor
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.history.capsule import CapsuleCodec
+from courier.conversation.capsule import CapsuleCodec
 from courier.http.errors import ApiError
 from courier.http.responses.in_flight import InFlightResponses
 from courier.messages.compactor import CompactorMessage
@@ -15,9 +15,9 @@ from courier.messages.media import MediaFetcherMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
-from courier.runtime.metrics import CourierMetrics
-from courier.runtime.service_state import Phase, ServiceState
-from courier.runtime.settings import Settings
+from courier.settings import Settings
+from courier.status.metrics import CourierMetrics
+from courier.status.service_state import Phase, ServiceState
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

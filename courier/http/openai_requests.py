@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from courier.conversation.chat_content import IMAGE_PART, chat_content, text_part
 from courier.core.tool_calls import json_arguments
-from courier.history.chat_content import IMAGE_PART, chat_content, text_part
 from courier.http.errors import ApiError
 from courier.http.validation import optional_bool
 from courier.messages.generation import SamplingParams

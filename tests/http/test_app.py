@@ -5,18 +5,18 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from courier.history.capsule import CapsuleCodec
+from courier.conversation.capsule import CapsuleCodec
 from courier.http.app import create_quart_app
 from courier.http.context import AppContext, Outboxes
 from courier.messages.compactor import CompactorMessage
 from courier.messages.ingress import IngressMessage
 from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
-from courier.runtime.blas import BlasReport
-from courier.runtime.metrics import CourierMetrics
-from courier.runtime.scheduler_stats import SchedulerStats
-from courier.runtime.service_state import Phase, ServiceState
-from courier.runtime.settings import Settings
+from courier.platform.blas import BlasReport
+from courier.settings import Settings
+from courier.status.metrics import CourierMetrics
+from courier.status.scheduler_stats import SchedulerStats
+from courier.status.service_state import Phase, ServiceState
 
 BLAS = BlasReport(library="reference", path=None, optimized=False, detail="test")
 

@@ -16,8 +16,8 @@ import httpx
 import orjson
 import pytest
 
-from courier.history.capsule import Capsule, CapsuleCodec, item_digest
-from courier.history.replay import SUMMARY_HEADER
+from courier.conversation.capsule import Capsule, CapsuleCodec, item_digest
+from courier.conversation.replay import SUMMARY_HEADER
 from tests.support.server import RunningServer, serving
 
 MODEL = "tiny-llama"

@@ -12,15 +12,15 @@ import httpx
 import jsonschema_rs
 import pytest
 
-from courier.history.capsule import CapsuleCodec
+from courier.conversation.capsule import CapsuleCodec
 from courier.http.app import create_quart_app
 from courier.http.context import AppContext, Outboxes
 from courier.http.openapi import openapi_document
-from courier.runtime.blas import BlasReport
-from courier.runtime.metrics import CourierMetrics
-from courier.runtime.scheduler_stats import SchedulerStats
-from courier.runtime.service_state import ServiceState
-from courier.runtime.settings import Settings
+from courier.platform.blas import BlasReport
+from courier.settings import Settings
+from courier.status.metrics import CourierMetrics
+from courier.status.scheduler_stats import SchedulerStats
+from courier.status.service_state import ServiceState
 from tests.support.server import RunningServer, serving
 
 MODEL = "tiny-llama"

@@ -20,8 +20,8 @@ from mlx import nn
 from mlx.utils import tree_flatten, tree_map
 from tokenizers import AddedToken, Tokenizer
 
-from courier.runtime.gguf_tokenizer import build_tokenizer, tokenizer_config
-from courier.runtime.model_source import embedded_gguf_path
+from courier.model.gguf_tokenizer import build_tokenizer, tokenizer_config
+from courier.model.source import embedded_gguf_path
 
 IMAGE_TOKEN = "<image>"
 FAKE_IMAGE_TOKEN = "<fake_token_around_image>"
@@ -160,7 +160,7 @@ def build_tiny_vision_model(directory: Path) -> Path:
 
 def build_model() -> nn.Module:
     """The random-weight mlx-vlm SmolVLM, built the way `mlx_vlm.utils.load_model` builds one."""
-    # mlx-vlm is untyped and not in mypy's skip list: reached through importlib, as courier.vision does.
+    # mlx-vlm is untyped and not in mypy's skip list: reached through importlib, as courier.model.vision does.
     smolvlm = importlib.import_module("mlx_vlm.models.smolvlm")
     utils = importlib.import_module("mlx_vlm.utils")
     mx.random.seed(0)

@@ -2,7 +2,7 @@
 
 Every item the server stores carries a fresh id (`msg_`, `fc_`, `fco_`, `cmp_`),
 so a conversation never holds two items with one id. Rendering items for the
-model is `courier.history.chat_render`'s business.
+model is `courier.conversation.chat_render`'s business.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from courier.conversation.items import message_item, new_id, text_part
 from courier.core.tool_calls import ToolCall
-from courier.history.items import message_item, new_id, text_part
 from courier.http.errors import ApiError
 from courier.storage.records import JsonObject
 
@@ -72,7 +72,7 @@ def _input_item(raw: Any, param: str) -> JsonObject | None:
             "output": _output_text(raw.get("output"), f"{param}.output"),
         }
     if kind == "compaction":
-        # Checked when the history is replayed (`courier.history.replay`), where the server's key is known.
+        # Checked when the history is replayed (`courier.conversation.replay`), where the server's key is known.
         return {
             "id": new_id("cmp"),
             "type": "compaction",

@@ -8,7 +8,7 @@ from contextlib import suppress
 
 from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
 
-from courier.history.replay import newest_capsule_index
+from courier.conversation.replay import newest_capsule_index
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.responses.objects import Outcome, ResponseDraft, Status, response_object, usage_object

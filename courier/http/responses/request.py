@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from courier.history.chat_render import chat_tools
+from courier.conversation.chat_render import chat_tools
 from courier.http.errors import ApiError
 from courier.http.openai_requests import (
     MAX_TEMPERATURE,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from courier.history.items import new_id, text_part
+from courier.conversation.items import new_id, text_part
 from courier.http.cancellation import GenerationCancelled
 from courier.http.context import AppContext
 from courier.http.errors import ApiError

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from courier.history.capsule import CapsuleError
-from courier.history.chat_render import chat_messages
-from courier.history.image_refs import image_refs
-from courier.history.replay import expand
-from courier.history.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS
+from courier.conversation.capsule import CapsuleError
+from courier.conversation.chat_render import chat_messages
+from courier.conversation.image_refs import image_refs
+from courier.conversation.replay import expand
+from courier.conversation.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS
 from courier.http.asking import ask_actor
 from courier.http.context import AppContext
 from courier.http.errors import ApiError

@@ -8,9 +8,9 @@ import orjson
 from quart import Blueprint, Response
 
 from courier.http.context import AppContext
-from courier.runtime.malloc_tuning import malloc_usage
-from courier.runtime.mlx_memory import mlx_memory
-from courier.runtime.service_state import Phase
+from courier.platform.malloc_tuning import malloc_usage
+from courier.platform.mlx_memory import mlx_memory
+from courier.status.service_state import Phase
 
 
 def blueprint(context: AppContext) -> Blueprint:

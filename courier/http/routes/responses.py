@@ -7,7 +7,7 @@ import time
 import anyio
 from quart import Blueprint, Response, request
 
-from courier.history.items import new_id
+from courier.conversation.items import new_id
 from courier.http.asking import ask_actor
 from courier.http.context import AppContext
 from courier.http.errors import ApiError

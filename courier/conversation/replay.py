@@ -1,0 +1,54 @@
+"""Replaying a compacted history: what the model sees when the items hold a compaction capsule.
+
+Everything before the newest capsule, except system and developer messages, is
+replaced by the capsule's summary (as an assistant message) followed by the
+retained items (found by digest among the items before it, each once). Items
+after the capsule follow as sent. Exactly repeated system/developer messages,
+and any repeating the request's `instructions`, are kept once (a set of hashes,
+one pass). Older capsules are dropped: the newest one summarized them already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from courier.conversation.capsule import CapsuleCodec, item_digest
+from courier.conversation.items import is_instruction, message_item, message_text, text_part
+from courier.storage.records import JsonObject
+
+SUMMARY_HEADER = "Summary of the conversation so far:\n"
+
+
+def newest_capsule_index(items: Sequence[JsonObject]) -> int | None:
+    indexes = [index for index, item in enumerate(items) if item["type"] == "compaction"]
+    return indexes[-1] if indexes else None
+
+
+def expand(items: Sequence[JsonObject], codec: CapsuleCodec, instructions: str | None) -> list[JsonObject]:
+    """The items the model is shown; raises `CapsuleError` for a capsule that cannot be used."""
+    newest = newest_capsule_index(items)
+    if newest is None:
+        return without_repeated_instructions(items, instructions)
+    capsule = codec.decode(items[newest].get("encrypted_content"))
+    before = items[:newest]
+    by_digest = {
+        item_digest(item): item for item in before if not is_instruction(item) and item["type"] != "compaction"
+    }
+    retained = [by_digest[digest] for digest in dict.fromkeys(capsule.retained) if digest in by_digest]
+    summary = message_item("assistant", [text_part("output_text", SUMMARY_HEADER + capsule.summary)])
+    kept = [item for item in before if is_instruction(item)]
+    return without_repeated_instructions([*kept, summary, *retained, *items[newest + 1 :]], instructions)
+
+
+def without_repeated_instructions(items: Sequence[JsonObject], instructions: str | None) -> list[JsonObject]:
+    seen = {("system", instructions)} if instructions else set()
+    result: list[JsonObject] = []
+    for item in items:
+        if is_instruction(item):
+            key = (item["role"], message_text(item))
+            if key in seen:
+                continue
+            seen.add(key)
+        if item["type"] != "compaction":
+            result.append(item)
+    return result

@@ -1,0 +1,71 @@
+"""The snapshot store's default byte budget, sized from the model's state and the device's memory.
+
+Per-token state bytes (attention KV) and fixed bytes (recurrent/SSM layers) are
+measured by running the model on two short prompts and weighing the caches, so
+every architecture mlx-lm supports is sized the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from courier.engine.model_state import compact_copy
+
+MIN_BUDGET = 512 * 1024**2
+TYPICAL_CONVERSATIONS = 8
+TYPICAL_TOKENS = 4096
+_SHORT, _LONG = 8, 24
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateFootprint:
+    per_token_bytes: int
+    fixed_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    capacity_bytes: int
+    explanation: str
+
+
+def measure_footprint(model: Any) -> StateFootprint:
+    """On the MLX thread: the state bytes of a cache after _SHORT and after _LONG tokens."""
+    short, long = _state_bytes(model, _SHORT), _state_bytes(model, _LONG)
+    per_token = max(0, (long - short) // (_LONG - _SHORT))
+    return StateFootprint(per_token_bytes=per_token, fixed_bytes=max(0, short - per_token * _SHORT))
+
+
+def default_budget(footprint: StateFootprint, available_bytes: int) -> Budget:
+    per_conversation = footprint.per_token_bytes * TYPICAL_TOKENS + footprint.fixed_bytes
+    wanted = TYPICAL_CONVERSATIONS * per_conversation
+    ceiling = available_bytes // 4
+    capacity = min(max(wanted, MIN_BUDGET), ceiling)
+    explanation = (
+        f"{footprint.per_token_bytes} B/token + {footprint.fixed_bytes} B fixed per conversation; "
+        f"room for {TYPICAL_CONVERSATIONS} conversations of {TYPICAL_TOKENS} tokens = {wanted} B, "
+        f"at least {MIN_BUDGET} B, at most a quarter of {available_bytes} B available"
+    )
+    return Budget(capacity_bytes=capacity, explanation=explanation)
+
+
+def available_memory() -> int:
+    """MemAvailable on Linux; the physical memory elsewhere (Metal shares it with the CPU)."""
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _state_bytes(model: Any, tokens: int) -> int:
+    cache = make_prompt_cache(model)
+    model(mx.zeros((1, tokens), dtype=mx.int32), cache=cache)
+    return compact_copy(cache)[1]

@@ -1,0 +1,92 @@
+"""Prometheus metrics: read from the actors' own counters at scrape time, plus a TTFT histogram.
+
+The counters already kept by the scheduler and the snapshot store are exported by
+a collector that reads them when `/metrics` is scraped, so nothing is counted
+twice. Only time-to-first-token needs its own instrument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from courier.platform.malloc_tuning import malloc_usage
+from courier.platform.mlx_memory import mlx_memory
+from courier.status.service_state import ServiceState
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+class CourierMetrics:
+    def __init__(self, state: ServiceState) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_StateCollector(state))
+        self.time_to_first_token = Histogram(
+            "courier_time_to_first_token_seconds",
+            "Seconds from a generation being queued to its first token",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+
+
+class _StateCollector(Collector):
+    def __init__(self, state: ServiceState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._scheduler()
+        yield from self._prompt_cache()
+        yield from self._mlx_memory()
+
+    def _scheduler(self) -> Iterator[Metric]:
+        stats = self._state.scheduler
+        yield GaugeMetricFamily("courier_requests_running", "Sequences in the running batch", value=stats.running)
+        yield GaugeMetricFamily("courier_requests_waiting", "Requests waiting for a batch slot", value=stats.waiting)
+        outcomes = CounterMetricFamily("courier_requests", "Generation requests by outcome", labels=["outcome"])
+        for outcome in ("completed", "cancelled", "failed", "rejected"):
+            outcomes.add_metric([outcome], getattr(stats, outcome))
+        yield outcomes
+        yield CounterMetricFamily("courier_generated_tokens", "Tokens generated", value=stats.generated_tokens)
+
+    def _mlx_memory(self) -> Iterator[Metric]:
+        memory = mlx_memory()
+        yield GaugeMetricFamily("courier_mlx_active_bytes", "Bytes held by MLX arrays", value=memory.active_bytes)
+        yield GaugeMetricFamily(
+            "courier_mlx_cache_bytes", "Bytes of freed buffers MLX keeps for reuse", value=memory.cache_bytes
+        )
+        yield GaugeMetricFamily("courier_mlx_peak_bytes", "Most bytes MLX arrays held at once", value=memory.peak_bytes)
+        heap = malloc_usage()
+        if heap is not None:
+            yield GaugeMetricFamily(
+                "courier_malloc_in_use_bytes", "Bytes in use in glibc's heap", value=heap["in_use_bytes"]
+            )
+            yield GaugeMetricFamily(
+                "courier_malloc_free_held_bytes", "Freed bytes glibc's heap keeps", value=heap["free_held_bytes"]
+            )
+
+    def _prompt_cache(self) -> Iterator[Metric]:
+        store = self._state.snapshot_store
+        if store is None:
+            return
+        counters = store.counters
+        prefix = "courier_prompt_cache"
+        yield GaugeMetricFamily(f"{prefix}_entries", "Snapshots held", value=store.entries)
+        yield GaugeMetricFamily(f"{prefix}_bytes", "Bytes held by snapshots", value=store.nbytes)
+        yield GaugeMetricFamily(f"{prefix}_capacity_bytes", "Snapshot byte budget", value=store.limits.capacity_bytes)
+        for name, help_text, value in (
+            ("lookups", "Prefix lookups", counters.lookups),
+            ("hits", "Lookups that found a reusable prefix", counters.hits),
+            ("inserts", "Snapshots inserted", counters.inserts),
+            ("supersedes", "Snapshots superseded by a newer one of their conversation", counters.supersedes),
+            ("rejections_oversized", "Snapshots refused as larger than the budget", counters.rejections_oversized),
+            ("self_evictions", "LRU evictions of a session's own snapshots", counters.self_evictions),
+            ("tokens_reused", "Prompt tokens served from snapshots", counters.tokens_reused),
+        ):
+            yield CounterMetricFamily(f"{prefix}_{name}", help_text, value=value)
+        evictions = CounterMetricFamily(f"{prefix}_evictions", "Snapshots evicted, by reason", labels=["reason"])
+        evictions.add_metric(["lru"], counters.evictions_lru)
+        evictions.add_metric(["ttl"], counters.evictions_ttl)
+        yield evictions

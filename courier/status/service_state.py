@@ -1,0 +1,45 @@
+"""The server's phase and what it serves, read by `/health` and the readiness check.
+
+LOADING -> READY -> DRAINING (or LOADING -> DRAINING when a signal or a load
+failure comes first). Only the supervisor moves the phase; HTTP handlers only read it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from courier.core.snapshot_store import SnapshotStore
+from courier.core.tool_calls import ToolCallFormat
+from courier.model.info import ModelInfo
+from courier.platform.blas import BlasReport
+from courier.status.scheduler_stats import SchedulerStats
+
+
+class Phase(Enum):
+    LOADING = "loading"
+    READY = "ok"
+    DRAINING = "draining"
+
+
+@dataclass(slots=True, kw_only=True)
+class ServiceState:
+    blas: BlasReport
+    model_id: str
+    scheduler: SchedulerStats
+    phase: Phase = Phase.LOADING
+    model: ModelInfo | None = None
+    tool_format: ToolCallFormat | None = None
+    # Read-only for HTTP handlers; the snapshot store actor is its only writer.
+    snapshot_store: SnapshotStore | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def mark_ready(self, model: ModelInfo, tool_format: ToolCallFormat | None) -> None:
+        self.model = model
+        self.tool_format = tool_format
+        self.model_id = model.model_id
+        self.phase = Phase.READY
+
+    def mark_draining(self) -> None:
+        self.phase = Phase.DRAINING

@@ -1,0 +1,364 @@
+"""BatchEngine on a real tiny model: batching, cancellation, and a failing forward pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+
+from courier.engine.batch_engine import BatchEngine, BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
+from courier.engine.model_state import CachedPrefix, compact_copy, prefill
+from courier.messages.base import RequestId
+from courier.messages.generation import (
+    FinishReason,
+    GenerationFailed,
+    GenerationFinished,
+    SamplingParams,
+    TokensGenerated,
+)
+
+LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
+
+
+class Failing:
+    """Wraps a real model; once armed, its next `failures` forward passes raise, as a fault inside MLX would."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.failures = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("simulated kernel fault")
+        return self._model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama_dir: Path) -> tuple[Any, Any]:
+    model, tokenizer = mlx_lm.load(str(tiny_llama_dir))
+    return model, tokenizer
+
+
+def request(name: str, max_tokens: int, prompt: tuple[int, ...] = (1, 2, 3, 4)) -> EngineRequest:
+    return EngineRequest(
+        request_id=RequestId(name), prompt_tokens=prompt, sampling=SamplingParams(max_tokens=max_tokens, temperature=0)
+    )
+
+
+def run_until_done(engine: BatchEngine, outputs: list[EngineOutput], steps: int = 200) -> list[EngineOutput]:
+    for _ in range(steps):
+        if not engine.active:
+            break
+        outputs.extend(engine.step([], []))
+    return outputs
+
+
+def finished(outputs: list[EngineOutput]) -> dict[str, Any]:
+    return {o.request_id: o.event for o in outputs if isinstance(o.event, GenerationFinished | GenerationFailed)}
+
+
+def test_requests_joining_a_running_batch_all_finish(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    engine = BatchEngine(model, tokenizer, LIMITS)
+    outputs = engine.step([request("a", 6)], [])
+    outputs += engine.step([request("b", 3, (5, 6, 7))], [])  # joins while "a" decodes
+    run_until_done(engine, outputs)
+    ends = finished(outputs)
+    assert set(ends) == {"a", "b"}
+    assert ends["a"].completion_tokens == 6 and ends["a"].reason is FinishReason.LENGTH
+    assert ends["b"].completion_tokens == 3
+
+
+def test_cancelled_request_leaves_the_batch(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    engine = BatchEngine(model, tokenizer, LIMITS)
+    outputs = engine.step([request("keep", 5), request("drop", 1000)], [])
+    outputs += engine.step([], [RequestId("drop")])
+    assert engine.active == 1
+    run_until_done(engine, outputs)
+    assert set(finished(outputs)) == {"keep"}
+
+
+def texts(outputs: list[EngineOutput]) -> dict[str, str]:
+    collected: dict[str, str] = {}
+    for output in outputs:
+        if isinstance(output.event, TokensGenerated):
+            collected[output.request_id] = collected.get(output.request_id, "") + output.event.text
+    return collected
+
+
+def test_a_transient_fault_replays_the_batch_and_loses_nothing(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    undisturbed = run_until_done(engine := BatchEngine(model, tokenizer, LIMITS), engine.step([request("x", 30)], []))
+    flaky = Failing(model)
+    engine = BatchEngine(flaky, tokenizer, LIMITS)
+    outputs = engine.step([request("x", 30), request("y", 30, (9, 8, 7))], [])
+    outputs += engine.step([], [])
+    flaky.failures = 1
+    outputs += engine.step([], [])  # fails; both are replayed alone and rejoin the batch
+    assert engine.active == 2
+    run_until_done(engine, outputs)
+    ends = finished(outputs)
+    assert all(isinstance(event, GenerationFinished) and event.completion_tokens == 30 for event in ends.values())
+    assert set(ends) == {"x", "y"}
+    assert texts(outputs)["x"] == texts(undisturbed)["x"]
+
+
+def test_a_fault_that_follows_a_request_fails_it_alone(loaded: tuple[Any, Any]) -> None:
+    """The batch step fails, then the replay of the first request fails too: that one is the culprit."""
+    model, tokenizer = loaded
+    flaky = Failing(model)
+    engine = BatchEngine(flaky, tokenizer, LIMITS)
+    outputs = engine.step([request("x", 20), request("y", 20)], [])
+    flaky.failures = 2  # the batched step, then x's replay
+    outputs += engine.step([], [])
+    run_until_done(engine, outputs)
+    ends = finished(outputs)
+    assert isinstance(ends["x"], GenerationFailed) and "simulated kernel fault" in ends["x"].message
+    assert isinstance(ends["y"], GenerationFinished) and ends["y"].completion_tokens == 20
+
+
+def test_a_fault_right_after_a_recovery_fails_the_batch_and_the_engine_keeps_serving(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    flaky = Failing(model)
+    engine = BatchEngine(flaky, tokenizer, LIMITS)
+    outputs = engine.step([request("x", 50), request("y", 50)], [])
+    flaky.failures = 1
+    outputs += engine.step([], [])  # replayed
+    flaky.failures = 1
+    outputs += engine.step([], [])  # fails again at once: no second replay
+    failed = finished(outputs)
+    assert set(failed) == {"x", "y"}
+    assert all(isinstance(event, GenerationFailed) for event in failed.values())
+    assert engine.active == 0
+    after = run_until_done(engine, engine.step([request("z", 4)], []))
+    assert isinstance(finished(after)["z"], GenerationFinished)
+
+
+def test_an_empty_prompt_fails_only_its_request(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    engine = BatchEngine(model, tokenizer, LIMITS)
+    outputs = engine.step([request("empty", 4, ()), request("fine", 2)], [])
+    run_until_done(engine, outputs)
+    ends = finished(outputs)
+    assert isinstance(ends["empty"], GenerationFailed)
+    assert isinstance(ends["fine"], GenerationFinished)
+
+
+# ---------------------------------------------------------------- in-batch shared prefixes
+
+TOPICS = ("the ocean", "a lighthouse", "autumn leaves", "coffee")
+CHAT_LIMITS = replace(LIMITS, prefill_step_size=16)  # several prefill chunks per prompt, as with long prompts
+UNSHARED = replace(CHAT_LIMITS, shared_prefix_min_tokens=0)
+
+
+def chat_request(tokenizer: Any, name: str, text: str, max_tokens: int = 12, **fields: Any) -> EngineRequest:
+    """A chat prompt as the server builds it: the template's default system prompt, a history boundary."""
+    messages = [{"role": "user", "content": text}]
+    prompt = tuple(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    history = tokenizer.apply_chat_template(messages, add_generation_prompt=False)
+    boundary = common_length([history, prompt])
+    return EngineRequest(
+        request_id=RequestId(name),
+        prompt_tokens=prompt,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0),
+        boundary=boundary,
+        snapshots=True,
+        **fields,
+    )
+
+
+def burst(tokenizer: Any, name: str, task: str) -> list[EngineRequest]:
+    """One request per topic, named name0, name1, ..."""
+    return [chat_request(tokenizer, f"{name}{n}", task.format(topic)) for n, topic in enumerate(TOPICS)]
+
+
+def common_length(sequences: Sequence[Sequence[int]]) -> int:
+    first, *others = sequences
+    return next((i for i, token in enumerate(first) if any(i >= len(o) or o[i] != token for o in others)), len(first))
+
+
+def run_all(engine: BatchEngine, requests: list[EngineRequest]) -> list[EngineOutput]:
+    return run_until_done(engine, engine.step(requests, []))
+
+
+def generated(outputs: list[EngineOutput]) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    for output in outputs:
+        if isinstance(output.event, TokensGenerated):
+            tokens.setdefault(output.request_id, []).extend(output.event.token_ids)
+    return tokens
+
+
+def snapshots(outputs: list[EngineOutput]) -> list[tuple[str, str, tuple[int, ...], int]]:
+    return sorted(
+        (o.request_id, o.event.origin.value, o.event.tokens, o.event.nbytes)
+        for o in outputs
+        if isinstance(o.event, SnapshotTaken)
+    )
+
+
+def shared_and_unshared(model: Any, tokenizer: Any, requests: list[EngineRequest]) -> tuple[Any, Any, list[int]]:
+    """Outputs with and without in-batch sharing, and the batch-of-one prefills the sharing engine ran."""
+    calls = CountingModel(model)
+    shared = run_all(BatchEngine(calls, tokenizer, CHAT_LIMITS), requests)
+    unshared = run_all(BatchEngine(model, tokenizer, UNSHARED), requests)
+    return shared, unshared, calls.prefilled
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def family(request: pytest.FixtureRequest, tiny_llama_dir: Path, tiny_qwen3_next_dir: Path) -> tuple[Any, Any]:
+    model, tokenizer = mlx_lm.load(str(tiny_llama_dir if request.param == "dense" else tiny_qwen3_next_dir))
+    return model, tokenizer
+
+
+def test_a_burst_sharing_a_system_prompt_generates_what_it_would_alone(family: tuple[Any, Any]) -> None:
+    model, tokenizer = family
+    requests = burst(tokenizer, "r", "Write a short poem about {}.")
+    shared, unshared, prefilled = shared_and_unshared(model, tokenizer, requests)
+    common = common_length([r.prompt_tokens for r in requests])
+    assert common >= 24  # the template's system prompt and more
+    assert prefilled == [common]  # once, at batch size one
+    assert generated(shared) == generated(unshared)
+    assert all(len(tokens) == 12 for tokens in generated(shared).values())
+    # The same boundary and completion snapshots, of the same sizes.
+    assert snapshots(shared) == snapshots(unshared)
+    # Computed once for the batch, not served from the cache: not counted as cached.
+    assert {event.cached_tokens for event in finished(shared).values()} == {0}
+
+
+def test_a_shared_prefix_ending_at_the_history_boundary_still_gives_the_boundary_snapshot(
+    family: tuple[Any, Any],
+) -> None:
+    model, tokenizer = family
+    requests = [chat_request(tokenizer, f"same{n}", "Tell me about the moon.") for n in range(3)]
+    boundary = requests[0].boundary
+    shared, unshared, prefilled = shared_and_unshared(model, tokenizer, requests)
+    assert prefilled == [boundary]
+    assert generated(shared) == generated(unshared)
+    assert snapshots(shared) == snapshots(unshared)
+    assert ("same0", "boundary", requests[0].prompt_tokens[:boundary]) in [s[:3] for s in snapshots(shared)]
+
+
+def test_requests_from_the_same_cached_prefix_share_what_follows_it(family: tuple[Any, Any]) -> None:
+    model, tokenizer = family
+    requests = burst(tokenizer, "c", "Give three fun facts about {}.")
+    cached_tokens = 6
+    state, _ = compact_copy(prefill(model, requests[0].prompt_tokens[:10]))
+    # A dense snapshot covering 10 tokens, of which the prompts match 6 (trimmed), or an exact hybrid one.
+    prefix = CachedPrefix(state=state, length=10, matched=10 if isinstance(state[0], ArraysCache) else cached_tokens)
+    requests = [replace(r, prefix=prefix) for r in requests]
+    shared, unshared, prefilled = shared_and_unshared(model, tokenizer, requests)
+    assert prefilled == [common_length([r.prompt_tokens for r in requests]) - prefix.matched]
+    assert generated(shared) == generated(unshared)
+    assert snapshots(shared) == snapshots(unshared)
+    assert {event.cached_tokens for event in finished(shared).values()} == {prefix.matched}
+
+
+def test_a_burst_joining_a_running_batch_shares_at_most_one_prefill_chunk(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    requests = burst(tokenizer, "j", "Explain why people like {}.")
+
+    def joined(engine: BatchEngine) -> list[EngineOutput]:
+        outputs = engine.step([request("running", 8)], [])
+        return run_until_done(engine, outputs + engine.step(requests, []))
+
+    calls = CountingModel(model)
+    shared = joined(BatchEngine(calls, tokenizer, CHAT_LIMITS))
+    assert calls.prefilled == [CHAT_LIMITS.prefill_step_size]  # the running request waits for no more than that
+    assert generated(shared) == generated(joined(BatchEngine(model, tokenizer, UNSHARED)))
+
+
+def test_requests_arriving_later_start_from_the_shared_prefix_still_in_flight(family: tuple[Any, Any]) -> None:
+    model, tokenizer = family
+    haikus = burst(tokenizer, "h", "Write a haiku about {}.")
+    first, same = haikus[:2], haikus[2]
+    other = chat_request(tokenizer, "other", "Tell a very short story about jazz.")
+
+    def staggered(engine: BatchEngine) -> list[EngineOutput]:
+        outputs = engine.step(first, [])
+        outputs += engine.step([same], [])  # one step later: the whole shared prefix is its own
+        outputs += engine.step([other], [])  # agrees with it on the system prompt only
+        return run_until_done(engine, outputs)
+
+    calls = CountingModel(model)
+    engine = BatchEngine(calls, tokenizer, CHAT_LIMITS)
+    shared = staggered(engine)
+    prefix = common_length([r.prompt_tokens for r in haikus])
+    system = common_length([haikus[0].prompt_tokens, other.prompt_tokens])
+    assert calls.prefilled == [prefix]  # once, for the first two
+    # The generator prefilled everything else: a dense cache cut to the system prompt serves `other` too.
+    other_start = system if isinstance(make_prompt_cache(model)[0], KVCache) else 0
+    prompts = [len(r.prompt_tokens) - 1 for r in (*first, same, other)]
+    assert engine._generator._counters.prompt_tokens == sum(prompts) - 3 * prefix - other_start
+    unshared = staggered(BatchEngine(model, tokenizer, UNSHARED))
+    assert generated(shared) == generated(unshared)
+    assert snapshots(shared) == snapshots(unshared)
+    assert {event.cached_tokens for event in finished(shared).values()} == {0}
+    # Dropped with the last request that used it: a later burst prefills its prefix again.
+    run_all(engine, haikus)
+    assert calls.prefilled == [prefix, prefix]
+
+
+def test_a_failing_shared_prefill_fails_only_the_requests_sharing_it(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    flaky = Failing(model)
+    engine = BatchEngine(flaky, tokenizer, CHAT_LIMITS)
+    sharing = burst(tokenizer, "s", "Describe {} in two sentences.")
+    flaky.failures = 1  # the first forward pass of the step is the shared prefill
+    outputs = run_all(engine, [*sharing, request("alone", 4)])
+    ends = finished(outputs)
+    assert all(isinstance(ends[f"s{n}"], GenerationFailed) for n in range(len(TOPICS)))
+    assert "simulated kernel fault" in ends["s0"].message
+    assert isinstance(ends["alone"], GenerationFinished) and ends["alone"].completion_tokens == 4
+    again = run_all(engine, sharing)  # and the engine keeps serving, sharing again
+    assert all(isinstance(event, GenerationFinished) for event in finished(again).values())
+
+
+class CountingModel:
+    """Wraps a real model and records the length of every prefill it runs outside the batch generator."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.prefilled: list[int] = []
+
+    def __call__(self, inputs: Any, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
+        if cache is not None and any(type(layer) is KVCache for layer in cache):  # the generator's are batch caches
+            self.prefilled.append(inputs.shape[1])
+        return self._model(inputs, *args, cache=cache, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def test_a_dense_boundary_snapshot_is_cut_from_the_prompt_state_without_a_second_segment(
+    loaded: tuple[Any, Any],
+) -> None:
+    model, tokenizer = loaded
+    alone = chat_request(tokenizer, "alone", "What is the capital of France?")
+    boundary, prompt = alone.boundary, alone.prompt_tokens
+    outputs = run_all(BatchEngine(model, tokenizer, CHAT_LIMITS), [alone])
+    taken = [o.event for o in outputs if isinstance(o.event, SnapshotTaken)]
+    assert [(s.origin.value, len(s.tokens)) for s in taken[:2]] == [
+        ("boundary", boundary),  # history first, as a two-segment prefill gives them
+        ("boundary", len(prompt) - 1),
+    ]
+    assert taken[2].origin.value == "completion"
+    cut = taken[0]
+    assert cut.tokens == prompt[:boundary]
+    expected, nbytes = compact_copy(prefill(model, prompt[:boundary]))
+    assert cut.nbytes == nbytes
+    for got, want in zip(cut.state, expected, strict=True):
+        assert got.offset == want.offset == boundary
+        assert mx.allclose(got.keys, want.keys, atol=1e-4).item()
+        assert mx.allclose(got.values, want.values, atol=1e-4).item()

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from courier.server.cli import build_parser
+from courier.settings import OPTIONS, Settings, parse_api_prefix, parse_bool, parse_bytes, resolve
+
+
+def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
+    return resolve(build_parser().parse_args(["serve", *argv]), environ)
+
+
+def test_defaults_apply_without_flags_or_environment() -> None:
+    settings = settings_from([], {})
+    assert settings.port == 8000
+    assert settings.host == "127.0.0.1"
+    assert settings.model is None
+    assert settings.warmup is True
+
+
+def test_environment_overrides_default() -> None:
+    settings = settings_from([], {"COURIER_PORT": "9001", "COURIER_WARMUP": "off", "COURIER_MAX_BODY_BYTES": "2MiB"})
+    assert (settings.port, settings.warmup, settings.max_body_bytes) == (9001, False, 2 * 1024**2)
+
+
+def test_cli_beats_environment() -> None:
+    settings = settings_from(["--port", "9002", "--warmup"], {"COURIER_PORT": "9001", "COURIER_WARMUP": "0"})
+    assert (settings.port, settings.warmup) == (9002, True)
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "field"),
+    [
+        ("COURIER_PORT", "eighty", "port"),
+        ("COURIER_PORT", "70000", "port"),
+        ("COURIER_WARMUP", "maybe", "warmup"),
+        ("COURIER_MAX_BODY_BYTES", "lots", "max_body_bytes"),
+        ("COURIER_SHUTDOWN_TIMEOUT", "-1", "shutdown_timeout"),
+        ("COURIER_WEIGHT_FORMAT", "int3", "weight_format"),
+    ],
+)
+def test_unparseable_environment_warns_and_keeps_default(
+    variable: str, raw: str, field: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        settings = settings_from([], {variable: raw})
+    assert getattr(settings, field) == getattr(Settings(), field)
+    assert variable in caplog.text
+
+
+def test_unknown_courier_variable_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        settings_from([], {"COURIER_PROT": "1"})
+    assert "COURIER_PROT" in caplog.text
+
+
+def test_bad_cli_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["serve", "--port", "x"])
+    assert exit_info.value.code == 2
+    assert "--port" in capsys.readouterr().err
+
+
+def test_help_names_every_flag_variable_and_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for option in OPTIONS:
+        assert option.flag in text
+        assert option.env in text
+    assert "default: 8000" in text
+
+
+def test_every_setting_is_documented() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "environment-variables.md").read_text()
+    for option in OPTIONS:
+        assert option.env in doc, option.env
+        assert option.flag in doc, option.flag
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1048576", 1048576), ("512KiB", 512 * 1024), ("32MiB", 32 * 1024**2), ("2GB", 2 * 1000**3), ("1g", 1000**3)],
+)
+def test_parse_bytes(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "-1", "1.5MiB", "MiB", "12 parsecs"])
+def test_parse_bytes_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="byte size"):
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("1", True), ("YES", True), ("on", True), ("0", False), ("off", False)])
+def test_parse_bool(text: str, expected: bool) -> None:
+    assert parse_bool(text) is expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [("", ""), ("/courier", "/courier"), ("/a/b/", "/a/b"), ("/", "")])
+def test_parse_api_prefix(text: str, expected: str) -> None:
+    assert parse_api_prefix(text) == expected
+
+
+@pytest.mark.parametrize("text", ["courier", "/a b", "/x?y=1"])
+def test_parse_api_prefix_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="API prefix"):
+        parse_api_prefix(text)
