@@ -1,5 +1,9 @@
 """Server settings: every option is a CLI flag and a `COURIER_*` environment variable.
 
+A setting is declared once, as a field of `Settings` made with `setting(default, parse, help, ...)`: its name,
+type and default are the field's, and its parser, help text, metavar and on/off-flag-ness ride in the field's
+metadata. `OPTIONS` is derived from those fields, in declaration order, which is the order of `--help` and the docs.
+
 Precedence is CLI flag > environment variable > default. An environment value that
 does not parse logs a warning naming the variable and keeps the default, so a typo
 in a deployment's environment never stops the server from starting.
@@ -11,9 +15,9 @@ import argparse
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import platformdirs
 
@@ -134,293 +138,225 @@ class Option:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class _OptionMetadata:
+    """What a `Settings` field carries besides its name, type and default: how it is parsed and described."""
+
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str | None
+    is_flag: bool
+
+
+_METADATA_KEY = "courier.option"
+_T = TypeVar("_T")
+
+
+def setting(
+    default: _T, parse: Callable[[str], _T], help: str, *, metavar: str | None = None, flag: bool = False
+) -> _T:
+    """Declare a `Settings` field with its option: default, parser, help text, and a metavar or on/off flag."""
+    metadata = _OptionMetadata(parse=parse, help=help, metavar=metavar, is_flag=flag)
+    return field(default=default, metadata={_METADATA_KEY: metadata})
+
+
+# ruff's RUF009 takes `setting(...)` for a default computed by a call, not the `dataclasses.field` it returns:
+# fields typed `str`, `int`, ... pass as immutable, and the `Path` fields carry a `noqa`.
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_prefix: str = ""
-    model: str | None = None
-    served_model_name: str | None = None
-    cache_dir: Path = Path(platformdirs.user_cache_dir("courier"))
-    weight_format: str = "auto"
-    blas: str = "auto"
-    warmup: bool = True
-    trust_remote_code: bool = False
-    max_body_bytes: int = 32 * 1024**2
-    max_batch: int = 16
-    max_queue: int = 64
-    prefill_step_size: int = 512
-    mlx_cache_limit: int = 1024**3
-    malloc_tuning: bool = True
-    admission_window_ms: float = 20.0
-    request_timeout: float = 600.0
-    max_images: int = 16
-    max_image_bytes: int = 64 * 1024**2
-    max_image_pixels: int = 50_000_000
-    media_path: Path | None = None
-    allow_private_media_urls: bool = False
-    prompt_cache: bool = True
-    prompt_cache_snapshot_capacity_bytes: int | None = None
-    prompt_cache_snapshot_max_entries: int = 4096
-    prompt_cache_snapshot_ttl: float = 7200.0
-    prompt_cache_min_prefix: int = 16
-    data_dir: Path = Path(platformdirs.user_data_dir("courier"))
-    storage_max_bytes: int = 1024**3
-    storage_max_entries: int = 100_000
-    storage_ttl: float = 30 * 24 * 3600.0
-    compaction_key_file: Path | None = None
-    shutdown_timeout: float = 30.0
-    trace_file: Path | None = None
-    log_level: str = "info"
-
-
-_DEFAULTS = Settings()
-
-OPTIONS: tuple[Option, ...] = (
-    Option(name="host", parse=str, default=_DEFAULTS.host, help="interface to listen on", metavar="HOST"),
-    Option(name="port", parse=parse_port, default=_DEFAULTS.port, help="TCP port; 0 picks a free one", metavar="PORT"),
-    Option(
-        name="api_prefix",
-        parse=parse_api_prefix,
-        default=_DEFAULTS.api_prefix,
-        help="serve every route under this path (e.g. /courier -> /courier/v1/chat/completions)",
+    host: str = setting("127.0.0.1", str, "interface to listen on", metavar="HOST")
+    port: int = setting(8000, parse_port, "TCP port; 0 picks a free one", metavar="PORT")
+    api_prefix: str = setting(
+        "",
+        parse_api_prefix,
+        "serve every route under this path (e.g. /courier -> /courier/v1/chat/completions)",
         metavar="PATH",
-    ),
-    Option(
-        name="model",
-        parse=_optional_text,
-        default=None,
-        help="MLX model directory, .gguf file or Hugging Face repo id (default: embedded SmolLM2-135M-Instruct)",
+    )
+    model: str | None = setting(
+        None,
+        _optional_text,
+        "MLX model directory, .gguf file or Hugging Face repo id (default: embedded SmolLM2-135M-Instruct)",
         metavar="MODEL",
-    ),
-    Option(
-        name="served_model_name",
-        parse=_optional_text,
-        default=None,
-        help="model id clients use (default: derived from --model)",
-        metavar="NAME",
-    ),
-    Option(
-        name="cache_dir",
-        parse=_path,
-        default=_DEFAULTS.cache_dir,
-        help="where converted models are kept",
-        metavar="DIR",
-    ),
-    Option(
-        name="weight_format",
-        parse=_choice(WEIGHT_FORMATS),
-        default=_DEFAULTS.weight_format,
-        help="serving weights: auto (float32 on CPU, as stored on GPU), native, float32, float16, bfloat16",
+    )
+    served_model_name: str | None = setting(
+        None, _optional_text, "model id clients use (default: derived from --model)", metavar="NAME"
+    )
+    cache_dir: Path = setting(  # noqa: RUF009
+        Path(platformdirs.user_cache_dir("courier")), _path, "where converted models are kept", metavar="DIR"
+    )
+    weight_format: str = setting(
+        "auto",
+        _choice(WEIGHT_FORMATS),
+        "serving weights: auto (float32 on CPU, as stored on GPU), native, float32, float16, bfloat16",
         metavar="FORMAT",
-    ),
-    Option(
-        name="blas",
-        parse=str,
-        default=_DEFAULTS.blas,
-        help="CPU BLAS for MLX: auto (find OpenBLAS), none, or a library path",
-        metavar="BLAS",
-    ),
-    Option(
-        name="warmup",
-        parse=parse_bool,
-        default=_DEFAULTS.warmup,
-        help="run one short forward pass before reporting ready",
-        is_flag=True,
-    ),
-    Option(
-        name="trust_remote_code",
-        parse=parse_bool,
-        default=_DEFAULTS.trust_remote_code,
-        help="allow a model directory's own architecture file (config.json `model_file`) to be imported and run",
-        is_flag=True,
-    ),
-    Option(
-        name="max_body_bytes",
-        parse=parse_bytes,
-        default=_DEFAULTS.max_body_bytes,
-        help="largest request body accepted (413 beyond); accepts 64MiB, 1GB, ...",
+    )
+    blas: str = setting("auto", str, "CPU BLAS for MLX: auto (find OpenBLAS), none, or a library path", metavar="BLAS")
+    warmup: bool = setting(True, parse_bool, "run one short forward pass before reporting ready", flag=True)
+    trust_remote_code: bool = setting(
+        False,
+        parse_bool,
+        "allow a model directory's own architecture file (config.json `model_file`) to be imported and run",
+        flag=True,
+    )
+    max_body_bytes: int = setting(
+        32 * 1024**2,
+        parse_bytes,
+        "largest request body accepted (413 beyond); accepts 64MiB, 1GB, ...",
         metavar="BYTES",
-    ),
-    Option(
-        name="max_batch",
-        parse=parse_positive_int,
-        default=_DEFAULTS.max_batch,
-        help="sequences generated together in one batch",
+    )
+    max_batch: int = setting(16, parse_positive_int, "sequences generated together in one batch", metavar="N")
+    max_queue: int = setting(
+        64,
+        parse_non_negative_int,
+        "requests waiting for a batch slot; beyond it requests get 429 with Retry-After",
         metavar="N",
-    ),
-    Option(
-        name="max_queue",
-        parse=parse_non_negative_int,
-        default=_DEFAULTS.max_queue,
-        help="requests waiting for a batch slot; beyond it requests get 429 with Retry-After",
-        metavar="N",
-    ),
-    Option(
-        name="prefill_step_size",
-        parse=parse_positive_int,
-        default=_DEFAULTS.prefill_step_size,
-        help="prompt tokens prefilled per step; smaller keeps running streams flowing during long prefills",
+    )
+    prefill_step_size: int = setting(
+        512,
+        parse_positive_int,
+        "prompt tokens prefilled per step; smaller keeps running streams flowing during long prefills",
         metavar="TOKENS",
-    ),
-    Option(
-        name="mlx_cache_limit",
-        parse=parse_bytes,
-        default=_DEFAULTS.mlx_cache_limit,
-        help="most bytes of freed buffers MLX keeps for reuse (0 keeps none); bounds memory under varied traffic",
+    )
+    mlx_cache_limit: int = setting(
+        1024**3,
+        parse_bytes,
+        "most bytes of freed buffers MLX keeps for reuse (0 keeps none); bounds memory under varied traffic",
         metavar="BYTES",
-    ),
-    Option(
-        name="malloc_tuning",
-        parse=parse_bool,
-        default=_DEFAULTS.malloc_tuning,
-        help="pin glibc's mmap and trim thresholds at 128 KiB so freed memory goes back to the system",
-        is_flag=True,
-    ),
-    Option(
-        name="admission_window_ms",
-        parse=parse_non_negative_float,
-        default=_DEFAULTS.admission_window_ms,
-        help=(
-            "an idle scheduler waits for more arrivals so a burst is prefilled as one batch: while they keep "
-            "coming at most this far apart, up to 5 times this in all; 0 disables"
-        ),
+    )
+    malloc_tuning: bool = setting(
+        True,
+        parse_bool,
+        "pin glibc's mmap and trim thresholds at 128 KiB so freed memory goes back to the system",
+        flag=True,
+    )
+    admission_window_ms: float = setting(
+        20.0,
+        parse_non_negative_float,
+        "an idle scheduler waits for more arrivals so a burst is prefilled as one batch: while they keep "
+        "coming at most this far apart, up to 5 times this in all; 0 disables",
         metavar="MS",
-    ),
-    Option(
-        name="request_timeout",
-        parse=parse_positive_float,
-        default=_DEFAULTS.request_timeout,
-        help="deadline in seconds for one generation request, queueing included (504 beyond)",
+    )
+    request_timeout: float = setting(
+        600.0,
+        parse_positive_float,
+        "deadline in seconds for one generation request, queueing included (504 beyond)",
         metavar="SECONDS",
-    ),
-    Option(
-        name="max_images",
-        parse=parse_positive_int,
-        default=_DEFAULTS.max_images,
-        help="most image parts one request may hold (more is a 400, before anything is fetched)",
+    )
+    max_images: int = setting(
+        16,
+        parse_positive_int,
+        "most image parts one request may hold (more is a 400, before anything is fetched)",
         metavar="N",
-    ),
-    Option(
-        name="max_image_bytes",
-        parse=parse_positive_bytes,
-        default=_DEFAULTS.max_image_bytes,
-        help="most bytes read for one image, enforced while it streams in (a vision model only)",
+    )
+    max_image_bytes: int = setting(
+        64 * 1024**2,
+        parse_positive_bytes,
+        "most bytes read for one image, enforced while it streams in (a vision model only)",
         metavar="BYTES",
-    ),
-    Option(
-        name="max_image_pixels",
-        parse=parse_positive_int,
-        default=_DEFAULTS.max_image_pixels,
-        help="most pixels (width x height) of one image, read from its header before decoding",
+    )
+    max_image_pixels: int = setting(
+        50_000_000,
+        parse_positive_int,
+        "most pixels (width x height) of one image, read from its header before decoding",
         metavar="N",
-    ),
-    Option(
-        name="media_path",
-        parse=_optional_path,
-        default=_DEFAULTS.media_path,
-        help="the directory file:// image URLs are confined to (unset: file:// URLs are refused)",
+    )
+    media_path: Path | None = setting(  # noqa: RUF009
+        None,
+        _optional_path,
+        "the directory file:// image URLs are confined to (unset: file:// URLs are refused)",
         metavar="DIR",
-    ),
-    Option(
-        name="allow_private_media_urls",
-        parse=parse_bool,
-        default=_DEFAULTS.allow_private_media_urls,
-        help="let image URLs reach loopback, private and link-local addresses (local use only: logs a warning)",
-        is_flag=True,
-    ),
-    Option(
-        name="prompt_cache",
-        parse=parse_bool,
-        default=_DEFAULTS.prompt_cache,
-        help="keep model state snapshots so a conversation's next turn prefills only its new tokens",
-        is_flag=True,
-    ),
-    Option(
-        name="prompt_cache_snapshot_capacity_bytes",
-        parse=parse_positive_bytes,
-        default=None,
-        help="byte budget of the snapshot store (default: sized from the model's state and the device's memory)",
+    )
+    allow_private_media_urls: bool = setting(
+        False,
+        parse_bool,
+        "let image URLs reach loopback, private and link-local addresses (local use only: logs a warning)",
+        flag=True,
+    )
+    prompt_cache: bool = setting(
+        True,
+        parse_bool,
+        "keep model state snapshots so a conversation's next turn prefills only its new tokens",
+        flag=True,
+    )
+    prompt_cache_snapshot_capacity_bytes: int | None = setting(
+        None,
+        parse_positive_bytes,
+        "byte budget of the snapshot store (default: sized from the model's state and the device's memory)",
         metavar="BYTES",
-    ),
-    Option(
-        name="prompt_cache_snapshot_max_entries",
-        parse=parse_positive_int,
-        default=_DEFAULTS.prompt_cache_snapshot_max_entries,
-        help="most snapshots kept",
-        metavar="N",
-    ),
-    Option(
-        name="prompt_cache_snapshot_ttl",
-        parse=parse_positive_float,
-        default=_DEFAULTS.prompt_cache_snapshot_ttl,
-        help="seconds a snapshot is kept after its last use",
-        metavar="SECONDS",
-    ),
-    Option(
-        name="prompt_cache_min_prefix",
-        parse=parse_positive_int,
-        default=_DEFAULTS.prompt_cache_min_prefix,
-        help="shortest cached prefix (tokens) worth reusing; shorter matches count as misses",
+    )
+    prompt_cache_snapshot_max_entries: int = setting(4096, parse_positive_int, "most snapshots kept", metavar="N")
+    prompt_cache_snapshot_ttl: float = setting(
+        7200.0, parse_positive_float, "seconds a snapshot is kept after its last use", metavar="SECONDS"
+    )
+    prompt_cache_min_prefix: int = setting(
+        16,
+        parse_positive_int,
+        "shortest cached prefix (tokens) worth reusing; shorter matches count as misses",
         metavar="TOKENS",
-    ),
-    Option(
-        name="data_dir",
-        parse=_path,
-        default=_DEFAULTS.data_dir,
-        help="where stored responses and conversations live (an SQLite database)",
+    )
+    data_dir: Path = setting(  # noqa: RUF009
+        Path(platformdirs.user_data_dir("courier")),
+        _path,
+        "where stored responses and conversations live (an SQLite database)",
         metavar="DIR",
-    ),
-    Option(
-        name="storage_max_bytes",
-        parse=parse_positive_bytes,
-        default=_DEFAULTS.storage_max_bytes,
-        help="byte budget of stored responses and conversations; the least recently updated go first",
+    )
+    storage_max_bytes: int = setting(
+        1024**3,
+        parse_positive_bytes,
+        "byte budget of stored responses and conversations; the least recently updated go first",
         metavar="BYTES",
-    ),
-    Option(
-        name="storage_max_entries",
-        parse=parse_positive_int,
-        default=_DEFAULTS.storage_max_entries,
-        help="most stored responses plus conversations",
-        metavar="N",
-    ),
-    Option(
-        name="storage_ttl",
-        parse=parse_positive_float,
-        default=_DEFAULTS.storage_ttl,
-        help="seconds a stored response or conversation is kept after its last update",
+    )
+    storage_max_entries: int = setting(
+        100_000, parse_positive_int, "most stored responses plus conversations", metavar="N"
+    )
+    storage_ttl: float = setting(
+        30 * 24 * 3600.0,
+        parse_positive_float,
+        "seconds a stored response or conversation is kept after its last update",
         metavar="SECONDS",
-    ),
-    Option(
-        name="compaction_key_file",
-        parse=_path,
-        default=None,
-        help="a file holding a secret key: compaction capsules are then authenticated (HMAC) and foreign or altered "
+    )
+    compaction_key_file: Path | None = setting(  # noqa: RUF009
+        None,
+        _path,
+        "a file holding a secret key: compaction capsules are then authenticated (HMAC) and foreign or altered "
         "ones refused",
         metavar="PATH",
-    ),
-    Option(
-        name="shutdown_timeout",
-        parse=parse_positive_float,
-        default=_DEFAULTS.shutdown_timeout,
-        help="seconds in-flight requests get to finish after SIGTERM/SIGINT",
+    )
+    shutdown_timeout: float = setting(
+        30.0,
+        parse_positive_float,
+        "seconds in-flight requests get to finish after SIGTERM/SIGINT",
         metavar="SECONDS",
-    ),
-    Option(
-        name="trace_file",
-        parse=_path,
-        default=None,
-        help="also write finished OpenTelemetry spans to this file as JSON lines",
-        metavar="PATH",
-    ),
-    Option(
-        name="log_level",
-        parse=_choice(LOG_LEVELS),
-        default=_DEFAULTS.log_level,
-        help="debug, info, warning or error",
-        metavar="LEVEL",
-    ),
-)
+    )
+    trace_file: Path | None = setting(  # noqa: RUF009
+        None, _path, "also write finished OpenTelemetry spans to this file as JSON lines", metavar="PATH"
+    )
+    log_level: str = setting("info", _choice(LOG_LEVELS), "debug, info, warning or error", metavar="LEVEL")
+
+
+def options_of(settings_class: type[Any]) -> tuple[Option, ...]:
+    """One `Option` per field of a settings dataclass, in field order, from each field's `setting(...)` metadata."""
+    options = []
+    for settings_field in fields(settings_class):
+        metadata = settings_field.metadata.get(_METADATA_KEY)
+        if not isinstance(metadata, _OptionMetadata):
+            raise TypeError(
+                f"{settings_class.__name__}.{settings_field.name} has no option metadata: "
+                "declare it with setting(default, parse, help, ...)"
+            )
+        options.append(
+            Option(
+                name=settings_field.name,
+                parse=metadata.parse,
+                default=settings_field.default,
+                help=metadata.help,
+                metavar=metadata.metavar,
+                is_flag=metadata.is_flag,
+            )
+        )
+    return tuple(options)
+
+
+OPTIONS: tuple[Option, ...] = options_of(Settings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -465,7 +401,6 @@ def resolve(arguments: argparse.Namespace, environ: Mapping[str, str]) -> Settin
 
 
 _KNOWN_VARIABLES = frozenset(option.env for option in OPTIONS)
-assert {option.name for option in OPTIONS} == {field.name for field in fields(Settings)}
 
 
 def _from_environment(option: Option, raw: str) -> Any:

@@ -1,12 +1,23 @@
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
 import pytest
 
 from courier.server.cli import build_parser
-from courier.settings import OPTIONS, Settings, parse_api_prefix, parse_bool, parse_bytes, resolve
+from courier.settings import (
+    OPTIONS,
+    Settings,
+    options_of,
+    parse_api_prefix,
+    parse_bool,
+    parse_bytes,
+    parse_positive_int,
+    resolve,
+    setting,
+)
 
 
 def settings_from(argv: list[str], environ: dict[str, str]) -> Settings:
@@ -72,6 +83,39 @@ def test_help_names_every_flag_variable_and_default(capsys: pytest.CaptureFixtur
         assert option.flag in text
         assert option.env in text
     assert "default: 8000" in text
+
+
+def test_each_setting_is_declared_once_as_a_field() -> None:
+    settings_fields = dataclasses.fields(Settings)
+    assert [option.name for option in OPTIONS] == [field.name for field in settings_fields]
+    assert [option.default for option in OPTIONS] == [field.default for field in settings_fields]
+    defaults = Settings()
+    for option in OPTIONS:
+        assert option.default == getattr(defaults, option.name), option.name
+
+
+def test_a_field_without_option_metadata_is_refused() -> None:
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class Partial:
+        declared: int = setting(1, parse_positive_int, "a declared option", metavar="N")
+        bare: int = 2
+
+    with pytest.raises(TypeError, match=r"Partial\.bare has no option metadata"):
+        options_of(Partial)
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class Complete:
+        declared: int = setting(1, parse_positive_int, "a declared option", metavar="N")
+
+    (option,) = options_of(Complete)
+    assert (option.name, option.default, option.help, option.metavar, option.is_flag) == (
+        "declared",
+        1,
+        "a declared option",
+        "N",
+        False,
+    )
+    assert (option.flag, option.env, option.parse("3")) == ("--declared", "COURIER_DECLARED", 3)
 
 
 def test_every_setting_is_documented() -> None:

@@ -23,37 +23,30 @@ Spans: `compactor.CompactHistory` and beneath it `compactor.selection` (with one
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from contextlib import suppress
 from dataclasses import dataclass
 
-import anyio
-from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.conversation.capsule import Capsule, CapsuleCodec, CapsuleError, item_digest
+from courier.conversation.capsule import Capsule, CapsuleCodec, item_digest
 from courier.conversation.chat_render import chat_messages
 from courier.conversation.image_refs import image_refs
+from courier.conversation.images import IN_THE_HISTORY, ImageAdmission
 from courier.conversation.items import is_instruction, message_item, new_id, text_part
-from courier.conversation.replay import expand
+from courier.conversation.replay import replay
+from courier.conversation.response_object import usage_object
 from courier.conversation.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS, segments, select
 from courier.conversation.summary_prompt import summary_messages
-from courier.media.images import FetchedImage
-from courier.messages.base import FailureKind, RequestFailed, RequestId
+from courier.conversation.warm_up import warm_up_next_turn
+from courier.core.failure_codes import FailureCode
+from courier.engine.generation import FinishReason, GenerationFinished, RequestId, SamplingParams
+from courier.messages.asking import Refused, call
+from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage, CompactReply
-from courier.messages.generation import FinishReason, GenerationFinished, SamplingParams, TokensGenerated
-from courier.messages.ingress import (
-    AdmitGeneration,
-    AdmitReply,
-    Admitted,
-    ChatPrompt,
-    IngressMessage,
-    WarmUpConversation,
-)
-from courier.messages.media import FetchImages, FetchMemo, FetchReply, ImageRef, MediaFetcherMessage, over_image_cap
-from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeReply, TokenizeResult
-from courier.runtime.actor import ActorBusy, ActorStopped, ask
+from courier.messages.generation_reader import collect
+from courier.messages.ingress import AdmitGeneration, ChatPrompt, IngressMessage
+from courier.messages.media import FetchMemo
+from courier.messages.token_counter import TokenCounterMessage, TokenizeChat
 from courier.runtime.concurrent_actor import ConcurrentActor
 from courier.runtime.tracing import tracer
 from courier.storage.records import JsonObject
@@ -68,13 +61,6 @@ class CompactorLimits:
     context_length: int
     max_output_bytes: int  # a replay body must fit the server's body limit
     timeout_s: float
-    max_images: int = 16  # --max-images, checked over the whole history before any image is read
-
-
-class _Refused(Exception):
-    def __init__(self, failure: RequestFailed) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
 
 
 class CompactorActor(ConcurrentActor[CompactorMessage]):
@@ -88,36 +74,34 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         codec: CapsuleCodec,
         limits: CompactorLimits,
         *,
-        media_fetcher: MemoryObjectSendStream[MediaFetcherMessage] | None = None,
+        images: ImageAdmission,
     ) -> None:
         super().__init__()
         self._token_counter = token_counter
-        self._media_fetcher = media_fetcher  # None: the model accepts text only
         self._ingress = ingress
         self._codec = codec
         self._limits = limits
+        self._images = images
 
     async def serve(self, message: CompactorMessage) -> CompactReply:
         try:
             return await self._compact(message)
-        except _Refused as refused:
+        except Refused as refused:
             return refused.failure
-        except (ActorBusy, ActorStopped):
-            return RequestFailed(kind=FailureKind.UNAVAILABLE, message="the server is busy or shutting down")
 
     async def _compact(self, message: CompactHistory) -> CompactionResult:
-        try:
-            items = expand(message.items, self._codec, message.instructions)
-        except CapsuleError as error:
-            raise _Refused(_invalid(f"compaction item: {error}", "input")) from None
-        instructions = [item for item in items if is_instruction(item)]
-        history = [item for item in items if not is_instruction(item)]
+        instructions = [item for item in message.context if is_instruction(item)]
+        history = [item for item in message.context if not is_instruction(item)]
         # Every count and the summary read each image once: the counts render the history many times.
         memo = message.memo or FetchMemo()
-        self._admit_images(image_refs(history, message.items))
+        refused = self._images.refusal(
+            image_refs(history, message.request_items), generating=False, where=IN_THE_HISTORY
+        )
+        if refused is not None:
+            raise Refused(refused)
         with tracer().start_as_current_span("compactor.selection") as span:
             parts = segments(history)
-            costs = [await self._count(part, message.items, memo) for part in parts]
+            costs = [await self._count(part, message.request_items, memo) for part in parts]
             keep_tokens = message.keep_tokens or self.default_keep_tokens()
             selection = select(parts, costs, keep_tokens)
             span.set_attributes(
@@ -129,17 +113,17 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             )
         summarized = [item for index in selection.summarized for item in parts[index]]
         if not summarized:
-            raise _Refused(_invalid("nothing to compact: the whole history is kept verbatim", "input"))
+            raise Refused(_invalid("nothing to compact: the whole history is kept verbatim", "input"))
         summarized_tokens = sum(costs[index] for index in selection.summarized)
         retained = [item for index in selection.retained for item in parts[index]]
         summary, finished = await self._summarize(summarized, message, memo)
         if finished.completion_tokens >= summarized_tokens:
-            raise _Refused(
+            raise Refused(
                 _invalid(
                     f"the summary ({finished.completion_tokens} tokens) is not shorter than the history it replaces "
                     f"({summarized_tokens} tokens)",
                     "input",
-                    code="context_length_exceeded",
+                    code=FailureCode.CONTEXT_LENGTH_EXCEEDED,
                 )
             )
         with tracer().start_as_current_span("compactor.capsule") as span:
@@ -158,18 +142,16 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             size = sum(len(str(item)) for item in output)
             span.set_attributes({"courier.compaction.capsule_bytes": len(compaction_item["encrypted_content"])})
         if size > self._limits.max_output_bytes:
-            raise _Refused(
+            raise Refused(
                 _invalid(f"the compacted output ({size} bytes) would not fit the replay body limit", "keep_tokens")
             )
-        self._warm_up(message, output)
-        usage = {
-            "input_tokens": finished.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": finished.cached_tokens},
-            "output_tokens": finished.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-        }
-        return CompactionResult(output=output, usage=usage, compaction_item=compaction_item)
+        # What the model is shown from here on: the capsule just made, replayed as any later turn replays it.
+        context = replay(capsule, output[:-1], (), message.instructions)
+        # The compacted context (instructions, summary, retained items) prefilled while the server is idle.
+        warm_up_next_turn(self._ingress, message.session, chat_messages(message.instructions, context), message.tools)
+        return CompactionResult(
+            output=output, usage=usage_object(finished), compaction_item=compaction_item, context=tuple(context)
+        )
 
     def default_keep_tokens(self) -> int:
         return min(self._limits.context_length // DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS)
@@ -177,114 +159,58 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
     async def _count(self, items: Sequence[JsonObject], request_items: Sequence[JsonObject], memo: FetchMemo) -> int:
         """The tokens `items` render to, images included (a vision model's image tokens depend on the image)."""
         messages = chat_messages(None, items)
-        images = await self._images(image_refs(items, request_items), memo)
-        result: TokenizeReply = await ask(
+        images = await self._images.read(image_refs(items, request_items), memo)
+        result = await call(
             self._token_counter,
             lambda reply: TokenizeChat(
                 messages=messages, tools=None, add_generation_prompt=False, reply=reply, images=images
             ),
         )
-        if not isinstance(result, TokenizeResult):
-            raise _Refused(result)
         return len(result.tokens)
-
-    def _admit_images(self, refs: Sequence[ImageRef]) -> None:
-        """The image cap over the whole history, before its counts read any image (a vision model only)."""
-        over = over_image_cap(refs, self._limits.max_images, "in the history")
-        if self._media_fetcher is not None and over is not None:
-            raise _Refused(over)
-
-    async def _images(self, refs: Sequence[ImageRef], memo: FetchMemo) -> tuple[FetchedImage, ...]:
-        """A vision model's images for a count, each read once per compaction (none for a text-only model)."""
-        if not refs or self._media_fetcher is None:
-            return ()
-        fetched: FetchReply = await ask(
-            self._media_fetcher, lambda reply: FetchImages(images=refs, memo=memo, reply=reply)
-        )
-        if isinstance(fetched, RequestFailed):
-            raise _Refused(fetched)
-        return fetched.images
 
     async def _summarize(
         self, items: Sequence[JsonObject], message: CompactHistory, memo: FetchMemo
     ) -> tuple[str, GenerationFinished]:
         # The summarized part's images go with it: a text-only model refuses them at admission, naming the part.
-        images = image_refs(items, message.items)
+        images = image_refs(items, message.request_items)
         prompt = ChatPrompt(messages=summary_messages(items), tools=None, thinking=False, images=images)
         sampling = SamplingParams(max_tokens=message.max_output_tokens, temperature=0.0)
         request_id = RequestId(new_id("compaction"))
-        admitted: AdmitReply = await ask(
-            self._ingress,
-            lambda reply: AdmitGeneration(
-                request_id=request_id,
-                prompt=prompt,
-                sampling=sampling,
-                reply=reply,
-                session=message.session,
-                cache_prompt=False,
-                memo=memo,
-            ),
-        )
-        if not isinstance(admitted, Admitted):
-            if admitted.code == "context_length_exceeded":
-                raise _Refused(
-                    _invalid(
-                        f"the history to summarize does not fit one context window: {admitted.message}",
-                        "input",
-                        code="context_length_exceeded",
-                    )
-                )
-            raise _Refused(admitted)
-        texts, finished = await self._collect(admitted)
-        summary = "".join(texts).strip()
-        if finished.reason is FinishReason.LENGTH:
-            raise _Refused(_upstream(f"the summary was cut at max_output_tokens ({message.max_output_tokens})"))
-        if not summary:
-            raise _Refused(_upstream("the model wrote an empty summary"))
-        return summary, finished
-
-    async def _collect(self, admitted: Admitted) -> tuple[list[str], GenerationFinished]:
-        texts: list[str] = []
-        deadline = time.monotonic() + self._limits.timeout_s
-        with admitted.events as events:
-            while True:
-                event = None
-                with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
-                    try:
-                        event = await events.receive()
-                    except anyio.EndOfStream:
-                        raise _Refused(_upstream("the summary generation ended without a result")) from None
-                if event is None:
-                    raise _Refused(
-                        RequestFailed(
-                            kind=FailureKind.INTERNAL, message="the summary timed out", code="deadline_exceeded"
-                        )
-                    )
-                if isinstance(event, TokensGenerated):
-                    texts.append(event.text)
-                elif isinstance(event, GenerationFinished):
-                    return texts, event
-                else:
-                    raise _Refused(
-                        RequestFailed(kind=FailureKind.INTERNAL, message=event.message, code="generation_failed")
-                    )
-
-    def _warm_up(self, message: CompactHistory, output: Sequence[JsonObject]) -> None:
-        """The compacted context (instructions, summary, retained items) prefilled while the server is idle."""
         try:
-            replayed = expand(output, self._codec, message.instructions)
-        except CapsuleError:
-            return
-        warm_up = WarmUpConversation(
-            session=message.session, messages=chat_messages(message.instructions, replayed), tools=message.tools
-        )
-        with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
-            self._ingress.send_nowait(warm_up)
+            admitted = await call(
+                self._ingress,
+                lambda reply: AdmitGeneration(
+                    request_id=request_id,
+                    prompt=prompt,
+                    sampling=sampling,
+                    reply=reply,
+                    session=message.session,
+                    cache_prompt=False,
+                    memo=memo,
+                ),
+            )
+        except Refused as refused:
+            if refused.failure.code is not FailureCode.CONTEXT_LENGTH_EXCEEDED:
+                raise
+            raise Refused(
+                _invalid(
+                    f"the history to summarize does not fit one context window: {refused.failure.message}",
+                    "input",
+                    code=FailureCode.CONTEXT_LENGTH_EXCEEDED,
+                )
+            ) from None
+        collected = await collect(admitted, self._limits.timeout_s)
+        summary = collected.text.strip()
+        if collected.finished.reason is FinishReason.LENGTH:
+            raise Refused(_upstream(f"the summary was cut at max_output_tokens ({message.max_output_tokens})"))
+        if not summary:
+            raise Refused(_upstream("the model wrote an empty summary"))
+        return summary, collected.finished
 
 
-def _invalid(text: str, param: str, code: str | None = None) -> RequestFailed:
+def _invalid(text: str, param: str, code: FailureCode | None = None) -> RequestFailed:
     return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=text, param=param, code=code)
 
 
 def _upstream(text: str) -> RequestFailed:
-    return RequestFailed(kind=FailureKind.UPSTREAM, message=text, code="compaction_failed")
+    return RequestFailed(kind=FailureKind.UPSTREAM, message=text, code=FailureCode.COMPACTION_FAILED)

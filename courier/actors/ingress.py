@@ -1,34 +1,38 @@
 """IngressActor: admits generation requests before anything is queued.
 
-Receives `AdmitGeneration`; refuses at once (OVERLOADED) while the scheduler is
-at capacity, before any rendering; admits image parts before any fetch message
-exists (the `--max-images` cap, then the model: a text-only model refuses them,
-naming itself and the part); has a vision model's images fetched (the media
-fetcher, each URL once per request or per the caller's memo); asks the token
-counter to render and count the prompt (with the images: their placeholders
-expanded, their pixels prepared), refuses a prompt that with its requested
-output would overflow the model's context (400 `context_length_exceeded`), then
-asks the scheduler to queue it, with the images' digest for the prompt cache.
-Replies `Admitted` with the request's event stream, or `RequestFailed` (invalid
-input, or OVERLOADED when the scheduler's queue is full). Invariant: a
-refused request leaves nothing queued and no stream open.
+Receives `AdmitGeneration`; refuses at once (OVERLOADED, `queue_full`) while the
+scheduler is at capacity, before any rendering; admits image parts before any fetch
+message exists (`conversation/images.py`: the `--max-images` cap, then the model: a
+text-only model refuses them, naming itself and the part); has a vision model's
+images read by the media fetcher (each URL once per request or per the caller's
+memo); asks the token counter to render and count the prompt (with the images: their
+placeholders expanded, their pixels prepared), refuses a prompt that with its
+requested output would overflow the model's context (400 `context_length_exceeded`),
+then asks the scheduler to queue it, with the images' digest for the prompt cache.
+Replies `Admitted` with the request's event stream, or `RequestFailed`. A request
+with images is admitted in a side task (at most `IMAGE_ADMISSIONS` at once, beyond
+them refused as overloaded), so a slow image host holds up only its own request.
+
+Receives `WarmUpConversation` (no reply): renders the history through the last
+reply, as the next turn will, and tells the scheduler to prepare it when idle.
+
+Invariant: a refused request leaves nothing queued and no stream open.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import replace
 
-import anyio
 from anyio import BrokenResourceError, ClosedResourceError, WouldBlock, create_memory_object_stream
-from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.conversation.chat_content import has_images
-from courier.media.images import FetchedImage
+from courier.conversation.images import ImageAdmission
+from courier.core.failure_codes import FailureCode
+from courier.engine.generation import GenerationEvent, VisionInputs
+from courier.messages.asking import Refused, call
 from courier.messages.base import FailureKind, RequestFailed
-from courier.messages.generation import GenerationEvent
 from courier.messages.ingress import (
     AdmitGeneration,
     AdmitReply,
@@ -39,31 +43,19 @@ from courier.messages.ingress import (
     TokenPrompt,
     WarmUpConversation,
 )
-from courier.messages.media import (
-    FetchImages,
-    FetchMemo,
-    FetchReply,
-    ImageRef,
-    ImagesFetched,
-    MediaFetcherMessage,
-    VisionInputs,
-    over_image_cap,
-)
-from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration, SubmitReply
-from courier.messages.token_counter import (
-    TokenCounterMessage,
-    TokenizeChat,
-    TokenizeReply,
-    TokenizeResult,
-    TokenizeText,
-)
-from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
-from courier.status.scheduler_stats import SchedulerStats
+from courier.messages.media import FetchMemo
+from courier.messages.scheduler import QueueWarmUp, SchedulerMessage, SubmitGeneration
+from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeText
+from courier.runtime.actor import Actor
+from courier.runtime.concurrent_actor import SideTasks
+from courier.status.scheduler_stats import AdmissionStats, SchedulerStats
 
 # Events per request: one per generated token at most, plus the terminal event.
 EVENT_SLACK = 2
 # Requests with images admitted at once (each fetches, then renders, in its own task).
 IMAGE_ADMISSIONS = 8
+
+RenderedPrompt = tuple[tuple[int, ...], int, VisionInputs | None]
 
 
 class IngressActor(Actor[IngressMessage]):
@@ -76,64 +68,36 @@ class IngressActor(Actor[IngressMessage]):
         *,
         context_length: int,
         vocabulary_size: int,
-        model_id: str,
-        max_images: int,
+        images: ImageAdmission,
         scheduler_stats: SchedulerStats,
-        media_fetcher: MemoryObjectSendStream[MediaFetcherMessage] | None = None,
+        stats: AdmissionStats,
     ) -> None:
         self._token_counter = token_counter
-        self._media_fetcher = media_fetcher  # None: the model accepts text only
         self._scheduler = scheduler
         self._context_length = context_length
         self._vocabulary_size = vocabulary_size
-        self._model_id = model_id
-        self._max_images = max_images
-        self._stats = scheduler_stats
-        self._image_slots = anyio.Semaphore(IMAGE_ADMISSIONS)
-        self._tasks: TaskGroup | None = None
-        self._tasks_ready = anyio.Event()
+        self._images = images
+        self._scheduler_stats = scheduler_stats  # read only: the scheduler writes it
+        self._stats = stats
+        self._image_admissions: SideTasks[AdmitGeneration] = SideTasks(IMAGE_ADMISSIONS)
 
     async def background(self) -> None:
-        async with anyio.create_task_group() as tasks:
-            self._tasks = tasks
-            self._tasks_ready.set()
-            await anyio.sleep_forever()
+        await self._image_admissions.run()
 
     async def handle(self, message: IngressMessage) -> None:
         match message:
-            case AdmitGeneration() if self._fetches_images(message):
-                await self._admit_aside(message)
+            case AdmitGeneration() if self._reads_images(message):
+                if not await self._image_admissions.start(message, self._on_admit_generation, wait=False):
+                    busy = f"{IMAGE_ADMISSIONS} requests with images are being fetched; retry shortly"
+                    await message.reply.send(RequestFailed(kind=FailureKind.OVERLOADED, message=busy))
             case AdmitGeneration():
                 await self._on_admit_generation(message, message.reply)
             case WarmUpConversation():
                 await self._on_warm_up_conversation(message)
 
-    def _fetches_images(self, message: AdmitGeneration) -> bool:
-        return (
-            self._media_fetcher is not None and isinstance(message.prompt, ChatPrompt) and bool(message.prompt.images)
-        )
-
-    async def _admit_aside(self, message: AdmitGeneration) -> None:
-        """A request with images is admitted in its own task: a slow image host must not hold up the requests
-        behind it. At most `IMAGE_ADMISSIONS` at once; beyond them the request is refused as overloaded."""
-        reply = message.reply.clone()  # the actor closes the original when `handle` returns
-        try:
-            self._image_slots.acquire_nowait()
-        except WouldBlock:
-            with reply:
-                busy = f"{IMAGE_ADMISSIONS} requests with images are being fetched; retry shortly"
-                await reply.send(RequestFailed(kind=FailureKind.OVERLOADED, message=busy))
-            return
-        await self._tasks_ready.wait()
-        assert self._tasks is not None
-        self._tasks.start_soon(self._admit_then_release, message, reply)
-
-    async def _admit_then_release(self, message: AdmitGeneration, reply: MemoryObjectSendStream[AdmitReply]) -> None:
-        with reply:
-            try:
-                await self._on_admit_generation(message, reply)
-            finally:
-                self._image_slots.release()
+    def _reads_images(self, message: AdmitGeneration) -> bool:
+        prompt = message.prompt
+        return self._images.accepts_images and isinstance(prompt, ChatPrompt) and bool(prompt.images)
 
     async def _on_warm_up_conversation(self, message: WarmUpConversation) -> None:
         """Render the history through the reply, as the next turn will, and queue it for an idle scheduler.
@@ -143,51 +107,47 @@ class IngressActor(Actor[IngressMessage]):
         if has_images(message.messages):
             return
         try:
-            result: TokenizeReply = await ask(
+            result = await call(
                 self._token_counter,
                 lambda reply: TokenizeChat(
                     messages=message.messages, tools=message.tools, add_generation_prompt=False, reply=reply
                 ),
             )
-        except (ActorBusy, ActorStopped):
+        except Refused:
             return  # a warm-up is an optimisation: dropped, never waited for
-        if isinstance(result, TokenizeResult) and result.tokens:
+        if result.tokens:
             with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
                 self._scheduler.send_nowait(QueueWarmUp(session=message.session, tokens=result.tokens))
 
     async def _on_admit_generation(
         self, message: AdmitGeneration, reply_stream: MemoryObjectSendStream[AdmitReply]
     ) -> None:
+        reply: AdmitReply
         try:
             reply = await self._admit(message)
-        except ActorBusy:
-            reply = RequestFailed(kind=FailureKind.OVERLOADED, message="the server is busy; retry shortly")
-        except ActorStopped:
-            reply = RequestFailed(kind=FailureKind.UNAVAILABLE, message="the server is shutting down")
+        except Refused as refused:
+            reply = refused.failure
         with suppress(BrokenResourceError, ClosedResourceError):
             await reply_stream.send(reply)
 
-    async def _admit(self, message: AdmitGeneration) -> Admitted | RequestFailed:
+    async def _admit(self, message: AdmitGeneration) -> Admitted:
         refused = self._refused_early(message)
         if refused is not None:
-            return refused
-        rendered = await self._prompt_tokens(message)
-        if isinstance(rendered, RequestFailed):
-            return rendered
-        tokens, boundary, vision = rendered
+            raise Refused(refused)
+        tokens, boundary, vision = await self._prompt_tokens(message)
         param = "messages" if isinstance(message.prompt, ChatPrompt) else "prompt"
         if not tokens:
-            return _invalid("the prompt is empty", param)
+            raise Refused(_invalid("the prompt is empty", param))
         sampling = message.sampling
         room = self._context_length - len(tokens)
         requested = sampling.max_tokens or room
         max_tokens = min(requested, room) if message.fit_to_context else requested
         if max_tokens <= 0 or len(tokens) + max_tokens > self._context_length:
-            return _context_exceeded(self._context_length, len(tokens), max_tokens, param)
+            raise Refused(_context_exceeded(self._context_length, len(tokens), max_tokens, param))
         sampling = replace(sampling, max_tokens=max_tokens)
         send, receive = create_memory_object_stream[GenerationEvent](max_tokens + EVENT_SLACK)
         try:
-            queued: SubmitReply = await ask(
+            await call(
                 self._scheduler,
                 lambda reply: SubmitGeneration(
                     request_id=message.request_id,
@@ -205,85 +165,53 @@ class IngressActor(Actor[IngressMessage]):
             send.close()
             receive.close()
             raise
-        if not isinstance(queued, GenerationQueued):
-            send.close()
-            receive.close()
-            return queued
         return Admitted(request_id=message.request_id, prompt_tokens=len(tokens), max_tokens=max_tokens, events=receive)
 
     def _refused_early(self, message: AdmitGeneration) -> RequestFailed | None:
         """Refusals that need no render: a scheduler at capacity, then image parts."""
-        stats = self._stats
-        if stats.running + stats.waiting >= stats.max_batch + stats.max_queue:
+        scheduler = self._scheduler_stats
+        if scheduler.at_capacity:
             # In a burst, tokenizing every prompt first made each refusal wait for the renders queued ahead of it.
             # The scheduler still has the last word when it queues.
-            stats.rejected += 1
-            full = f"the server is at capacity ({stats.max_batch} running, {stats.max_queue} waiting); retry shortly"
-            return RequestFailed(kind=FailureKind.OVERLOADED, message=full, code="queue_full")
-        if isinstance(message.prompt, ChatPrompt) and message.prompt.images:
-            return self._refused_images(message.prompt.images)
+            self._stats.rejected += 1
+            full = (
+                f"the server is at capacity ({scheduler.max_batch} running, {scheduler.max_queue} waiting); "
+                "retry shortly"
+            )
+            return RequestFailed(kind=FailureKind.OVERLOADED, message=full, code=FailureCode.QUEUE_FULL)
+        if isinstance(message.prompt, ChatPrompt):
+            return self._images.refusal(message.prompt.images, generating=True)
         return None
 
-    def _refused_images(self, images: Sequence[ImageRef]) -> RequestFailed | None:
-        """Image admission, before any fetch exists: the count cap, then the model."""
-        over = over_image_cap(images, self._max_images)
-        if over is not None or self._media_fetcher is not None:
-            return over
-        first = images[0].param
-        message = (
-            f"The model '{self._model_id}' accepts text only, and {first} is an image; send text, or serve a vision "
-            "model"
-        )
-        return RequestFailed(
-            kind=FailureKind.INVALID_REQUEST, message=message, param=first, code="model_not_multimodal"
-        )
-
-    async def _fetch_images(self, message: AdmitGeneration) -> tuple[FetchedImage, ...] | RequestFailed:
-        """An admitted request's images, read by the media fetcher (none for a prompt without them)."""
-        prompt = message.prompt
-        if not isinstance(prompt, ChatPrompt) or not prompt.images or self._media_fetcher is None:
-            return ()
-        refs, memo = prompt.images, message.memo or FetchMemo()
-        fetched: FetchReply = await ask(
-            self._media_fetcher, lambda reply: FetchImages(images=refs, memo=memo, reply=reply)
-        )
-        return fetched.images if isinstance(fetched, ImagesFetched) else fetched
-
-    async def _prompt_tokens(
-        self, message: AdmitGeneration
-    ) -> tuple[tuple[int, ...], int, VisionInputs | None] | RequestFailed:
+    async def _prompt_tokens(self, message: AdmitGeneration) -> RenderedPrompt:
         """The prompt's tokens, where a chat's history ends in them, and its images prepared for the model
-        (fetched first: admission, then fetch, then render)."""
+        (read first: admission, then fetch, then render)."""
         prompt = message.prompt
         if isinstance(prompt, TokenPrompt):
             out_of_range = [token for token in prompt.tokens if not 0 <= token < self._vocabulary_size]
             if out_of_range:
-                return _invalid(f"token ids outside the vocabulary (0..{self._vocabulary_size - 1})", "prompt")
+                raise Refused(_invalid(f"token ids outside the vocabulary (0..{self._vocabulary_size - 1})", "prompt"))
             return prompt.tokens, 0, None
         if isinstance(prompt, TextPrompt):
             text = prompt.text
-            result: TokenizeReply = await ask(
+            result = await call(
                 self._token_counter, lambda reply: TokenizeText(text=text, add_special_tokens=True, reply=reply)
             )
-        else:
-            chat = prompt
-            images = await self._fetch_images(message)
-            if isinstance(images, RequestFailed):
-                return images
-            result = await ask(
-                self._token_counter,
-                lambda reply: TokenizeChat(
-                    messages=chat.messages,
-                    tools=chat.tools,
-                    add_generation_prompt=True,
-                    reply=reply,
-                    with_history_boundary=message.cache_prompt,
-                    thinking=chat.thinking,
-                    images=images,
-                ),
-            )
-        if not isinstance(result, TokenizeResult):
-            return result
+            return result.tokens, 0, None
+        chat = prompt
+        images = await self._images.read(chat.images, message.memo or FetchMemo())
+        result = await call(
+            self._token_counter,
+            lambda reply: TokenizeChat(
+                messages=chat.messages,
+                tools=chat.tools,
+                add_generation_prompt=True,
+                reply=reply,
+                with_history_boundary=message.cache_prompt,
+                thinking=chat.thinking,
+                images=images,
+            ),
+        )
         return result.tokens, result.history_boundary, result.vision
 
 
@@ -297,4 +225,6 @@ def _context_exceeded(context: int, prompt: int, completion: int, param: str) ->
         f"{prompt + max(completion, 0)} tokens ({prompt} in the {param}, {max(completion, 0)} for the completion). "
         "Please reduce the length of the input or of max_tokens."
     )
-    return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=message, param=param, code="context_length_exceeded")
+    return RequestFailed(
+        kind=FailureKind.INVALID_REQUEST, message=message, param=param, code=FailureCode.CONTEXT_LENGTH_EXCEEDED
+    )

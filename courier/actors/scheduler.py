@@ -28,12 +28,19 @@ from functools import partial
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
+from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_store import Bucket
 from courier.engine.batch_engine import BatchEngine, EngineOutput, EngineRequest, SnapshotTaken
+from courier.engine.generation import (
+    GenerationEvent,
+    GenerationFailed,
+    GenerationFinished,
+    RequestId,
+    TokensGenerated,
+)
 from courier.engine.model_state import CachedPrefix
 from courier.engine.warm_up import WarmUp
-from courier.messages.base import FailureKind, RequestFailed, RequestId
-from courier.messages.generation import GenerationEvent, GenerationFailed, GenerationFinished, TokensGenerated
+from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration
 from courier.messages.snapshot_store import (
     InsertSnapshot,
@@ -139,7 +146,9 @@ class SchedulerActor(Actor[SchedulerMessage]):
             stats.rejected += 1
             message.events.close()
             full = f"the server is at capacity ({stats.max_batch} running, {stats.max_queue} waiting); retry shortly"
-            await message.reply.send(RequestFailed(kind=FailureKind.OVERLOADED, message=full, code="queue_full"))
+            await message.reply.send(
+                RequestFailed(kind=FailureKind.OVERLOADED, message=full, code=FailureCode.QUEUE_FULL)
+            )
             return
         caching = self._caching is not None and message.cache_prompt
         request = EngineRequest(
@@ -334,7 +343,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._update_counts()
 
     def _fail_everything(self, message: str) -> None:
-        failure = GenerationFailed(message=message, code="shutting_down")
+        failure = GenerationFailed(message=message, code=FailureCode.SHUTTING_DOWN)
         streams = [q.events for q in self._waiting] + [q.events for q in self._running.values()]
         self._waiting.clear()
         self._running.clear()

@@ -1,10 +1,11 @@
-"""SnapshotStoreActor: owns the snapshot store (the prompt cache of model states).
+"""SnapshotStoreActor: owns the snapshot store (the prompt cache of model states); no one else touches it.
 
 Receives `LookupPrefix` (replies `PrefixFound` or `PrefixMissed`), `InsertSnapshot`
-(no reply) and `ResetSnapshots` (replies freed entries and bytes). The store's
-invariants (supersede before byte accounting; the byte cap never exceeded) live in
-`core/snapshot_store.py`; this shell moves messages, sweeps expired entries on a
-periodic tick, and records what each operation did on its span.
+(no reply), `ReadSnapshotStats` (replies a copy of its figures) and `ResetSnapshots`
+(replies freed entries and bytes). The store's invariants (supersede before byte
+accounting; the byte cap never exceeded) live in `core/snapshot_store.py`; this
+shell moves messages, sweeps expired entries on a periodic tick, and records what
+each operation did on its span.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from courier.messages.snapshot_store import (
     LookupPrefix,
     PrefixFound,
     PrefixMissed,
+    ReadSnapshotStats,
     ResetSnapshots,
     SnapshotStoreMessage,
 )
@@ -52,6 +54,8 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
                 await self._on_lookup_prefix(message)
             case InsertSnapshot():
                 self._on_insert_snapshot(message)
+            case ReadSnapshotStats():
+                await message.reply.send(self._store.stats())
             case ResetSnapshots():
                 await message.reply.send(self._store.reset())
 

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from courier.core.failure_codes import FailureCode
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.storage import StorageMessage
 from courier.runtime.actor import Actor
@@ -51,7 +52,9 @@ class StorageActor(Actor[StorageMessage]):
         try:
             result = await self._call(message.apply, self._storage)
         except StorageRefused as error:
-            result = RequestFailed(kind=FailureKind.INVALID_REQUEST, message=str(error), code="storage_budget_exceeded")
+            result = RequestFailed(
+                kind=FailureKind.INVALID_REQUEST, message=str(error), code=FailureCode.STORAGE_BUDGET_EXCEEDED
+            )
         except UnknownCursor as error:
             result = RequestFailed(
                 kind=FailureKind.INVALID_REQUEST,

@@ -18,9 +18,9 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.conversation.chat_content import as_parts
 from courier.core.token_prefix import common_prefix_length
+from courier.engine.generation import VisionInputs
 from courier.media.images import combined_digest
 from courier.messages.base import FailureKind, RequestFailed
-from courier.messages.media import VisionInputs
 from courier.messages.token_counter import (
     Detokenize,
     DetokenizeResult,

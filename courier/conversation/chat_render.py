@@ -1,8 +1,10 @@
 """Items as the chat template's messages: the one translation every Responses turn renders through.
 
 A new turn, the token count of `/v1/responses/input_tokens`, a compaction's
-counts and the idle warm-ups all render through `chat_messages`, which is what
-makes a stored chain's prompt an exact prefix of its next turn's.
+counts and the idle warm-ups all render through `chat_messages` (a warm-up extends
+a turn's render with `extend_messages`), which is what makes a stored chain's
+prompt an exact prefix of its next turn's. `template_tool_call` is the one shape of
+a tool call in a chat template's assistant message, for Chat Completions too.
 """
 
 from __future__ import annotations
@@ -15,28 +17,47 @@ from courier.core.tool_calls import json_arguments
 from courier.storage.records import JsonObject
 
 
+def template_tool_call(call_id: str | None, name: str, arguments: str | dict[str, Any]) -> JsonObject:
+    """A tool call as chat templates expect it: arguments as a mapping when they are JSON (as the model saw them in
+    training), else the string."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json_arguments(arguments)}}
+
+
+def assistant_message(content: str, calls: Sequence[JsonObject]) -> JsonObject:
+    """The assistant's reply as a chat message: its text (None when it only called tools) and its tool calls."""
+    message: JsonObject = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = list(calls)
+    return message
+
+
 def chat_messages(instructions: str | None, items: Iterable[Mapping[str, Any]]) -> list[JsonObject]:
     """Items as the chat template's messages: function calls join the assistant message before them."""
-    messages: list[JsonObject] = [{"role": "system", "content": instructions}] if instructions else []
+    head: list[JsonObject] = [{"role": "system", "content": instructions}] if instructions else []
+    return extend_messages(head, items)
+
+
+def extend_messages(messages: Sequence[JsonObject], items: Iterable[Mapping[str, Any]]) -> list[JsonObject]:
+    """`messages` (a render, left as it is) followed by `items` rendered the same way."""
+    result = list(messages)
     for item in items:
         kind = item["type"]
         if kind == "message":
-            messages.append({"role": item["role"], "content": chat_content(_parts(item))})
+            result.append({"role": item["role"], "content": chat_content(_parts(item))})
         elif kind == "function_call":
-            call = {
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item["name"], "arguments": json_arguments(item["arguments"])},
-            }
-            last = messages[-1] if messages else None
+            call = template_tool_call(item["call_id"], item["name"], item["arguments"])
+            last = result[-1] if result else None
             if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-                last["content"] = last["content"] or None
+                result[-1] = {
+                    **last,
+                    "content": last["content"] or None,
+                    "tool_calls": [*last.get("tool_calls", []), call],
+                }
             else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                result.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
-    return messages
+            result.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+    return result
 
 
 def _parts(item: Mapping[str, Any]) -> list[JsonObject]:

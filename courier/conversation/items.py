@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from courier.core.tool_calls import ToolCall
 from courier.storage.records import JsonObject
 
 
@@ -37,3 +38,14 @@ def image_urls(item: Mapping[str, Any]) -> list[str]:
 def is_instruction(item: JsonObject) -> bool:
     """System and developer messages: compaction keeps them verbatim, in their roles."""
     return item["type"] == "message" and item["role"] in ("system", "developer")
+
+
+def function_call_item(call: ToolCall) -> JsonObject:
+    return {
+        "id": new_id("fc"),
+        "type": "function_call",
+        "status": "completed",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }

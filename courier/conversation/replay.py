@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from courier.conversation.capsule import CapsuleCodec, item_digest
+from courier.conversation.capsule import Capsule, CapsuleCodec, item_digest
 from courier.conversation.items import is_instruction, message_item, message_text, text_part
 from courier.storage.records import JsonObject
 
@@ -30,14 +30,21 @@ def expand(items: Sequence[JsonObject], codec: CapsuleCodec, instructions: str |
     if newest is None:
         return without_repeated_instructions(items, instructions)
     capsule = codec.decode(items[newest].get("encrypted_content"))
-    before = items[:newest]
+    return replay(capsule, items[:newest], items[newest + 1 :], instructions)
+
+
+def replay(
+    capsule: Capsule, before: Sequence[JsonObject], after: Sequence[JsonObject], instructions: str | None
+) -> list[JsonObject]:
+    """What the model is shown for `before`, a decoded `capsule`, then `after` (the compactor replays the capsule it
+    just made this way, without encoding and decoding it)."""
     by_digest = {
         item_digest(item): item for item in before if not is_instruction(item) and item["type"] != "compaction"
     }
     retained = [by_digest[digest] for digest in dict.fromkeys(capsule.retained) if digest in by_digest]
     summary = message_item("assistant", [text_part("output_text", SUMMARY_HEADER + capsule.summary)])
     kept = [item for item in before if is_instruction(item)]
-    return without_repeated_instructions([*kept, summary, *retained, *items[newest + 1 :]], instructions)
+    return without_repeated_instructions([*kept, summary, *retained, *after], instructions)
 
 
 def without_repeated_instructions(items: Sequence[JsonObject], instructions: str | None) -> list[JsonObject]:

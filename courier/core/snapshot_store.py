@@ -136,6 +136,16 @@ class StoreCounters:
     self_evictions: int = 0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreStats:
+    """What the store holds and has done, at one moment (a copy: the store's owner hands it out)."""
+
+    entries: int
+    nbytes: int
+    limits: StoreLimits
+    counters: StoreCounters
+
+
 @dataclass(slots=True)
 class _BucketIndex:
     index: RadixIndex[EntryId] = field(default_factory=RadixIndex)
@@ -161,6 +171,9 @@ class SnapshotStore:
     @property
     def nbytes(self) -> int:
         return self._bytes
+
+    def stats(self) -> StoreStats:
+        return StoreStats(entries=self.entries, nbytes=self.nbytes, limits=self.limits, counters=replace(self.counters))
 
     def snapshots(self) -> list[Snapshot]:
         return list(self._entries.values())

@@ -35,19 +35,19 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from courier.core.snapshot_store import Origin
 from courier.core.stop_text import StopTextMatcher
 from courier.engine import shared_prefix
-from courier.engine.model_state import CachedPrefix, compact_copy, prefill, prefill_embedded, resume
-from courier.engine.sampling import build_sampler
-from courier.messages.base import RequestId
-from courier.messages.generation import (
+from courier.engine.generation import (
     FinishReason,
     GenerationEvent,
     GenerationFailed,
     GenerationFinished,
+    RequestId,
     SamplingParams,
     TokenLogprob,
     TokensGenerated,
+    VisionInputs,
 )
-from courier.messages.media import VisionInputs
+from courier.engine.model_state import CachedPrefix, compact_copy, prefill, prefill_embedded, resume
+from courier.engine.sampling import build_sampler
 from courier.model.vision.embedder import ImageEmbedder
 
 logger = logging.getLogger(__name__)

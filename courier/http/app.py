@@ -8,6 +8,7 @@ from typing import Any
 from quart import Quart, Response, request
 from werkzeug.exceptions import HTTPException
 
+from courier.core.failure_codes import FailureCode
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.routes import (
@@ -23,6 +24,7 @@ from courier.http.routes import (
     tokenize,
 )
 from courier.http.tracing_middleware import TracingMiddleware, name_request_span
+from courier.messages.asking import Refused
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,10 @@ def create_quart_app(context: AppContext) -> Quart:
     async def api_error(error: ApiError) -> Response:
         return error.response()
 
+    @app.errorhandler(Refused)
+    async def refused(error: Refused) -> Response:
+        return ApiError.from_failure(error.failure).response()
+
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
         response = _from_http_exception(error, context).response()
@@ -62,7 +68,9 @@ def create_quart_app(context: AppContext) -> Quart:
     @app.errorhandler(Exception)
     async def unexpected_error(error: Exception) -> Response:
         logger.exception("unhandled error in %s %s", request.method, request.path)
-        return ApiError(500, f"internal server error: {type(error).__name__}", code="internal_error").response()
+        return ApiError(
+            500, f"internal server error: {type(error).__name__}", code=FailureCode.INTERNAL_ERROR
+        ).response()
 
     return app
 
@@ -70,10 +78,12 @@ def create_quart_app(context: AppContext) -> Quart:
 def _from_http_exception(error: HTTPException, context: AppContext) -> ApiError:
     status = error.code or 500
     if status == 404:
-        return ApiError(404, f"Unknown route: {request.method} {request.path}", code="unknown_route")
+        return ApiError(404, f"Unknown route: {request.method} {request.path}", code=FailureCode.UNKNOWN_ROUTE)
     if status == 405:
-        return ApiError(405, f"Method {request.method} is not allowed on {request.path}", code="method_not_allowed")
+        return ApiError(
+            405, f"Method {request.method} is not allowed on {request.path}", code=FailureCode.METHOD_NOT_ALLOWED
+        )
     if status == 413:
         limit = context.settings.max_body_bytes
-        return ApiError(413, f"The request body exceeds the limit of {limit} bytes", code="request_too_large")
+        return ApiError(413, f"The request body exceeds the limit of {limit} bytes", code=FailureCode.REQUEST_TOO_LARGE)
     return ApiError(status, error.description or error.name)

@@ -7,12 +7,17 @@ from dataclasses import dataclass, field
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.conversation.capsule import CapsuleCodec
+from courier.conversation.images import ImageAdmission
+from courier.conversation.turn import TurnServices
+from courier.core.failure_codes import FailureCode
+from courier.core.snapshot_store import StoreStats
 from courier.http.errors import ApiError
 from courier.http.responses.in_flight import InFlightResponses
+from courier.messages.asking import call
 from courier.messages.compactor import CompactorMessage
 from courier.messages.ingress import IngressMessage
 from courier.messages.media import MediaFetcherMessage
-from courier.messages.snapshot_store import SnapshotStoreMessage
+from courier.messages.snapshot_store import ReadSnapshotStats, SnapshotStoreMessage
 from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.settings import Settings
@@ -45,8 +50,8 @@ class AppContext:
         if phase is Phase.READY:
             return
         if phase is Phase.LOADING:
-            raise ApiError.unavailable("the model is still loading; retry shortly", code="model_loading")
-        raise ApiError.unavailable("the server is shutting down", code="shutting_down")
+            raise ApiError.unavailable("the model is still loading; retry shortly", code=FailureCode.MODEL_LOADING)
+        raise ApiError.unavailable("the server is shutting down", code=FailureCode.SHUTTING_DOWN)
 
     @property
     def context_length(self) -> int:
@@ -61,5 +66,34 @@ class AppContext:
                 404,
                 f"The model '{requested}' does not exist; this server serves '{self.state.model_id}'",
                 param="model",
-                code="model_not_found",
+                code=FailureCode.MODEL_NOT_FOUND,
             )
+
+    def image_admission(self) -> ImageAdmission:
+        """The image rules for the served model (after `require_ready()`)."""
+        model = self.state.model
+        assert model is not None, "require_ready() first"
+        fetcher = self.outboxes.media_fetcher if model.accepts_images else None
+        return ImageAdmission(max_images=self.settings.max_images, model_id=model.model_id, fetcher=fetcher)
+
+    def turn_services(self) -> TurnServices:
+        """What a Responses turn talks to (after `require_ready()`)."""
+        return TurnServices(
+            storage=self.outboxes.storage,
+            token_counter=self.outboxes.token_counter,
+            compactor=self.outboxes.compactor,
+            ingress=self.outboxes.ingress,
+            images=self.image_admission(),
+            capsules=self.capsules,
+            model_id=self.state.model_id,
+            context_length=self.context_length,
+            warm_up=self.settings.prompt_cache,
+        )
+
+    async def snapshot_stats(self) -> StoreStats | None:
+        """The snapshot store's figures, asked of its actor; None while it does not run (prompt cache off, or the
+        model still loading). A busy or stopped store is `Refused`."""
+        outbox = self.outboxes.snapshot_store
+        if outbox is None or self.state.model is None:
+            return None
+        return await call(outbox, lambda reply: ReadSnapshotStats(reply=reply))

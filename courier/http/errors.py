@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import orjson
 from quart import Response
 
+from courier.core.failure_codes import FailureCode
 from courier.messages.base import FailureKind, RequestFailed
 
 INVALID_REQUEST = "invalid_request_error"
@@ -19,10 +20,12 @@ RETRY_AFTER_SECONDS = 5
 
 _STATUS_BY_FAILURE = {
     FailureKind.INVALID_REQUEST: 400,
+    FailureKind.NOT_FOUND: 404,
     FailureKind.OVERLOADED: 429,
     FailureKind.UNAVAILABLE: 503,
     FailureKind.INTERNAL: 500,
     FailureKind.UPSTREAM: 502,
+    FailureKind.TIMEOUT: 504,
 }
 _TYPE_BY_STATUS = {
     404: NOT_FOUND,
@@ -43,7 +46,7 @@ class ApiError(Exception):
         message: str,
         *,
         param: str | None = None,
-        code: str | None = None,
+        code: FailureCode | None = None,
         error_type: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
@@ -56,11 +59,11 @@ class ApiError(Exception):
         self.headers = dict(headers or {})
 
     @classmethod
-    def invalid(cls, message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    def invalid(cls, message: str, param: str | None = None, code: FailureCode | None = None) -> ApiError:
         return cls(400, message, param=param, code=code)
 
     @classmethod
-    def unavailable(cls, message: str, code: str = "service_unavailable") -> ApiError:
+    def unavailable(cls, message: str, code: FailureCode = FailureCode.SERVICE_UNAVAILABLE) -> ApiError:
         return cls(503, message, code=code, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     @classmethod

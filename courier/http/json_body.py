@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 from quart import request
 
+from courier.core.failure_codes import FailureCode
 from courier.http.errors import ApiError
 
 
@@ -17,7 +18,7 @@ async def read_json_object() -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as error:
-        raise ApiError.invalid(f"the request body is not valid JSON: {error}", code="invalid_json") from None
+        raise ApiError.invalid(f"the request body is not valid JSON: {error}", code=FailureCode.INVALID_JSON) from None
     if not isinstance(body, dict):
         raise ApiError.invalid(f"the request body must be a JSON object, not {type(body).__name__}")
     return body

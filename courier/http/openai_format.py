@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from courier.core.tool_calls import ToolCall
-from courier.messages.generation import GenerationFinished, TokenLogprob
+from courier.engine.generation import GenerationFinished, TokenLogprob
 
 JsonObject = dict[str, Any]
 

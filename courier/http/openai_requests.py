@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from courier.conversation.chat_content import IMAGE_PART, chat_content, text_part
-from courier.core.tool_calls import json_arguments
+from courier.conversation.chat_render import template_tool_call
+from courier.engine.generation import SamplingParams
 from courier.http.errors import ApiError
 from courier.http.validation import optional_bool
-from courier.messages.generation import SamplingParams
 from courier.messages.ingress import ChatPrompt, Prompt, TextPrompt, TokenPrompt
 from courier.messages.media import ImageRef
 
@@ -203,11 +203,7 @@ def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
         arguments = function.get("arguments", "{}")
         if not isinstance(arguments, str | dict):
             raise ApiError.invalid(f"{param}[{index}].function.arguments must be a JSON string", param=param)
-        # Chat templates render arguments as a mapping (as the model saw them in training), not as a string.
-        arguments = json_arguments(arguments)
-        normalized.append(
-            {"id": call.get("id"), "type": "function", "function": {"name": function["name"], "arguments": arguments}}
-        )
+        normalized.append(template_tool_call(call.get("id"), function["name"], arguments))
     return normalized
 
 

@@ -14,6 +14,7 @@ from quart import Response
 
 from courier.http.errors import ApiError
 from courier.http.generation import SSE_DONE, sse
+from courier.messages.asking import Refused
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ async def _with_errors(
             yield chunk
     except ApiError as error:
         yield error_event(error)
+        return
+    except Refused as refused:
+        yield error_event(ApiError.from_failure(refused.failure))
         return
     except Exception as error:
         logger.exception("stream failed")

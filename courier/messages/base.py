@@ -1,38 +1,32 @@
-"""What every message carries, and the typed failure a request can end in.
+"""The typed failure a request can end in, and the shape of a message that asks for an answer.
 
-Messages are frozen, slotted, keyword-only dataclasses. Each one captures the
-sender's trace context when it is built, so the receiving actor's span joins the
-request's trace without any code at the call site.
+A `Request[R]` is answered on its own `reply` stream with an `R` or a
+`RequestFailed`; `messages/asking.py` turns that into a return value or a
+`Refused` exception for code outside the actors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import NewType, TypeAlias, TypeVar
+from typing import Generic, TypeVar
 
-from anyio.streams.memory import MemoryObjectSendStream
+from courier.core.failure_codes import FailureCode
+from courier.runtime.message import Message, ReplyStream
 
-from courier.runtime.tracing import TraceCarrier, current_carrier
-
-RequestId = NewType("RequestId", str)
-Reply = TypeVar("Reply")
-ReplyStream: TypeAlias = MemoryObjectSendStream[Reply]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Message:
-    trace: TraceCarrier = field(default_factory=current_carrier)
+R = TypeVar("R")
 
 
 class FailureKind(Enum):
-    """Why a request failed; `http/` turns each kind into a status code."""
+    """Why a request failed, as a class of failure; `http/errors.py` turns each kind into a status code."""
 
     INVALID_REQUEST = "invalid_request"
+    NOT_FOUND = "not_found"
     OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
     UPSTREAM = "upstream"  # the model's own output was unusable (an empty or cut-off summary)
+    TIMEOUT = "timeout"  # the request ran past its deadline
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,4 +36,11 @@ class RequestFailed:
     kind: FailureKind
     message: str
     param: str | None = None
-    code: str | None = None
+    code: FailureCode | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request(Message, Generic[R]):
+    """A message answered with one `R`, or a `RequestFailed`, on its own reply stream."""
+
+    reply: ReplyStream[R | RequestFailed]

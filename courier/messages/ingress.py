@@ -8,9 +8,10 @@ from typing import Any, TypeAlias
 
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from courier.messages.base import Message, ReplyStream, RequestFailed, RequestId
-from courier.messages.generation import GenerationEvent, SamplingParams
+from courier.engine.generation import GenerationEvent, RequestId, SamplingParams
+from courier.messages.base import Request, RequestFailed
 from courier.messages.media import FetchMemo, ImageRef
+from courier.runtime.message import Message
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,13 +51,12 @@ AdmitReply: TypeAlias = Admitted | RequestFailed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AdmitGeneration(Message):
+class AdmitGeneration(Request[Admitted]):
     """`sampling.max_tokens` of 0 means: as many as the context leaves room for."""
 
     request_id: RequestId
     prompt: Prompt
     sampling: SamplingParams
-    reply: ReplyStream[AdmitReply]
     session: str  # the prompt-cache session ("" for anonymous callers, who share one)
     cache_prompt: bool
     # Images already read for this work (a compaction's counts): each URL is read once across all of it.

@@ -1,13 +1,13 @@
-"""The media fetcher's inbox: fetch a request's images, each URL at most once per request."""
+"""The media fetcher's inbox: fetch a request's images, each URL at most once per `FetchMemo`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from courier.media.images import FetchedImage
-from courier.messages.base import FailureKind, Message, ReplyStream, RequestFailed
+from courier.messages.base import Request, RequestFailed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -16,14 +16,6 @@ class ImageRef:
 
     url: str
     param: str
-
-
-def over_image_cap(images: Sequence[ImageRef], cap: int, where: str = "in one request") -> RequestFailed | None:
-    """The `--max-images` refusal (a 400 naming the first image over the cap), or None within it."""
-    if len(images) <= cap:
-        return None
-    message = f"{len(images)} images {where}; at most {cap} are accepted (--max-images)"
-    return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=message, param=images[cap].param)
 
 
 @dataclass(slots=True)
@@ -40,26 +32,13 @@ class ImagesFetched:
     images: tuple[FetchedImage, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class VisionInputs:
-    """A prompt's images as the model's processor prepared them, for the engine's prefill.
-
-    `arrays` are the keyword arguments of the vision model's `get_input_embeddings` (pixel values, masks),
-    as MLX arrays; `digest` joins the prompt cache's bucket, so state is never reused across images.
-    """
-
-    arrays: Mapping[str, Any]
-    digest: str
-
-
 FetchReply: TypeAlias = ImagesFetched | RequestFailed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FetchImages(Message):
+class FetchImages(Request[ImagesFetched]):
     images: Sequence[ImageRef]
     memo: FetchMemo
-    reply: ReplyStream[FetchReply]
 
 
 MediaFetcherMessage: TypeAlias = FetchImages

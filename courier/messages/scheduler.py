@@ -1,4 +1,4 @@
-"""The scheduler's inbox: queue a generation (or be told the queue is full)."""
+"""The scheduler's inbox: queue a generation (or be told the queue is full); prepare a conversation when idle."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import TypeAlias
 
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.messages.base import Message, ReplyStream, RequestFailed, RequestId
-from courier.messages.generation import GenerationEvent, SamplingParams
-from courier.messages.media import VisionInputs
+from courier.engine.generation import GenerationEvent, RequestId, SamplingParams, VisionInputs
+from courier.messages.base import Request, RequestFailed
+from courier.runtime.message import Message
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -22,14 +22,13 @@ SubmitReply: TypeAlias = GenerationQueued | RequestFailed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SubmitGeneration(Message):
+class SubmitGeneration(Request[GenerationQueued]):
     """Run `prompt_tokens` with `sampling`; events go to `events`, which the scheduler closes at the end."""
 
     request_id: RequestId
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams
     events: MemoryObjectSendStream[GenerationEvent]
-    reply: ReplyStream[SubmitReply]
     # Prompt caching: the conversation's session key, where its history ends in the prompt, and whether to use it.
     session: str
     boundary: int

@@ -1,12 +1,13 @@
-"""The snapshot store's inbox: find the longest cached prefix of a prompt; keep a new snapshot."""
+"""The snapshot store's inbox: find the longest cached prefix of a prompt; keep a new snapshot; report; reset."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from courier.core.snapshot_store import Bucket, EntryId, Origin
-from courier.messages.base import Message, ReplyStream
+from courier.core.snapshot_store import Bucket, EntryId, Origin, StoreStats
+from courier.messages.base import Request
+from courier.runtime.message import Message, ReplyStream
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,8 +55,13 @@ class InsertSnapshot(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ResetSnapshots(Message):
-    reply: ReplyStream[tuple[int, int]]
+class ResetSnapshots(Request[tuple[int, int]]):
+    """Drop every snapshot; replies (entries, bytes) freed."""
 
 
-SnapshotStoreMessage: TypeAlias = LookupPrefix | InsertSnapshot | ResetSnapshots
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadSnapshotStats(Request[StoreStats]):
+    """What the store holds and has done (for `/v1/cache/stats` and `/metrics`); replies a copy."""
+
+
+SnapshotStoreMessage: TypeAlias = LookupPrefix | InsertSnapshot | ResetSnapshots | ReadSnapshotStats

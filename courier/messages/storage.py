@@ -9,9 +9,9 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from courier.messages.base import Message, ReplyStream, RequestFailed
+from courier.messages.base import Request
 from courier.storage.records import (
     Chain,
     ItemPage,
@@ -26,9 +26,7 @@ R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StorageRequest(Message, Generic[R]):
-    reply: ReplyStream[R | RequestFailed]
-
+class StorageRequest(Request[R]):
     @abstractmethod
     def apply(self, storage: ResponseStorage) -> R:
         """Run against the backend (on the storage thread) and return the reply."""

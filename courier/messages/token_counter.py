@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from courier.engine.generation import VisionInputs
 from courier.media.images import FetchedImage
-from courier.messages.base import Message, ReplyStream, RequestFailed
-from courier.messages.media import VisionInputs
+from courier.messages.base import Request, RequestFailed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,20 +29,18 @@ DetokenizeReply: TypeAlias = DetokenizeResult | RequestFailed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TokenizeText(Message):
+class TokenizeText(Request[TokenizeResult]):
     text: str
     add_special_tokens: bool
-    reply: ReplyStream[TokenizeReply]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TokenizeChat(Message):
+class TokenizeChat(Request[TokenizeResult]):
     """Render chat messages with the model's chat template, then tokenize."""
 
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] | None
     add_generation_prompt: bool
-    reply: ReplyStream[TokenizeReply]
     with_history_boundary: bool = False
     thinking: bool = True  # False renders with `enable_thinking=False` (templates without it ignore it)
     # The messages' images in order, fetched: a vision model's processor expands their placeholders.
@@ -50,9 +48,8 @@ class TokenizeChat(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Detokenize(Message):
+class Detokenize(Request[DetokenizeResult]):
     tokens: tuple[int, ...]
-    reply: ReplyStream[DetokenizeReply]
 
 
 TokenCounterMessage: TypeAlias = TokenizeText | TokenizeChat | Detokenize

@@ -23,7 +23,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from courier.messages.base import Message
+from courier.runtime.message import Message
 from courier.runtime.tracing import message_span
 
 M = TypeVar("M", bound=Message)

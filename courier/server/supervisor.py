@@ -39,13 +39,13 @@ from courier.actors.snapshot_store import SnapshotStoreActor
 from courier.actors.storage import StorageActor
 from courier.actors.token_counter import TokenCounterActor
 from courier.conversation.capsule import CapsuleCodec
+from courier.conversation.images import ImageAdmission
 from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
 from courier.engine.batch_engine import BatchEngine, BatchLimits
 from courier.engine.snapshot_budget import available_memory, default_budget, measure_footprint
 from courier.http.app import create_app
 from courier.http.context import AppContext, Outboxes
 from courier.media.fetcher import FetchLimits, MediaFetcher
-from courier.messages.base import Message
 from courier.messages.compactor import CompactorMessage
 from courier.messages.ingress import IngressMessage
 from courier.messages.media import MediaFetcherMessage
@@ -59,6 +59,7 @@ from courier.model.source import ModelSource
 from courier.platform.blas import BlasReport
 from courier.platform.mlx_memory import limit_cache
 from courier.runtime.actor import Actor
+from courier.runtime.message import Message
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.tracing import configure_tracing
 from courier.settings import Settings
@@ -259,6 +260,7 @@ class Supervisor:
         )
         vision = loaded.vision
         media_fetcher = await self._start_media_fetcher(task_group) if vision is not None else None
+        images = ImageAdmission(max_images=settings.max_images, model_id=loaded.info.model_id, fetcher=media_fetcher)
         token_counter = TokenCounterActor(loaded.tokenizer, vision.processor if vision is not None else None)
         await task_group.start(self._run_actor, token_counter, self._token_counter_receive, self._token_counter_send)
         caching = await self._start_snapshot_store(task_group, loaded) if settings.prompt_cache else None
@@ -276,10 +278,9 @@ class Supervisor:
             self._scheduler_send,
             context_length=loaded.info.usable_context_length,
             vocabulary_size=len(loaded.tokenizer.get_vocab()),
-            model_id=loaded.info.model_id,
-            max_images=settings.max_images,
+            images=images,
             scheduler_stats=self._state.scheduler,
-            media_fetcher=media_fetcher,
+            stats=self._state.admission,
         )
         await task_group.start(self._run_actor, ingress, self._ingress_receive, self._ingress_send)
         compactor = CompactorActor(
@@ -290,9 +291,8 @@ class Supervisor:
                 context_length=loaded.info.usable_context_length,
                 max_output_bytes=settings.max_body_bytes,
                 timeout_s=settings.request_timeout,
-                max_images=settings.max_images,
             ),
-            media_fetcher=media_fetcher,
+            images=images,
         )
         await task_group.start(self._run_actor, compactor, self._compactor_receive, self._compactor_send)
 
@@ -332,7 +332,6 @@ class Supervisor:
             min_prefix=settings.prompt_cache_min_prefix,
         )
         store = SnapshotStore(limits, trimmable=loaded.info.prompt_cache_trimmable, clock=time.monotonic)
-        self._state.snapshot_store = store
         actor = SnapshotStoreActor(store)
         await task_group.start(self._run_actor, actor, self._snapshots_receive, self._snapshots_send)
         template = str(getattr(loaded.tokenizer, "chat_template", None) or "")

@@ -1,18 +1,20 @@
 """Prometheus metrics: read from the actors' own counters at scrape time, plus a TTFT histogram.
 
-The counters already kept by the scheduler and the snapshot store are exported by
-a collector that reads them when `/metrics` is scraped, so nothing is counted
-twice. Only time-to-first-token needs its own instrument.
+The counters the scheduler and the ingress keep (`status/`) are exported by a
+collector that reads them when `/metrics` is scraped, so nothing is counted twice;
+the snapshot store's figures are a copy its actor sent for this scrape. Only
+time-to-first-token needs its own instrument.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from courier.core.snapshot_store import StoreStats
 from courier.platform.malloc_tuning import malloc_usage
 from courier.platform.mlx_memory import mlx_memory
 from courier.status.service_state import ServiceState
@@ -23,7 +25,8 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 class CourierMetrics:
     def __init__(self, state: ServiceState) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_StateCollector(state))
+        self._collector = _StateCollector(state)
+        self.registry.register(self._collector)
         self.time_to_first_token = Histogram(
             "courier_time_to_first_token_seconds",
             "Seconds from a generation being queued to its first token",
@@ -31,10 +34,19 @@ class CourierMetrics:
             registry=self.registry,
         )
 
+    def render(self, snapshot_stats: StoreStats | None) -> bytes:
+        """The Prometheus text exposition, with the snapshot store's figures as its actor reported them."""
+        self._collector.snapshot_stats = snapshot_stats
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._collector.snapshot_stats = None
+
 
 class _StateCollector(Collector):
     def __init__(self, state: ServiceState) -> None:
         self._state = state
+        self.snapshot_stats: StoreStats | None = None  # set for the length of one synchronous scrape
 
     def collect(self) -> Iterator[Metric]:
         yield from self._scheduler()
@@ -46,8 +58,9 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("courier_requests_running", "Sequences in the running batch", value=stats.running)
         yield GaugeMetricFamily("courier_requests_waiting", "Requests waiting for a batch slot", value=stats.waiting)
         outcomes = CounterMetricFamily("courier_requests", "Generation requests by outcome", labels=["outcome"])
-        for outcome in ("completed", "cancelled", "failed", "rejected"):
+        for outcome in ("completed", "cancelled", "failed"):
             outcomes.add_metric([outcome], getattr(stats, outcome))
+        outcomes.add_metric(["rejected"], self._state.rejected)
         yield outcomes
         yield CounterMetricFamily("courier_generated_tokens", "Tokens generated", value=stats.generated_tokens)
 
@@ -68,7 +81,7 @@ class _StateCollector(Collector):
             )
 
     def _prompt_cache(self) -> Iterator[Metric]:
-        store = self._state.snapshot_store
+        store = self.snapshot_stats
         if store is None:
             return
         counters = store.counters

@@ -1,4 +1,8 @@
-"""Counters the scheduler keeps and `/health` shows: what runs, what waits, how requests ended."""
+"""Counters `/health` and `/metrics` show: what runs, what waits, how requests ended.
+
+Each has one writer: `SchedulerStats` the scheduler actor, `AdmissionStats` the
+ingress actor. HTTP handlers only read them, on the same event loop.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,7 @@ from dataclasses import asdict, dataclass
 
 @dataclass(slots=True)
 class SchedulerStats:
-    """Written by the scheduler actor (and `rejected` by the ingress, for refusals before rendering); read by
-    HTTP handlers on the same event loop."""
+    """Written by the scheduler actor only; the ingress reads the occupancy to refuse early."""
 
     max_batch: int
     max_queue: int
@@ -17,7 +20,7 @@ class SchedulerStats:
     completed: int = 0
     cancelled: int = 0
     failed: int = 0
-    rejected: int = 0
+    rejected: int = 0  # refused by the scheduler: its batch and queue full
     generated_tokens: int = 0
     snapshots_dropped: int = 0
     warmups_run: int = 0
@@ -25,5 +28,16 @@ class SchedulerStats:
     warmups_pending: int = 0
     warmups_queued: int = 0
 
+    @property
+    def at_capacity(self) -> bool:
+        return self.running + self.waiting >= self.max_batch + self.max_queue
+
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+@dataclass(slots=True)
+class AdmissionStats:
+    """Written by the ingress actor only."""
+
+    rejected: int = 0  # refused before rendering, the scheduler being at capacity

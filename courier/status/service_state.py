@@ -10,11 +10,10 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
-from courier.core.snapshot_store import SnapshotStore
 from courier.core.tool_calls import ToolCallFormat
 from courier.model.info import ModelInfo
 from courier.platform.blas import BlasReport
-from courier.status.scheduler_stats import SchedulerStats
+from courier.status.scheduler_stats import AdmissionStats, SchedulerStats
 
 
 class Phase(Enum):
@@ -28,12 +27,20 @@ class ServiceState:
     blas: BlasReport
     model_id: str
     scheduler: SchedulerStats
+    admission: AdmissionStats = field(default_factory=AdmissionStats)
     phase: Phase = Phase.LOADING
     model: ModelInfo | None = None
     tool_format: ToolCallFormat | None = None
-    # Read-only for HTTP handlers; the snapshot store actor is its only writer.
-    snapshot_store: SnapshotStore | None = None
     started_at: float = field(default_factory=time.time)
+
+    @property
+    def rejected(self) -> int:
+        """Requests refused at capacity: by the ingress before rendering, or by the scheduler when queueing."""
+        return self.scheduler.rejected + self.admission.rejected
+
+    def scheduler_view(self) -> dict[str, int]:
+        """The scheduler's counters as `/health` shows them, `rejected` counting every refusal at capacity."""
+        return {**self.scheduler.as_dict(), "rejected": self.rejected}
 
     def mark_ready(self, model: ModelInfo, tool_format: ToolCallFormat | None) -> None:
         self.model = model

@@ -13,15 +13,15 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from courier.engine.batch_engine import BatchEngine, BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
-from courier.engine.model_state import CachedPrefix, compact_copy, prefill
-from courier.messages.base import RequestId
-from courier.messages.generation import (
+from courier.engine.generation import (
     FinishReason,
     GenerationFailed,
     GenerationFinished,
+    RequestId,
     SamplingParams,
     TokensGenerated,
 )
+from courier.engine.model_state import CachedPrefix, compact_copy, prefill
 
 LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
 

@@ -8,8 +8,8 @@ import anyio
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from courier.messages.base import Message, ReplyStream
 from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
+from courier.runtime.message import Message, ReplyStream
 from courier.runtime.tracing import tracer
 
 

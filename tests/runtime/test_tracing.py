@@ -8,7 +8,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from courier.messages.base import Message
+from courier.runtime.message import Message
 from courier.runtime.tracing import JsonLinesSpanExporter, _exporters, current_carrier, message_span, tracer
 
 

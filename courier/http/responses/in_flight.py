@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from courier.http.cancellation import Cancellation
+from courier.messages.generation_reader import Cancellation
 from courier.storage.records import JsonObject
 
 

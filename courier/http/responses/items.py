@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from courier.conversation.items import message_item, new_id, text_part
-from courier.core.tool_calls import ToolCall
 from courier.http.errors import ApiError
 from courier.storage.records import JsonObject
 
@@ -22,9 +21,6 @@ _UNSUPPORTED_PARTS = frozenset({"input_file", "input_audio"})
 _DROPPED_ITEMS = frozenset({"reasoning"})
 
 
-__all__ = ["function_call_item", "input_items", "message_item", "new_id", "text_part"]
-
-
 def input_items(value: Any, param: str = "input") -> list[JsonObject]:
     """A string or a list of items -> normalized items with fresh ids."""
     if isinstance(value, str):
@@ -33,17 +29,6 @@ def input_items(value: Any, param: str = "input") -> list[JsonObject]:
         raise ApiError.invalid(f"'{param}' must be a string or a non-empty list of items", param=param)
     items = (_input_item(raw, f"{param}[{index}]") for index, raw in enumerate(value))
     return [item for item in items if item is not None]
-
-
-def function_call_item(call: ToolCall) -> JsonObject:
-    return {
-        "id": new_id("fc"),
-        "type": "function_call",
-        "status": "completed",
-        "call_id": call.id,
-        "name": call.name,
-        "arguments": call.arguments,
-    }
 
 
 def _input_item(raw: Any, param: str) -> JsonObject | None:

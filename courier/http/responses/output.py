@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from courier.conversation.items import function_call_item, message_item, text_part
 from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
-from courier.http.responses.items import function_call_item, message_item, text_part
-from courier.http.responses.objects import logprob_objects
-from courier.messages.generation import TokenLogprob, TokensGenerated
+from courier.engine.generation import TokenLogprob, TokensGenerated
 from courier.storage.records import JsonObject
 
 
@@ -55,3 +54,15 @@ class OutputAssembler:
     def output_items(self, calls: Sequence[ToolCall], message_id: str | None = None) -> list[JsonObject]:
         items = [self.message(message_id)] if self.text or not calls else []
         return items + [function_call_item(call) for call in calls]
+
+
+def logprob_objects(entries: Sequence[TokenLogprob]) -> list[JsonObject]:
+    """`output_text` logprobs: one per token, each with its top alternatives."""
+
+    def entry(token: str, logprob: float) -> JsonObject:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return [
+        {**entry(item.token, item.logprob), "top_logprobs": [entry(text, lp) for _, text, lp in item.top]}
+        for item in entries
+    ]

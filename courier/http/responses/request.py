@@ -9,10 +9,10 @@ silently dropped.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from courier.conversation.chat_render import chat_tools
+from courier.conversation.request import CompactRequest, ResponsesRequest
+from courier.engine.generation import SamplingParams
 from courier.http.errors import ApiError
 from courier.http.openai_requests import (
     MAX_TEMPERATURE,
@@ -25,42 +25,11 @@ from courier.http.openai_requests import (
 )
 from courier.http.responses.items import input_items
 from courier.http.validation import optional_bool, optional_str
-from courier.messages.generation import SamplingParams
 from courier.storage.records import JsonObject
 
 MAX_METADATA_ENTRIES = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResponsesRequest:
-    model: str | None
-    input_items: tuple[JsonObject, ...]
-    instructions: str | None
-    tools: tuple[JsonObject, ...]  # as given, echoed in the response object
-    tool_choice: str
-    parallel_tool_calls: bool
-    sampling: SamplingParams
-    max_output_tokens: int | None
-    metadata: dict[str, str]
-    session: str
-    prompt_cache_key: str | None
-    user: str | None
-    safety_identifier: str | None
-    store: bool
-    stream: bool
-    previous_response_id: str | None
-    conversation_id: str | None
-    cache_prompt: bool
-    compact_threshold: int | None = None  # context_management's automatic compaction
-
-    @property
-    def template_tools(self) -> list[JsonObject] | None:
-        """The tools the chat template renders: none when there are none or `tool_choice` is "none"."""
-        if not self.tools or self.tool_choice == "none":
-            return None
-        return chat_tools(self.tools)
 
 
 def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
@@ -110,21 +79,6 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
 
 DEFAULT_SUMMARY_TOKENS = 1024
 MAX_SUMMARY_TOKENS = 16384
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CompactRequest:
-    model: str | None
-    input_items: tuple[JsonObject, ...]
-    instructions: str | None
-    tools: tuple[JsonObject, ...]
-    max_output_tokens: int
-    keep_tokens: int | None
-    session: str
-
-    @property
-    def template_tools(self) -> list[JsonObject] | None:
-        return chat_tools(self.tools) if self.tools else None
 
 
 def parse_compact_request(body: dict[str, Any]) -> CompactRequest:

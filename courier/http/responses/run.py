@@ -4,7 +4,7 @@ A streamed turn whose automatic compaction is due compacts inside the stream
 (the compaction item's `output_item.added`, `response.compaction.compacting`,
 `output_item.done`), then admits and streams the answer; a failure there ends the
 stream with `response.failed`. The finished response is stored before the
-client is told (`record.py`).
+client is told (`conversation/record.py`).
 """
 
 from __future__ import annotations
@@ -13,26 +13,34 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from courier.conversation.items import new_id, text_part
-from courier.http.cancellation import GenerationCancelled
+from courier.conversation.record import record
+from courier.conversation.response_object import (
+    TERMINAL_EVENTS,
+    Outcome,
+    Status,
+    failed_outcome,
+    finished_outcome,
+    response_object,
+)
+from courier.conversation.turn import Plan, Turn, TurnServices, admit_turn, compact
+from courier.core.failure_codes import FailureCode
+from courier.engine.generation import GenerationFinished, TokensGenerated
 from courier.http.context import AppContext
-from courier.http.errors import ApiError
-from courier.http.generation import generated_events
 from courier.http.responses.events import EventWriter
 from courier.http.responses.in_flight import InFlightResponse
-from courier.http.responses.objects import TERMINAL_EVENTS, Outcome, Status, logprob_objects, response_object
-from courier.http.responses.output import OutputAssembler
-from courier.http.responses.record import failed_outcome, finished_outcome, record
-from courier.http.responses.turn import Plan, Turn, admit_turn, compact
-from courier.messages.generation import GenerationFinished, TokensGenerated
+from courier.http.responses.output import OutputAssembler, logprob_objects
+from courier.messages.asking import Refused
+from courier.messages.base import FailureKind, RequestFailed
+from courier.messages.generation_reader import ENDED_WITHOUT_RESULT, GenerationCancelled, generated_events
 from courier.storage.records import JsonObject
 
 
-async def run_whole(context: AppContext, turn: Turn) -> JsonObject:
+async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> JsonObject:
     """Generate, record and return the response object; a failed generation raises its error after recording."""
     in_progress = response_object(turn.draft, Outcome(status=Status.IN_PROGRESS))
     with context.responses.running(turn.draft.id, in_progress) as entry:
         assembler = OutputAssembler(context.state.tool_format, turn.request.template_tools)
-        failure: ApiError | None = None
+        failure: Refused | None = None
         prefix = [turn.compaction_item] if turn.compaction_item else []
         try:
             finished = await _generate(context, turn, entry, assembler)
@@ -40,17 +48,19 @@ async def run_whole(context: AppContext, turn: Turn) -> JsonObject:
             outcome = finished_outcome(finished, [*prefix, *assembler.output_items(calls)])
         except GenerationCancelled:
             outcome = Outcome(status=Status.CANCELLED, output=[*prefix, *_partial_output(assembler)])
-        except ApiError as error:
-            failure = error
-            outcome = failed_outcome(error, [*prefix, *_partial_output(assembler)])
-        final = await record(context, turn.draft, outcome, turn.items)
+        except Refused as refused:
+            failure = refused
+            outcome = failed_outcome(refused.failure, [*prefix, *_partial_output(assembler)])
+        final = await record(services, turn.draft, outcome, turn.rendered)
         entry.finish(final)
     if failure is not None:
         raise failure
     return final
 
 
-async def run_streamed(context: AppContext, plan: Plan, turn: Turn | None, emit: EventWriter) -> AsyncIterator[bytes]:
+async def run_streamed(
+    context: AppContext, services: TurnServices, plan: Plan, turn: Turn | None, emit: EventWriter
+) -> AsyncIterator[bytes]:
     """The full event sequence OpenAI clients expect, ending with the terminal event of the stored response.
 
     `turn` is None when an automatic compaction is due: it runs here, inside the stream."""
@@ -66,9 +76,9 @@ async def run_streamed(context: AppContext, plan: Plan, turn: Turn | None, emit:
             yield emit("response.output_item.added", output_index=0, item=started)
             yield emit("response.compaction.compacting", item_id=item_id, output_index=0)
             try:
-                turn = await admit_turn(context, plan, await compact(context, plan), compaction_id=item_id)
-            except ApiError as error:
-                final = await record(context, draft, failed_outcome(error, []), None)
+                turn = await admit_turn(services, plan, await compact(services, plan), compaction_id=item_id)
+            except Refused as refused:
+                final = await record(services, draft, failed_outcome(refused.failure, []), None)
                 entry.finish(final)
                 yield emit("response.failed", response=final)
                 return
@@ -88,7 +98,7 @@ async def run_streamed(context: AppContext, plan: Plan, turn: Turn | None, emit:
             if item["type"] == "function_call":
                 for chunk in _function_call_events(emit, index, item):
                     yield chunk
-        final = await record(context, draft, replace(outcome, output=output), turn.items)
+        final = await record(services, draft, replace(outcome, output=output), turn.rendered)
         entry.finish(final)
         yield emit(TERMINAL_EVENTS[Status(final["status"])], response=final)
 
@@ -113,14 +123,14 @@ async def _streamed_output(
             for chunk in message.delta(rest, []):
                 yield chunk
         if finished is None:
-            raise ApiError(500, "the generation ended without a result", code="generation_failed")
+            raise Refused(_ended_without_result())
         output = [assembler.message(message.id)] if message.opened else []
         calls_output = [item for item in assembler.output_items(calls) if item["type"] == "function_call"]
         result.append(finished_outcome(finished, output + calls_output))
     except GenerationCancelled:
         result.append(Outcome(status=Status.CANCELLED, output=message.partial(assembler)))
-    except ApiError as error:
-        result.append(failed_outcome(error, message.partial(assembler)))
+    except Refused as refused:
+        result.append(failed_outcome(refused.failure, message.partial(assembler)))
 
 
 class _StreamedMessage:
@@ -190,7 +200,11 @@ async def _generate(
             assembler.feed(event)
         else:
             return event
-    raise ApiError(500, "the generation ended without a result", code="generation_failed")
+    raise Refused(_ended_without_result())
+
+
+def _ended_without_result() -> RequestFailed:
+    return RequestFailed(kind=FailureKind.INTERNAL, message=ENDED_WITHOUT_RESULT, code=FailureCode.GENERATION_FAILED)
 
 
 def _partial_output(assembler: OutputAssembler) -> list[JsonObject]:

@@ -1,4 +1,4 @@
-"""GET /v1/cache/stats and POST /v1/cache/reset: the snapshot store, observed and cleared."""
+"""GET /v1/cache/stats and POST /v1/cache/reset: the snapshot store, observed and cleared, by message."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 from quart import Blueprint
 
-from courier.http.asking import ask_actor
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
+from courier.messages.asking import call
 from courier.messages.snapshot_store import ResetSnapshots
 
 
@@ -17,19 +17,20 @@ def blueprint(context: AppContext) -> Blueprint:
 
     @routes.get("/v1/cache/stats")
     async def stats() -> dict[str, Any]:
-        store = context.state.snapshot_store
+        store = await context.snapshot_stats()
         if store is None:
             return {"enabled": False}
-        counters = store.counters
+        counters, limits = store.counters, store.limits
         hits, lookups = counters.hits, counters.lookups
+        scheduler = context.state.scheduler
         return {
             "enabled": True,
             "snapshot_entries": store.entries,
             "snapshot_bytes": store.nbytes,
-            "snapshot_capacity_bytes": store.limits.capacity_bytes,
-            "snapshot_max_entries": store.limits.max_entries,
-            "snapshot_ttl_seconds": store.limits.ttl_s,
-            "snapshot_min_prefix": store.limits.min_prefix,
+            "snapshot_capacity_bytes": limits.capacity_bytes,
+            "snapshot_max_entries": limits.max_entries,
+            "snapshot_ttl_seconds": limits.ttl_s,
+            "snapshot_min_prefix": limits.min_prefix,
             "snapshot_lookups": lookups,
             "snapshot_hits": hits,
             "snapshot_hit_rate": hits / lookups if lookups else 0.0,
@@ -42,10 +43,10 @@ def blueprint(context: AppContext) -> Blueprint:
             "snapshot_self_evictions": counters.self_evictions,
             "snapshot_bytes_per_entry": store.nbytes // store.entries if store.entries else 0,
             "tokens_reused": counters.tokens_reused,
-            "snapshot_warmups_run": context.state.scheduler.warmups_run,
-            "snapshot_warmups_skipped": context.state.scheduler.warmups_skipped,
-            "snapshot_warmups_pending": context.state.scheduler.warmups_pending,
-            "snapshot_warmups_queued": context.state.scheduler.warmups_queued,
+            "snapshot_warmups_run": scheduler.warmups_run,
+            "snapshot_warmups_skipped": scheduler.warmups_skipped,
+            "snapshot_warmups_pending": scheduler.warmups_pending,
+            "snapshot_warmups_queued": scheduler.warmups_queued,
         }
 
     @routes.post("/v1/cache/reset")
@@ -54,7 +55,7 @@ def blueprint(context: AppContext) -> Blueprint:
         context.require_ready()
         if outbox is None:
             raise ApiError.invalid("the prompt cache is disabled (--no-prompt-cache)")
-        freed_entries, freed_bytes = await ask_actor(outbox, lambda reply: ResetSnapshots(reply=reply), tuple)
+        freed_entries, freed_bytes = await call(outbox, lambda reply: ResetSnapshots(reply=reply))
         return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries}
 
     return routes

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from contextlib import suppress
 from typing import Any
 
-from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
 from quart import Blueprint, Response
 
-from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, json_arguments, parse_tool_calls
+from courier.conversation.chat_render import assistant_message, template_tool_call
+from courier.conversation.warm_up import warm_up_next_turn
+from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
+from courier.engine.generation import GenerationFinished
 from courier.http import openai_format
 from courier.http.context import AppContext
-from courier.http.generation import admit, collect, generated_events, new_request_id, sse
+from courier.http.generation import admit, new_request_id, sse
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_chat_request
 from courier.http.streaming import event_stream_response
-from courier.messages.generation import GenerationFinished
-from courier.messages.ingress import Admitted, ChatPrompt, WarmUpConversation
+from courier.messages.generation_reader import collect, generated_events
+from courier.messages.ingress import Admitted, ChatPrompt
 
 
 def blueprint(context: AppContext) -> Blueprint:
@@ -95,27 +96,11 @@ async def _stream(
 
 def _warm_up_next_turn(context: AppContext, request: GenerationRequest, content: str, calls: list[ToolCall]) -> None:
     """Ask for the conversation, reply included, to be prefilled while the server is idle (a tell; may be dropped)."""
-    if (
-        not request.cache_prompt
-        or context.outboxes.snapshot_store is None
-        or not isinstance(request.prompt, ChatPrompt)
-    ):
+    if not request.cache_prompt or not context.settings.prompt_cache or not isinstance(request.prompt, ChatPrompt):
         return
-    reply: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
-    if calls:
-        reply["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": json_arguments(call.arguments)},
-            }
-            for call in calls
-        ]
-    message = WarmUpConversation(
-        session=request.session, messages=[*request.prompt.messages, reply], tools=request.prompt.tools
-    )
-    with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
-        context.outboxes.ingress.send_nowait(message)
+    reply = assistant_message(content, [template_tool_call(call.id, call.name, call.arguments) for call in calls])
+    prompt = request.prompt
+    warm_up_next_turn(context.outboxes.ingress, request.session, [*prompt.messages, reply], prompt.tools)
 
 
 def _split_tool_calls(

@@ -8,14 +8,15 @@ from typing import Any
 
 from quart import Blueprint, Response
 
+from courier.engine.generation import GenerationFinished
 from courier.http import openai_format
 from courier.http.context import AppContext
-from courier.http.generation import admit, collect, generated_events, new_request_id, sse
+from courier.http.generation import admit, new_request_id, sse
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_completion_request
 from courier.http.streaming import event_stream_response
-from courier.messages.generation import GenerationFinished
+from courier.messages.generation_reader import collect, generated_events
 from courier.messages.ingress import Admitted
 
 

@@ -6,14 +6,16 @@ import time
 
 from quart import Blueprint, request
 
+from courier.conversation.items import new_id
+from courier.conversation.turn import conversation_not_found
+from courier.core.failure_codes import FailureCode
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
 from courier.http.listing import list_object, page_query
-from courier.http.responses.items import input_items, new_id
+from courier.http.responses.items import input_items
 from courier.http.responses.request import parse_metadata
-from courier.http.responses.turn import conversation_not_found
-from courier.http.storage_calls import ask_storage
+from courier.messages.asking import Refused, call
 from courier.messages.storage import (
     AppendConversationItems,
     CreateConversation,
@@ -32,6 +34,7 @@ MAX_ITEMS_PER_CALL = 20
 
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("conversations", __name__)
+    storage = context.outboxes.storage
 
     @routes.post("/v1/conversations")
     @routes.post("/conversations")
@@ -41,8 +44,9 @@ def blueprint(context: AppContext) -> Blueprint:
         conversation = StoredConversation(
             id=new_id("conv"), created_at=int(time.time()), metadata=parse_metadata(body.get("metadata"))
         )
-        await ask_storage(
-            context, lambda reply: CreateConversation(conversation=conversation, items=items, reply=reply)
+        await call(
+            storage,
+            lambda reply: CreateConversation(conversation=conversation, items=items, reply=reply),
         )
         return _conversation_object(conversation)
 
@@ -58,49 +62,50 @@ def blueprint(context: AppContext) -> Blueprint:
         if "metadata" not in body:
             raise ApiError.invalid("'metadata' is required", param="metadata")
         metadata = parse_metadata(body["metadata"])
-        updated = await ask_storage(
-            context, lambda reply: UpdateConversation(conversation_id=conversation_id, metadata=metadata, reply=reply)
+        updated = await call(
+            storage,
+            lambda reply: UpdateConversation(conversation_id=conversation_id, metadata=metadata, reply=reply),
         )
         if updated is None:
-            raise conversation_not_found(conversation_id)
+            raise Refused(conversation_not_found(conversation_id))
         return _conversation_object(updated)
 
     @routes.delete("/v1/conversations/<conversation_id>")
     @routes.delete("/conversations/<conversation_id>")
     async def delete_conversation(conversation_id: str) -> JsonObject:
-        if not await ask_storage(
-            context, lambda reply: DeleteConversation(conversation_id=conversation_id, reply=reply)
-        ):
-            raise conversation_not_found(conversation_id)
+        if not await call(storage, lambda reply: DeleteConversation(conversation_id=conversation_id, reply=reply)):
+            raise Refused(conversation_not_found(conversation_id))
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
     @routes.get("/v1/conversations/<conversation_id>/items")
     @routes.get("/conversations/<conversation_id>/items")
     async def list_items(conversation_id: str) -> JsonObject:
         query = page_query(request.args)
-        page = await ask_storage(
-            context, lambda reply: ListConversationItems(conversation_id=conversation_id, page=query, reply=reply)
+        page = await call(
+            storage,
+            lambda reply: ListConversationItems(conversation_id=conversation_id, page=query, reply=reply),
         )
         if page is None:
-            raise conversation_not_found(conversation_id)
+            raise Refused(conversation_not_found(conversation_id))
         return list_object(page)
 
     @routes.post("/v1/conversations/<conversation_id>/items")
     @routes.post("/conversations/<conversation_id>/items")
     async def add_items(conversation_id: str) -> JsonObject:
         items = _items((await read_json_object()).get("items"), required=True)
-        if not await ask_storage(
-            context,
+        if not await call(
+            storage,
             lambda reply: AppendConversationItems(conversation_id=conversation_id, items=items, reply=reply),
         ):
-            raise conversation_not_found(conversation_id)
+            raise Refused(conversation_not_found(conversation_id))
         return list_object(ItemPage(items=tuple(items), has_more=False))
 
     @routes.get("/v1/conversations/<conversation_id>/items/<item_id>")
     @routes.get("/conversations/<conversation_id>/items/<item_id>")
     async def retrieve_item(conversation_id: str, item_id: str) -> JsonObject:
-        item = await ask_storage(
-            context, lambda reply: LoadConversationItem(conversation_id=conversation_id, item_id=item_id, reply=reply)
+        item = await call(
+            storage,
+            lambda reply: LoadConversationItem(conversation_id=conversation_id, item_id=item_id, reply=reply),
         )
         if item is None:
             await _conversation(context, conversation_id)  # an unknown conversation is named as such
@@ -110,12 +115,12 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.delete("/v1/conversations/<conversation_id>/items/<item_id>")
     @routes.delete("/conversations/<conversation_id>/items/<item_id>")
     async def delete_item(conversation_id: str, item_id: str) -> JsonObject:
-        deleted = await ask_storage(
-            context,
+        deleted = await call(
+            storage,
             lambda reply: DeleteConversationItem(conversation_id=conversation_id, item_id=item_id, reply=reply),
         )
         if deleted is None:
-            raise conversation_not_found(conversation_id)
+            raise Refused(conversation_not_found(conversation_id))
         if not deleted:
             raise _item_not_found(item_id)
         return _conversation_object(await _conversation(context, conversation_id))
@@ -124,11 +129,11 @@ def blueprint(context: AppContext) -> Blueprint:
 
 
 async def _conversation(context: AppContext, conversation_id: str) -> StoredConversation:
-    conversation = await ask_storage(
-        context, lambda reply: LoadConversation(conversation_id=conversation_id, reply=reply)
+    conversation = await call(
+        context.outboxes.storage, lambda reply: LoadConversation(conversation_id=conversation_id, reply=reply)
     )
     if conversation is None:
-        raise conversation_not_found(conversation_id)
+        raise Refused(conversation_not_found(conversation_id))
     return conversation
 
 
@@ -150,4 +155,4 @@ def _items(value: object, *, required: bool) -> list[JsonObject]:
 
 
 def _item_not_found(item_id: str) -> ApiError:
-    return ApiError(404, f"Item with id '{item_id}' not found.", param="item_id", code="not_found")
+    return ApiError(404, f"Item with id '{item_id}' not found.", param="item_id", code=FailureCode.NOT_FOUND)

@@ -27,7 +27,7 @@ def blueprint(context: AppContext) -> Blueprint:
             "blas": state.blas.as_dict(),
             "weight_format": model.weight_format if model else None,
             "model_info": model.as_dict() if model else None,
-            "scheduler": state.scheduler.as_dict(),
+            "scheduler": state.scheduler_view(),
             "memory": mlx_memory().as_dict(),
             "malloc": malloc_usage(),
             "uptime_s": round(time.time() - state.started_at, 3),

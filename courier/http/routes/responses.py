@@ -8,7 +8,8 @@ import anyio
 from quart import Blueprint, Response, request
 
 from courier.conversation.items import new_id
-from courier.http.asking import ask_actor
+from courier.conversation.turn import count_tokens, history_items, plan_turn, render, replayed, start_turn
+from courier.core.failure_codes import FailureCode
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
@@ -16,10 +17,9 @@ from courier.http.listing import list_object, page_query
 from courier.http.responses.events import EventWriter
 from courier.http.responses.request import parse_compact_request, parse_responses_request
 from courier.http.responses.run import run_streamed, run_whole
-from courier.http.responses.turn import count_tokens, history_items, plan_turn, start_turn
-from courier.http.storage_calls import ask_storage
 from courier.http.streaming import event_stream_response
-from courier.messages.compactor import CompactHistory, CompactionResult
+from courier.messages.asking import call
+from courier.messages.compactor import CompactHistory
 from courier.messages.storage import DeleteResponse, LoadResponse
 from courier.storage.paging import UnknownCursor, page_of
 from courier.storage.records import JsonObject, StoredResponse
@@ -35,14 +35,18 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/responses")
     async def create_response() -> Response | JsonObject:
         parsed = parse_responses_request(await read_json_object())
-        plan = await plan_turn(context, parsed)
+        context.require_ready()
+        context.require_model(parsed.model)
+        services = context.turn_services()
+        plan = await plan_turn(services, parsed)
         if parsed.stream:
             # A due compaction runs inside the stream, so its progress can be streamed; otherwise admission
             # happens first and a refusal is a plain HTTP error.
-            turn = None if plan.compaction_due else await start_turn(context, plan)
+            turn = None if plan.compaction_due else await start_turn(services, plan)
             emit = EventWriter()
-            return event_stream_response(run_streamed(context, plan, turn, emit), done=None, error_event=emit.error)
-        return await run_whole(context, await start_turn(context, plan))
+            events = run_streamed(context, services, plan, turn, emit)
+            return event_stream_response(events, done=None, error_event=emit.error)
+        return await run_whole(context, services, await start_turn(services, plan))
 
     @routes.post("/v1/responses/input_tokens")
     @routes.post("/responses/input_tokens")
@@ -50,8 +54,10 @@ def blueprint(context: AppContext) -> Blueprint:
         parsed = parse_responses_request(await read_json_object())
         context.require_ready()
         context.require_model(parsed.model)
-        items = [*await history_items(context, parsed), *parsed.input_items]
-        return {"object": "response.input_tokens", "input_tokens": await count_tokens(context, parsed, items)}
+        services = context.turn_services()
+        items = [*await history_items(services, parsed), *parsed.input_items]
+        rendered = render(services.capsules, parsed, items)
+        return {"object": "response.input_tokens", "input_tokens": await count_tokens(services, parsed, rendered)}
 
     @routes.post("/v1/responses/compact")
     @routes.post("/responses/compact")
@@ -59,10 +65,12 @@ def blueprint(context: AppContext) -> Blueprint:
         parsed = parse_compact_request(await read_json_object())
         context.require_ready()
         context.require_model(parsed.model)
-        result = await ask_actor(
+        shown = replayed(context.capsules, parsed.input_items, parsed.instructions)
+        result = await call(
             context.outboxes.compactor,
             lambda reply: CompactHistory(
-                items=parsed.input_items,
+                context=shown,
+                request_items=parsed.input_items,
                 instructions=parsed.instructions,
                 tools=parsed.template_tools,
                 keep_tokens=parsed.keep_tokens,
@@ -70,7 +78,6 @@ def blueprint(context: AppContext) -> Blueprint:
                 session=parsed.session,
                 reply=reply,
             ),
-            CompactionResult,
         )
         return {
             "id": new_id("resp"),
@@ -93,7 +100,7 @@ def blueprint(context: AppContext) -> Blueprint:
     async def delete_response(response_id: str) -> JsonObject:
         if context.responses.get(response_id) is not None:
             raise ApiError.invalid("the response is still in progress; cancel it first", param="response_id")
-        if not await ask_storage(context, lambda reply: DeleteResponse(response_id=response_id, reply=reply)):
+        if not await call(context.outboxes.storage, lambda reply: DeleteResponse(response_id=response_id, reply=reply)):
             raise _not_found(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
@@ -106,7 +113,7 @@ def blueprint(context: AppContext) -> Blueprint:
             if stored.response.get("status") == "cancelled":
                 return stored.response
             message = f"Only an in-progress response can be cancelled; this one is {stored.response.get('status')}."
-            raise ApiError.invalid(message, param="response_id", code="response_not_cancellable")
+            raise ApiError.invalid(message, param="response_id", code=FailureCode.RESPONSE_NOT_CANCELLABLE)
         running.cancellation.request()
         with anyio.move_on_after(CANCEL_WAIT_S):
             await running.finished.wait()
@@ -126,11 +133,13 @@ def blueprint(context: AppContext) -> Blueprint:
 
 
 async def _stored(context: AppContext, response_id: str) -> StoredResponse:
-    stored = await ask_storage(context, lambda reply: LoadResponse(response_id=response_id, reply=reply))
+    stored = await call(context.outboxes.storage, lambda reply: LoadResponse(response_id=response_id, reply=reply))
     if stored is None:
         raise _not_found(response_id)
     return stored
 
 
 def _not_found(response_id: str) -> ApiError:
-    return ApiError(404, f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
+    return ApiError(
+        404, f"Response with id '{response_id}' not found.", param="response_id", code=FailureCode.NOT_FOUND
+    )

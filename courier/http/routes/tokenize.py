@@ -6,23 +6,19 @@ Shapes follow vLLM's: `{prompt}` or `{messages, add_generation_prompt, tools}` -
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from quart import Blueprint
 
-from courier.http.asking import ask_actor
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
 from courier.http.validation import object_list, optional_bool, optional_str, token_list
-from courier.messages.token_counter import (
-    Detokenize,
-    DetokenizeResult,
-    TokenCounterMessage,
-    TokenizeChat,
-    TokenizeResult,
-    TokenizeText,
-)
+from courier.messages.asking import call
+from courier.messages.base import Request, RequestFailed
+from courier.messages.token_counter import Detokenize, TokenizeChat, TokenizeResult, TokenizeText
+from courier.runtime.message import ReplyStream
 
 
 def blueprint(context: AppContext) -> Blueprint:
@@ -35,7 +31,7 @@ def blueprint(context: AppContext) -> Blueprint:
         context.require_ready()
         context.require_model(optional_str(body, "model"))
         build = _tokenize_message(body)
-        result = await ask_actor(outbox, build, TokenizeResult)
+        result = await call(outbox, build)
         model = context.state.model
         return {
             "count": len(result.tokens),
@@ -49,13 +45,16 @@ def blueprint(context: AppContext) -> Blueprint:
         context.require_ready()
         context.require_model(optional_str(body, "model"))
         tokens = tuple(token_list(body, "tokens"))
-        result = await ask_actor(outbox, lambda reply: Detokenize(tokens=tokens, reply=reply), DetokenizeResult)
+        result = await call(outbox, lambda reply: Detokenize(tokens=tokens, reply=reply))
         return {"prompt": result.text}
 
     return routes
 
 
-def _tokenize_message(body: dict[str, Any]) -> Any:
+TokenizeBuilder = Callable[[ReplyStream[TokenizeResult | RequestFailed]], Request[TokenizeResult]]
+
+
+def _tokenize_message(body: dict[str, Any]) -> TokenizeBuilder:
     """Validate a /tokenize body; return a builder of the message for the token counter."""
     messages = object_list(body, "messages", required=False)
     prompt = optional_str(body, "prompt")
@@ -66,17 +65,9 @@ def _tokenize_message(body: dict[str, Any]) -> Any:
     if messages is not None:
         tools = object_list(body, "tools", required=False)
         add_generation_prompt = optional_bool(body, "add_generation_prompt", True)
-
-        def chat(reply: Any) -> TokenCounterMessage:
-            return TokenizeChat(
-                messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, reply=reply
-            )
-
-        return chat
+        return lambda reply: TokenizeChat(
+            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, reply=reply
+        )
     text = prompt or ""
     add_special_tokens = optional_bool(body, "add_special_tokens", True)
-
-    def plain(reply: Any) -> TokenCounterMessage:
-        return TokenizeText(text=text, add_special_tokens=add_special_tokens, reply=reply)
-
-    return plain
+    return lambda reply: TokenizeText(text=text, add_special_tokens=add_special_tokens, reply=reply)

@@ -1,16 +1,22 @@
-"""What a generation is asked for, and the events it streams back.
+"""The engine's vocabulary: what a generation is asked for, and the events it streams back.
 
-Shared by the ingress (which admits a request) and the scheduler (which runs it).
-Events flow on a per-request stream the ingress creates: zero or more
-`TokensGenerated`, then exactly one of `GenerationFinished` or `GenerationFailed`,
-then the stream closes. A consumer that closes its end cancels the generation.
+The engine owns these types (as vLLM's engine owns its request type); the actors'
+messages carry them. Events flow on a per-request stream the ingress creates: zero
+or more `TokensGenerated`, then exactly one of `GenerationFinished` or
+`GenerationFailed`, then the stream closes. A consumer that closes its end cancels
+the generation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeAlias
+from typing import Any, NewType, TypeAlias
+
+from courier.core.failure_codes import FailureCode
+
+RequestId = NewType("RequestId", str)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +65,19 @@ class GenerationFailed:
     """The generation failed inside the engine (the server keeps serving), or was cut by a shutdown."""
 
     message: str
-    code: str = "generation_failed"  # "shutting_down" when the server stopped it: retry elsewhere
+    code: FailureCode = FailureCode.GENERATION_FAILED  # SHUTTING_DOWN when the server stopped it: retry elsewhere
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VisionInputs:
+    """A prompt's images as the model's processor prepared them, for the engine's prefill.
+
+    `arrays` are the keyword arguments of the vision model's `get_input_embeddings` (pixel values, masks),
+    as MLX arrays; `digest` joins the prompt cache's bucket, so state is never reused across images.
+    """
+
+    arrays: Mapping[str, Any]
+    digest: str
 
 
 GenerationEvent: TypeAlias = TokensGenerated | GenerationFinished | GenerationFailed

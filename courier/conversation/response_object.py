@@ -1,7 +1,8 @@
-"""The Responses API's objects: the response (whole, or as a snapshot while streaming), its usage, its output.
+"""The Responses API's response object: whole, or as a snapshot while streaming; its usage and outcome.
 
 `ResponseDraft` holds what a response repeats from its request; `response_object`
-turns it, a status and the output so far into OpenAI's shape.
+turns it, an `Outcome` (status, output so far, usage or error) into OpenAI's shape,
+which is also what storage keeps and `GET /v1/responses/{id}` returns.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from courier.http.responses.items import new_id
-from courier.http.responses.request import ResponsesRequest
-from courier.messages.generation import GenerationFinished, TokenLogprob
+from courier.conversation.items import new_id
+from courier.conversation.request import ResponsesRequest
+from courier.engine.generation import FinishReason, GenerationFinished
+from courier.messages.base import RequestFailed
 from courier.storage.records import JsonObject
 
 
@@ -99,13 +101,16 @@ def usage_object(finished: GenerationFinished) -> JsonObject:
     }
 
 
-def logprob_objects(entries: Sequence[TokenLogprob]) -> list[JsonObject]:
-    """`output_text` logprobs: one per token, each with its top alternatives."""
+def finished_outcome(finished: GenerationFinished, output: Sequence[JsonObject]) -> Outcome:
+    cut = finished.reason is FinishReason.LENGTH
+    return Outcome(
+        status=Status.INCOMPLETE if cut else Status.COMPLETED,
+        output=output,
+        usage=usage_object(finished),
+        incomplete_reason="max_output_tokens" if cut else None,
+    )
 
-    def entry(token: str, logprob: float) -> JsonObject:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
-    return [
-        {**entry(item.token, item.logprob), "top_logprobs": [entry(text, lp) for _, text, lp in item.top]}
-        for item in entries
-    ]
+def failed_outcome(failure: RequestFailed, output: Sequence[JsonObject]) -> Outcome:
+    code = failure.code or "server_error"
+    return Outcome(status=Status.FAILED, output=output, error={"code": code, "message": failure.message})

@@ -1,0 +1,58 @@
+"""What a Responses turn and a compaction are asked for, validated (`http/responses/request.py` parses bodies).
+
+The domain's view of a request: the conversation code plans, renders and records a
+turn from these, whatever protocol brought them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from courier.conversation.chat_render import chat_tools
+from courier.engine.generation import SamplingParams
+from courier.storage.records import JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponsesRequest:
+    model: str | None
+    input_items: tuple[JsonObject, ...]
+    instructions: str | None
+    tools: tuple[JsonObject, ...]  # as given, echoed in the response object
+    tool_choice: str
+    parallel_tool_calls: bool
+    sampling: SamplingParams
+    max_output_tokens: int | None
+    metadata: dict[str, str]
+    session: str
+    prompt_cache_key: str | None
+    user: str | None
+    safety_identifier: str | None
+    store: bool
+    stream: bool
+    previous_response_id: str | None
+    conversation_id: str | None
+    cache_prompt: bool
+    compact_threshold: int | None = None  # context_management's automatic compaction
+
+    @property
+    def template_tools(self) -> list[JsonObject] | None:
+        """The tools the chat template renders: none when there are none or `tool_choice` is "none"."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return chat_tools(self.tools)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompactRequest:
+    model: str | None
+    input_items: tuple[JsonObject, ...]
+    instructions: str | None
+    tools: tuple[JsonObject, ...]
+    max_output_tokens: int
+    keep_tokens: int | None
+    session: str
+
+    @property
+    def template_tools(self) -> list[JsonObject] | None:
+        return chat_tools(self.tools) if self.tools else None

@@ -1,0 +1,38 @@
+"""The machine-readable reason of every failure the server answers with: `error.code` in OpenAI's envelope.
+
+One enum for all of them, so control flow compares members rather than strings and
+a client-facing code is spelled in one place. A `StrEnum`: it serializes, formats
+and compares as its value (`FailureCode.SHUTTING_DOWN == "shutting_down"`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FailureCode(StrEnum):
+    # The request itself
+    INVALID_JSON = "invalid_json"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    MODEL_NOT_FOUND = "model_not_found"
+    MODEL_NOT_MULTIMODAL = "model_not_multimodal"
+    INVALID_COMPACTION_ITEM = "invalid_compaction_item"
+    RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"
+    STORAGE_BUDGET_EXCEEDED = "storage_budget_exceeded"
+    REQUEST_TOO_LARGE = "request_too_large"
+    # What it names is not there
+    NOT_FOUND = "not_found"
+    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+    UNKNOWN_ROUTE = "unknown_route"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    # The server cannot take it now: retry
+    QUEUE_FULL = "queue_full"
+    OVERLOADED = "overloaded"
+    MODEL_LOADING = "model_loading"
+    SHUTTING_DOWN = "shutting_down"
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    # It was taken and failed
+    GENERATION_FAILED = "generation_failed"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    COMPACTION_FAILED = "compaction_failed"
+    INTERNAL_ERROR = "internal_error"

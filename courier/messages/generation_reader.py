@@ -1,0 +1,119 @@
+"""Reading one admitted generation's events: the deadline, cancellation, and every way it can end.
+
+`generated_events` yields text events until the terminal `GenerationFinished`,
+enforcing the request's deadline and honouring a `Cancellation`; a failure is
+`Refused` with its typed failure (504 past the deadline, 503 when the server cut
+it while shutting down, else 500), a cancellation `GenerationCancelled`. It always
+closes the event stream on the way out, which is what takes an abandoned or
+cancelled request out of the batch. `collect` gathers a whole generation. Used by
+every route that generates and by the compactor's summary alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+
+from courier.core.failure_codes import FailureCode
+from courier.engine.generation import GenerationFailed, GenerationFinished, TokenLogprob, TokensGenerated
+from courier.messages.asking import Refused
+from courier.messages.base import FailureKind, RequestFailed
+from courier.messages.ingress import Admitted
+
+ENDED_WITHOUT_RESULT = "the generation ended without a result"
+
+
+class GenerationCancelled(Exception):
+    """The generation was cancelled on request (it has left the batch)."""
+
+
+class Cancellation:
+    """A request to stop one generation from another task (`POST /v1/responses/{id}/cancel`).
+
+    The task reading the generation's events watches its wait for the next event; `request` cancels that wait,
+    and the reader raises `GenerationCancelled` and closes the event stream.
+    """
+
+    def __init__(self) -> None:
+        self._requested = False
+        self._waiting: anyio.CancelScope | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self._requested
+
+    def request(self) -> None:
+        self._requested = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    def watch(self, scope: anyio.CancelScope | None) -> None:
+        """The scope of the wait for the next event (None once it is over): cancelling interrupts it."""
+        self._waiting = scope
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collected:
+    text: str
+    logprobs: list[TokenLogprob]
+    finished: GenerationFinished
+
+
+async def generated_events(
+    admitted: Admitted, timeout_s: float, cancellation: Cancellation | None = None
+) -> AsyncIterator[TokensGenerated | GenerationFinished]:
+    """Events until `GenerationFinished`; a failure or the deadline raises `Refused`, a cancellation
+    `GenerationCancelled`."""
+    deadline = time.monotonic() + timeout_s
+    with admitted.events as events:
+        while True:
+            if cancellation is not None and cancellation.requested:
+                raise GenerationCancelled
+            event = None
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())) as scope:
+                if cancellation is not None:
+                    cancellation.watch(scope)
+                event = await _next_event(events)
+            if cancellation is not None:
+                cancellation.watch(None)
+                if event is None and cancellation.requested:
+                    raise GenerationCancelled
+            if event is None:
+                message = f"the request did not finish within {timeout_s:g} s"
+                raise Refused(
+                    RequestFailed(kind=FailureKind.TIMEOUT, message=message, code=FailureCode.DEADLINE_EXCEEDED)
+                )
+            if isinstance(event, GenerationFailed):
+                raise Refused(_failure(event))
+            yield event
+            if isinstance(event, GenerationFinished):
+                return
+
+
+async def collect(admitted: Admitted, timeout_s: float, cancellation: Cancellation | None = None) -> Collected:
+    texts: list[str] = []
+    logprobs: list[TokenLogprob] = []
+    async for event in generated_events(admitted, timeout_s, cancellation):
+        if isinstance(event, TokensGenerated):
+            texts.append(event.text)
+            logprobs.extend(event.logprobs)
+        else:
+            return Collected(text="".join(texts), logprobs=logprobs, finished=event)
+    raise Refused(_failure(GenerationFailed(message=ENDED_WITHOUT_RESULT)))
+
+
+def _failure(event: GenerationFailed) -> RequestFailed:
+    kind = FailureKind.UNAVAILABLE if event.code is FailureCode.SHUTTING_DOWN else FailureKind.INTERNAL
+    return RequestFailed(kind=kind, message=event.message, code=event.code)
+
+
+async def _next_event(
+    events: anyio.abc.ObjectReceiveStream[TokensGenerated | GenerationFinished | GenerationFailed],
+) -> TokensGenerated | GenerationFinished | GenerationFailed:
+    try:
+        return await events.receive()
+    except anyio.EndOfStream:
+        return GenerationFailed(message=ENDED_WITHOUT_RESULT)

@@ -1,0 +1,23 @@
+"""What every actor message carries: the sender's trace context, captured when the message is built.
+
+So the receiving actor's span joins the request's trace without any code at the
+call site. A message that expects an answer also has a `reply` stream (see
+`runtime/actor.py`); the vocabulary itself lives in `courier/messages/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeAlias, TypeVar
+
+from anyio.streams.memory import MemoryObjectSendStream
+
+from courier.runtime.tracing import TraceCarrier, current_carrier
+
+Reply = TypeVar("Reply")
+ReplyStream: TypeAlias = MemoryObjectSendStream[Reply]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    trace: TraceCarrier = field(default_factory=current_carrier)
