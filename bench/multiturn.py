@@ -12,7 +12,9 @@ a. One conversation on the embedded SmolLM2-135M-Instruct: a ~300-token system p
    - `mlx-lm-f32`: `LD_PRELOAD=<OpenBLAS> python -m mlx_lm.server --model DIR_F32 --port P
      --log-level WARNING` on the same weights dequantized to float32 (bench.throughput's
      tuned server; its concurrency flags do not matter for one stream);
-   - `mlx-lm-4bit`: `python -m mlx_lm.server --model DIR4 --port P`, as shipped.
+   - `mlx-lm-4bit`: `python -m mlx_lm.server --model DIR4 --port P`, as shipped;
+   - `courier-baseline` (only with `--baseline-tree DIR`, and then by default, right after
+     `courier`): see below.
 
 b. K conversations (`--conversations`, 2,8,32) interleaved turn by turn (conversation 1 turn 1,
    conversation 2 turn 1, ..., conversation 1 turn 2, ...), one request at a time, each
@@ -79,6 +81,8 @@ b. K conversations (`--conversations`, 2,8,32) interleaved turn by turn (convers
    printed after each K (its store is reset after the warm-up request, so they count the
    conversations only; mlx_lm.server keeps its warm-up cache).
 
+   Servers: `--b-servers` (courier,mlx-lm-f32; plus courier-baseline with `--baseline-tree`).
+
 c. In-process latency of `courier.core.snapshot_store.SnapshotStore`: `--store-entries`
    (10,000) token vectors sharing a 500-token system prefix followed by 50-1500 random tokens,
    inserted one by one under `--store-sessions` sessions, then `--store-lookups` lookups of
@@ -94,11 +98,25 @@ the repository root:
 
     .venv/bin/python -m bench.multiturn [--parts a,b,c] [--conversations 2,8,32] [--turns 10]
         [--a-servers courier,mlx-lm-f32,mlx-lm-4bit] [--b-models llama,qwen3_next]
-        [--b-budgets default,size100,equal] [--b-system-tokens 550] [--b-max-tokens 32]
-        [--equal-conversations 4,8,12]
+        [--b-servers courier,mlx-lm-f32] [--b-budgets default,size100,equal]
+        [--b-system-tokens 550] [--b-max-tokens 32] [--equal-conversations 4,8,12]
         [--cache-dir DIR] [--json PATH] [--courier-arg=--admission-window-ms=0 ...]
+        [--baseline-tree /tmp/courier-baseline]
 
 `--courier-arg` adds a flag to every Courier command line (none by default: defaults are measured).
+
+`--baseline-tree DIR` (a checkout of another commit, e.g. `git worktree add /tmp/courier-baseline
+COMMIT`) adds `courier-baseline` to parts a and b by default: Courier at that commit, to show that
+a change is not slower. It is started like `courier`, with the same flags (`--courier-arg`, the
+equal budget's capacity) and as `PYTHONPATH=DIR python -P -m courier serve ...` out of the same
+virtualenv (`-P` keeps the working directory, which holds this tree's `courier`, off the front of
+sys.path; the script checks at start-up that DIR's package is the one imported, and stops if not),
+and measured exactly like it (cache reset after the warm-up, `/v1/cache/stats`, Courier's default
+budget as its unconstrained reference). It runs right after `courier`: in part a after its
+conversation, in part b after it at each K (courier K=2, courier-baseline K=2, courier K=8, ...),
+so drift on a noisy machine hits both alike. The report adds "courier / courier-baseline" lines:
+the share of turns-2+ prompt tokens cached and TTFT p50 of turns 2+ (part a, and part b for each
+model, budget and K), and conversations held warm at the equal budget.
 
 Markdown tables go to stdout, progress to stderr, server logs to CACHE/bench-logs.
 """
@@ -125,6 +143,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from bench.throughput import (
     COURIER,
+    COURIER_BASELINE,
     COURIER_MODEL_ID,
     HOST,
     MLX_LM_4BIT,
@@ -133,9 +152,15 @@ from bench.throughput import (
     OPENBLAS_PATH,
     WARMUP_PROMPT,
     BenchmarkError,
+    add_baseline_argument,
+    baseline_ready,
     cache_directory,
+    choose_servers,
+    courier_launcher,
     environment,
     free_port,
+    in_run_order,
+    is_courier,
     load_float32,
     percentile,
     positive_ints,
@@ -148,14 +173,14 @@ from bench.throughput import (
     server_env,
     server_extra_env,
     server_list,
-    venv_script,
     wait_until_ready,
 )
 from courier.platform.blas import load_optimized_blas
 
 PARTS = ("a", "b", "c")
 TINY_MODELS = ("llama", "qwen3_next")
-B_SERVERS = (COURIER, MLX_LM_F32)
+A_SERVERS = (COURIER, MLX_LM_F32, MLX_LM_4BIT)
+B_SERVERS = (COURIER, COURIER_BASELINE, MLX_LM_F32)
 DEFAULT_BUDGET = "default"
 ANCHOR_BUDGET = "size100"
 EQUAL_BUDGET = "equal"
@@ -404,13 +429,13 @@ class ServerSpec:
 
     @property
     def served_model(self) -> str:
-        if self.label != COURIER:
+        if not is_courier(self.label):
             return MLX_LM_MODEL_ID
         return COURIER_MODEL_ID if self.model_dir is None else TINY_SERVED_NAME
 
     def command(self, port: int, cache_dir: Path) -> list[str]:
-        if self.label == COURIER:
-            command = [venv_script("courier"), "serve", "--port", str(port), "--cache-dir", str(cache_dir)]
+        if is_courier(self.label):
+            command = [*courier_launcher(self.label), "serve", "--port", str(port), "--cache-dir", str(cache_dir)]
             if self.model_dir is not None:
                 command += ["--model", str(self.model_dir), "--served-model-name", TINY_SERVED_NAME]
             return command + list(self.flags)
@@ -419,12 +444,12 @@ class ServerSpec:
 
 
 def serve_and_measure(
-    spec: ServerSpec, cache_dir: Path, log_name: str, openblas: str, measure: Callable[[str], T]
+    spec: ServerSpec, cache_dir: Path, log_name: str, args: argparse.Namespace, measure: Callable[[str], T]
 ) -> tuple[ServerLaunch, T | None]:
     """Start `spec`, wait until ready, run `measure(base_url)`, stop it; failures land in the launch's error."""
     port = free_port()
     command = spec.command(port, cache_dir)
-    extra_env = server_extra_env(spec.label, openblas, cache_dir)
+    extra_env = server_extra_env(spec.label, args.openblas, cache_dir, baseline_tree=args.baseline_tree)
     log_path = cache_dir / "bench-logs" / f"multiturn-{log_name}.log"
     env_text = " ".join(f"{key}={value}" for key, value in extra_env.items())
     progress(f"{log_name}: starting {env_text + ' ' if env_text else ''}{shlex.join(command)} (log: {log_path})")
@@ -526,8 +551,12 @@ def check_deadline(deadline: float, what: str) -> None:
         raise BenchmarkError(f"{what}: stopped after the --run-timeout")
 
 
+def later_turns(turns: Sequence[TurnResult]) -> list[TurnResult]:
+    return [turn for turn in turns if turn.turn >= 2]
+
+
 def cached_share(turns: Sequence[TurnResult]) -> float | None:
-    later = [turn for turn in turns if turn.turn >= 2]
+    later = later_turns(turns)
     if not later or any(turn.cached_tokens is None for turn in later):
         return None
     prompt = sum(turn.prompt_tokens for turn in later)
@@ -563,7 +592,7 @@ def converse(
             )
             results.append(result)
             messages.append({"role": "assistant", "content": result.reply})
-    return results, courier_stats(base_url) if spec.label == COURIER else None
+    return results, courier_stats(base_url) if is_courier(spec.label) else None
 
 
 def part_a_specs(
@@ -571,8 +600,8 @@ def part_a_specs(
 ) -> list[ServerSpec]:
     specs: list[ServerSpec] = []
     for label in labels:
-        if label == COURIER:
-            specs.append(ServerSpec(label=COURIER, model_dir=None, flags=tuple(courier_args)))
+        if is_courier(label):
+            specs.append(ServerSpec(label=label, model_dir=None, flags=tuple(courier_args)))
         elif label == MLX_LM_F32:
             specs.append(ServerSpec(label=MLX_LM_F32, model_dir=dir_f32, flags=("--log-level", "WARNING")))
         else:
@@ -594,7 +623,7 @@ def run_part_a(cache_dir: Path, dir4: Path, args: argparse.Namespace) -> list[Co
         def measure(base_url: str, spec: ServerSpec = spec) -> tuple[list[TurnResult], dict[str, Any] | None]:
             return converse(base_url, spec, args.turns, args.a_max_tokens, args.run_timeout)
 
-        launch, result = serve_and_measure(spec, cache_dir, f"a-{spec.label}", args.openblas, measure)
+        launch, result = serve_and_measure(spec, cache_dir, f"a-{spec.label}", args, measure)
         turns, stats = result if result is not None else ([], None)
         runs.append(ConversationRun(server=launch, turns=turns, courier_stats=stats))
     return runs
@@ -690,7 +719,7 @@ def interleave(base_url: str, spec: ServerSpec, k: int, handbook: str, args: arg
     results: list[TurnResult] = []
     with make_client(base_url) as client:
         warm_up(client, spec.served_model)
-        if spec.label == COURIER:
+        if is_courier(spec.label):
             reset_courier_cache(base_url)
         for turn in range(args.b_turns):
             check_deadline(deadline, f"{spec.label} K={k}")
@@ -713,11 +742,11 @@ def interleave(base_url: str, spec: ServerSpec, k: int, handbook: str, args: arg
 def part_b_spec(
     label: str, model_dir: Path, budget: str, budget_bytes: int | None, args: argparse.Namespace
 ) -> ServerSpec:
-    if label == COURIER:
+    if is_courier(label):
         flags = list(args.courier_arg)
         if budget == EQUAL_BUDGET:
             flags += ["--prompt-cache-snapshot-capacity-bytes", str(budget_bytes)]
-        return ServerSpec(label=COURIER, model_dir=model_dir, flags=tuple(flags))
+        return ServerSpec(label=label, model_dir=model_dir, flags=tuple(flags))
     flags = ["--log-level", "WARNING"]
     if budget == ANCHOR_BUDGET:
         flags += ["--prompt-cache-size", str(ANCHOR_CACHE_SIZE)]
@@ -757,12 +786,12 @@ def run_interleaved(
 
     def measure(base_url: str) -> tuple[list[TurnResult], dict[str, Any] | None]:
         turns = interleave(base_url, spec, k, handbook, args)
-        return turns, courier_stats(base_url) if label == COURIER else None
+        return turns, courier_stats(base_url) if is_courier(label) else None
 
     log_name = f"b-{model}-{label}-{budget}-k{k}"
-    launch, result = serve_and_measure(spec, cache_dir, log_name, args.openblas, measure)
+    launch, result = serve_and_measure(spec, cache_dir, log_name, args, measure)
     turns, stats = result if result is not None else ([], None)
-    later = [turn for turn in turns if turn.turn >= 2]
+    later = later_turns(turns)
     share = cached_share(turns)
     extra = ""
     if stats is not None:
@@ -788,7 +817,7 @@ def run_interleaved(
 def held_warm(model: str, runs: Sequence[InterleavedRun], label: str) -> HeldWarm:
     """The largest swept K up to which `label`'s share at the equal budget stays >= WARM_FRACTION of its share with
     an unconstrained cache (Courier's default, mlx_lm.server's --prompt-cache-size 100) at K=REFERENCE_K."""
-    unconstrained = DEFAULT_BUDGET if label == COURIER else ANCHOR_BUDGET
+    unconstrained = DEFAULT_BUDGET if is_courier(label) else ANCHOR_BUDGET
     reference = next(
         (
             r.cached_share
@@ -828,13 +857,25 @@ def build_tiny_model(model: str, tokenizer_dir: Path, cache_dir: Path) -> Path:
     return build_qwen3_next(tokenizer_dir, target)
 
 
+def server_groups(labels: Sequence[str]) -> list[list[str]]:
+    """Servers whose runs alternate K by K: the Courier servers (courier, then courier-baseline) form one group, so
+    drift on a noisy machine hits both alike; every other server is a group of its own."""
+    groups: list[list[str]] = []
+    for label in in_run_order(labels):
+        if label == COURIER_BASELINE and COURIER in labels:
+            groups[-1].append(label)  # in_run_order put it right after courier
+        else:
+            groups.append([label])
+    return groups
+
+
 def part_b_plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
     """(budget, server, K) of every run, in order: defaults, the size-100 anchor, then the equal-budget sweep."""
     plan: list[tuple[str, str, int]] = []
     for budget in args.b_budgets:
         labels = [label for label in args.b_servers if budget != ANCHOR_BUDGET or label == MLX_LM_F32]
         ks = args.equal_conversations if budget == EQUAL_BUDGET else args.conversations
-        plan += [(budget, label, k) for label in labels for k in ks]
+        plan += [(budget, label, k) for group in server_groups(labels) for k in ks for label in group]
     return plan
 
 
@@ -1022,10 +1063,13 @@ def print_part_a(runs: Sequence[ConversationRun]) -> None:
     for turn in range(1, 1 + max((len(run.turns) for run in runs), default=0)):
         print(f"| {turn} |" + "".join(turn_cells(run, turn) for run in runs))
     summary = "".join(
-        f" {ms(median_ttft([t for t in run.turns if t.turn >= 2]))} | | {share_text(cached_share(run.turns))} |"
-        for run in runs
+        f" {ms(median_ttft(later_turns(run.turns)))} | | {share_text(cached_share(run.turns))} |" for run in runs
     )
     print(f"| p50 / share, turns 2+ |{summary}\n")
+    ours = next((run for run in runs if run.server.label == COURIER), None)
+    theirs = next((run for run in runs if run.server.label == COURIER_BASELINE), None)
+    if ours is not None and theirs is not None:
+        print(baseline_line("", ours.turns, theirs.turns))
     for run in runs:
         if run.courier_stats is not None:
             keys = ("snapshot_entries", "snapshot_hits", "snapshot_lookups", "snapshot_supersedes", "tokens_reused")
@@ -1033,6 +1077,20 @@ def print_part_a(runs: Sequence[ConversationRun]) -> None:
                 f"- {run.server.label} cache stats: " + ", ".join(f"{key} {run.courier_stats.get(key)}" for key in keys)
             )
     print()
+
+
+def ratio_text(ours: float | None, theirs: float | None, show: Callable[[float | None], str]) -> str:
+    """Both figures and their ratio, as in "97.1% / 97.0% = 1.001x"."""
+    ratio = "n/a" if ours is None or not theirs else f"{ours / theirs:.3f}x"
+    return f"{show(ours)} / {show(theirs)} = {ratio}"
+
+
+def baseline_line(where: str, ours: Sequence[TurnResult], theirs: Sequence[TurnResult]) -> str:
+    """The "courier / courier-baseline" line: cached share (above 1 favours courier) and TTFT p50 (below 1 does) of
+    turns 2+."""
+    shares = ratio_text(cached_share(ours), cached_share(theirs), share_text)
+    ttfts = ratio_text(median_ttft(later_turns(ours)), median_ttft(later_turns(theirs)), ms)
+    return f"- courier / courier-baseline{where}: cached share, turns 2+ {shares}; TTFT p50 ms, turns 2+ {ttfts}"
 
 
 def courier_cells(stats: dict[str, Any] | None) -> str:
@@ -1048,6 +1106,20 @@ def budget_label(run: InterleavedRun) -> str:
     if run.budget == ANCHOR_BUDGET:
         return f"--prompt-cache-size {ANCHOR_CACHE_SIZE}"
     return run.budget
+
+
+def print_baseline_lines(runs: Sequence[InterleavedRun]) -> None:
+    """courier / courier-baseline for every (model, budget, K) both ran."""
+    baseline = {(run.model, run.budget, run.conversations): run for run in runs if run.server.label == COURIER_BASELINE}
+    pairs = [
+        (run, baseline[run.model, run.budget, run.conversations])
+        for run in runs
+        if run.server.label == COURIER and (run.model, run.budget, run.conversations) in baseline
+    ]
+    for ours, theirs in pairs:
+        print(baseline_line(f", {ours.model}, {budget_label(ours)}, K={ours.conversations}", ours.turns, theirs.turns))
+    if pairs:
+        print()
 
 
 def print_part_b(runs: Sequence[InterleavedRun], budgets: Sequence[ByteBudget], held: Sequence[HeldWarm]) -> None:
@@ -1070,6 +1142,7 @@ def print_part_b(runs: Sequence[InterleavedRun], budgets: Sequence[ByteBudget], 
             f"| {run.empty_replies} | {courier_cells(run.courier_stats)} |"
         )
     print()
+    print_baseline_lines(runs)
     if not held:
         return
     print(
@@ -1092,6 +1165,9 @@ def print_part_b(runs: Sequence[InterleavedRun], budgets: Sequence[ByteBudget], 
             print(f"- {model}: courier / mlx_lm.server = {ours} / {theirs} = {ours / theirs:.2f}x{note}")
         else:
             print(f"- {model}: courier {ours}, mlx_lm.server {theirs}: no ratio")
+        if COURIER_BASELINE in counts:
+            count_text = ratio_text(ours, counts[COURIER_BASELINE], lambda n: "n/a" if n is None else f"{n:.0f}")
+            print(f"- {model}: courier / courier-baseline = {count_text}")
     print()
 
 
@@ -1139,7 +1215,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--conversations", type=positive_ints, default=[2, 8, 32], help="part b: K values (2,8,32)")
     add("--turns", type=int, default=10, help="part a: turns of the conversation (10)")
     add("--a-max-tokens", type=int, default=24, help="part a: max_tokens per turn (24)")
-    add("--a-servers", type=server_list, default=[COURIER, MLX_LM_F32, MLX_LM_4BIT], help="part a servers")
+    add(
+        "--a-servers",
+        type=server_list,
+        default=None,
+        help=f"part a servers ({','.join(A_SERVERS)}, plus {COURIER_BASELINE} with --baseline-tree)",
+    )
     add("--b-turns", type=int, default=4, help="part b: turns per conversation (4)")
     add(
         "--b-max-tokens",
@@ -1148,7 +1229,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"part b: max_tokens per turn ({DEFAULT_MAX_TOKENS_B})",
     )
     add("--b-models", type=choices(TINY_MODELS), default=list(TINY_MODELS), help="part b models (llama,qwen3_next)")
-    add("--b-servers", type=choices(B_SERVERS), default=list(B_SERVERS), help=f"part b servers ({','.join(B_SERVERS)})")
+    add(
+        "--b-servers",
+        type=choices(B_SERVERS),
+        default=None,
+        help=f"part b servers ({','.join(B_SERVERS)}; {COURIER_BASELINE} only with --baseline-tree)",
+    )
     add(
         "--b-system-tokens",
         type=int,
@@ -1183,7 +1269,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--cache-dir", type=Path, default=None, help="model cache (default: a temporary directory)")
     add("--json", type=Path, default=None, help="also write the raw results here")
     add("--openblas", default=OPENBLAS_PATH, help=f"LD_PRELOAD for mlx_lm.server on float32 ({OPENBLAS_PATH})")
-    return parser.parse_args(argv)
+    add_baseline_argument(parser)
+    args = parser.parse_args(argv)
+    args.a_servers = choose_servers(parser, "--a-servers", args.a_servers, A_SERVERS, args.baseline_tree)
+    default_b = [label for label in B_SERVERS if label != COURIER_BASELINE]
+    args.b_servers = choose_servers(parser, "--b-servers", args.b_servers, default_b, args.baseline_tree)
+    return args
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, object]:
@@ -1192,11 +1283,17 @@ def settings_of(args: argparse.Namespace) -> dict[str, object]:
         *("b_servers", "b_system_tokens", "b_budgets", "equal_conversations", "budget_states", "budget_bytes"),
         *("courier_arg", "store_entries", "store_lookups"),
     )
-    return {key: getattr(args, key) for key in keys}
+    settings = {key: getattr(args, key) for key in keys}
+    return settings | {"baseline_tree": str(args.baseline_tree) if args.baseline_tree else None}
+
+
+def servers_run(args: argparse.Namespace) -> list[str]:
+    """Every server parts a and b will start."""
+    return [*(args.a_servers if "a" in args.parts else []), *(args.b_servers if "b" in args.parts else [])]
 
 
 def needs_openblas(args: argparse.Namespace) -> bool:
-    return ("a" in args.parts and MLX_LM_F32 in args.a_servers) or ("b" in args.parts and MLX_LM_F32 in args.b_servers)
+    return MLX_LM_F32 in servers_run(args)
 
 
 def run_servers(
@@ -1217,6 +1314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if needs_openblas(args) and not Path(args.openblas).is_file():
         progress(f"OpenBLAS not found at {args.openblas}; pass --openblas PATH or leave out {MLX_LM_F32}")
+        return 2
+    if not baseline_ready(args.baseline_tree, servers_run(args)):
         return 2
     blas = load_optimized_blas()  # before MLX is imported, as bench.throughput does
     conversation, (interleaved, budgets, held) = run_servers(args)

@@ -30,6 +30,17 @@ Two measurements, in one run and on the same checkpoint:
      as in the issue's measurement (on this CPU Debian's OpenBLAS 0.3.21 picks `Prescott`).
    - `mlx-lm-f32-kernels`: the same, plus `OPENBLAS_CORETYPE` set to the kernels Courier's
      loader chose (`Cooperlake` here): the peer on equal BLAS kernels, for the record.
+   - `courier-baseline` (only with `--baseline-tree DIR`, and then by default): Courier at
+     another commit, DIR being a checkout of it (`git worktree add /tmp/courier-baseline
+     COMMIT`), to show that a change is not slower. The same command and flags as `courier`,
+     run as `PYTHONPATH=DIR python -P -m courier serve ...` out of the same virtualenv (`-P`
+     keeps the working directory, which holds this tree's `courier`, off the front of
+     sys.path); at start-up the script checks that this imports DIR's package and stops if
+     not. It is measured exactly like `courier` and runs right after it, so drift on a noisy
+     machine hits both alike (not interleaved level by level: that would need both servers
+     resident at once, and Courier's idle work after a burst would land in the other's
+     measurement). The report adds "courier / courier-baseline" lines: single-stream decode,
+     and aggregate tok/s and TTFT p95 at each concurrency level.
 
    Both mlx_lm.server runs get `HF_HUB_CACHE` set to an empty directory of their own: its
    `/v1/models` lists the hub cache and fails mid-answer when there is none.
@@ -44,7 +55,7 @@ stopped before the next one starts. From the repository root:
 
     .venv/bin/python -m bench.throughput [--concurrency 1,4,8,16] [--max-tokens 32]
         [--servers courier,mlx-lm-4bit,mlx-lm-f32] [--cache-dir DIR] [--json PATH]
-        [--quiet-load 0.6 --quiet-timeout 900]
+        [--quiet-load 0.6 --quiet-timeout 900] [--baseline-tree /tmp/courier-baseline]
 
 On a shared machine, `--quiet-load L` waits before each server until the 1-minute load
 average is below L (polling every 30 s, at most `--quiet-timeout` seconds, then going on
@@ -63,6 +74,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import signal
 import socket
@@ -85,10 +97,12 @@ from openai.types.chat import ChatCompletionMessageParam
 from courier.platform.blas import BlasReport, load_optimized_blas
 
 COURIER = "courier"
+# Courier at another commit (`--baseline-tree DIR`), run and measured exactly like `courier`.
+COURIER_BASELINE = "courier-baseline"
 MLX_LM_4BIT = "mlx-lm-4bit"
 MLX_LM_F32 = "mlx-lm-f32"
 MLX_LM_F32_KERNELS = "mlx-lm-f32-kernels"
-SERVER_NAMES = (COURIER, MLX_LM_4BIT, MLX_LM_F32, MLX_LM_F32_KERNELS)
+SERVER_NAMES = (COURIER, COURIER_BASELINE, MLX_LM_4BIT, MLX_LM_F32, MLX_LM_F32_KERNELS)
 F32_SERVERS = (MLX_LM_F32, MLX_LM_F32_KERNELS)
 COURIER_MODEL_ID = "SmolLM2-135M-Instruct"
 # mlx_lm.server maps this id to the model given by --model.
@@ -243,12 +257,45 @@ class Comparison:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Ratio:
+    """One figure of `courier` over the same figure of `courier-baseline`."""
+
+    courier: float
+    baseline: float
+    ratio: float
+
+    @classmethod
+    def of(cls, courier: float, baseline: float) -> Ratio:
+        return cls(courier=courier, baseline=baseline, ratio=courier / baseline if baseline else math.nan)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BaselineLevel:
+    """courier / courier-baseline at one client count: tok/s above 1 and TTFT below 1 favour courier."""
+
+    clients: int
+    aggregate_tps: Ratio
+    ttft_p95_s: Ratio
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BaselineComparison:
+    """courier against courier-baseline, the same server at the commit checked out in `tree`."""
+
+    tree: str
+    commit: str | None
+    single_stream_tps: Ratio | None
+    levels: list[BaselineLevel]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     environment: dict[str, object]
     settings: dict[str, object]
     in_process: InProcessResult | None
     servers: list[ServerRun]
     comparison: Comparison
+    baseline: BaselineComparison | None = None
 
 
 # ---------------------------------------------------------------- prompts
@@ -394,9 +441,68 @@ def venv_script(name: str) -> str:
     return found
 
 
+def is_courier(name: str) -> bool:
+    """Courier at this commit or at the baseline's: both are started, polled and measured alike."""
+    return name in (COURIER, COURIER_BASELINE)
+
+
+def baseline_python() -> list[str]:
+    """Our Python (the same virtualenv) with -P: the working directory, which holds this tree's `courier`, does not
+    come first on sys.path, so the baseline tree on PYTHONPATH (see `courier_env`) is where `courier` comes from."""
+    return [sys.executable, "-P"]
+
+
+def courier_launcher(name: str) -> list[str]:
+    """What runs `courier`: this tree's script, or for courier-baseline the baseline tree's package."""
+    if name == COURIER_BASELINE:
+        return [*baseline_python(), "-m", "courier"]
+    return [venv_script("courier")]
+
+
+def courier_env(name: str, baseline_tree: Path | None) -> dict[str, str]:
+    if name != COURIER_BASELINE:
+        return {}
+    if baseline_tree is None:
+        raise BenchmarkError(f"{COURIER_BASELINE} needs --baseline-tree DIR")
+    return {"PYTHONPATH": str(baseline_tree)}
+
+
+def check_baseline_tree(baseline_tree: Path) -> None:
+    """Fail unless courier-baseline, started as it will be, imports the `courier` package of `baseline_tree`."""
+    import courier  # this tree's, as the bench imports it
+
+    expected = (baseline_tree / "courier" / "__init__.py").resolve()
+    if expected == Path(courier.__file__).resolve():
+        raise BenchmarkError(f"--baseline-tree {baseline_tree} is this checkout; give another commit's tree")
+    env = server_env(courier_env(COURIER_BASELINE, baseline_tree))
+    probe = [*baseline_python(), "-c", "import courier; print(courier.__file__)"]
+    try:
+        found = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise BenchmarkError(f"cannot run {shlex.join(probe)}: {error}") from error
+    if found.returncode != 0:
+        raise BenchmarkError(
+            f"cannot import courier from --baseline-tree {baseline_tree}:\n{found.stderr[-LOG_TAIL_CHARS:]}"
+        )
+    imported = Path(found.stdout.strip()).resolve()
+    if imported != expected:
+        raise BenchmarkError(f"{COURIER_BASELINE} would import courier from {imported}, not from {expected}")
+
+
+def tree_commit(tree: Path) -> str | None:
+    """The commit checked out in `tree` (None when git cannot tell)."""
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None
+
+
 def server_command(name: str, port: int, cache_dir: Path, model_dir: Path | None, max_clients: int) -> list[str]:
-    if name == COURIER:
-        return [venv_script("courier"), "serve", "--port", str(port), "--cache-dir", str(cache_dir)]
+    if is_courier(name):
+        return [*courier_launcher(name), "serve", "--port", str(port), "--cache-dir", str(cache_dir)]
     command = [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port", str(port)]
     if name in F32_SERVERS:
         command += ["--decode-concurrency", str(max_clients), "--prompt-concurrency", str(max_clients)]
@@ -404,16 +510,19 @@ def server_command(name: str, port: int, cache_dir: Path, model_dir: Path | None
     return command
 
 
-def server_extra_env(name: str, openblas: str, cache_dir: Path, kernels: str | None = None) -> dict[str, str]:
+def server_extra_env(
+    name: str, openblas: str, cache_dir: Path, kernels: str | None = None, *, baseline_tree: Path | None = None
+) -> dict[str, str]:
     """Environment a server gets on top of ours (which loses LD_PRELOAD and OPENBLAS_CORETYPE).
 
     Courier chooses its BLAS kernels itself; `mlx-lm-f32-kernels` gets `kernels`, the ones it chose.
+    courier-baseline gets `PYTHONPATH=baseline_tree`.
 
     mlx_lm.server's `/v1/models` lists the Hugging Face hub cache and fails mid-answer when
     there is none, so it gets an empty one of its own; nothing is loaded from it.
     """
-    if name == COURIER:
-        return {}
+    if is_courier(name):
+        return courier_env(name, baseline_tree)
     hub_cache = cache_dir / "bench-hf-hub"
     hub_cache.mkdir(parents=True, exist_ok=True)
     extra = {"HF_HUB_CACHE": str(hub_cache)}
@@ -431,11 +540,11 @@ def server_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def ready_path(name: str) -> str:
-    return "/health" if name == COURIER else "/v1/models"
+    return "/health" if is_courier(name) else "/v1/models"
 
 
 def model_id(name: str) -> str:
-    return COURIER_MODEL_ID if name == COURIER else MLX_LM_MODEL_ID
+    return COURIER_MODEL_ID if is_courier(name) else MLX_LM_MODEL_ID
 
 
 def log_tail(log_path: Path) -> str:
@@ -642,7 +751,7 @@ def run_server(
     error_text: str | None = None
     port = free_port()
     command = server_command(server, port, cache_dir, model_dir, max(args.concurrency))
-    extra_env = server_extra_env(server, args.openblas, cache_dir, args.kernels)
+    extra_env = server_extra_env(server, args.openblas, cache_dir, args.kernels, baseline_tree=args.baseline_tree)
     log_path = cache_dir / "bench-logs" / f"{server}.log"
     env_text = " ".join(f"{key}={value}" for key, value in extra_env.items())
     progress(f"{server}: starting {env_text + ' ' if env_text else ''}{' '.join(command)} (log: {log_path})")
@@ -715,6 +824,26 @@ def compare(runs: Sequence[ServerRun], clients: int) -> Comparison:
     )
 
 
+def compare_baseline(runs: Sequence[ServerRun], tree: Path, concurrency: Sequence[int]) -> BaselineComparison:
+    ours = next((run for run in runs if run.name == COURIER), None)
+    theirs = next((run for run in runs if run.name == COURIER_BASELINE), None)
+    single = None
+    if ours and theirs and ours.single_stream and theirs.single_stream:
+        single = Ratio.of(ours.single_stream.decode_tps, theirs.single_stream.decode_tps)
+    levels: list[BaselineLevel] = []
+    for clients in concurrency:
+        level, base = level_at(runs, COURIER, clients), level_at(runs, COURIER_BASELINE, clients)
+        if level is not None and base is not None:
+            levels.append(
+                BaselineLevel(
+                    clients=clients,
+                    aggregate_tps=Ratio.of(level.aggregate_tps, base.aggregate_tps),
+                    ttft_p95_s=Ratio.of(level.ttft_p95_s, base.ttft_p95_s),
+                )
+            )
+    return BaselineComparison(tree=str(tree), commit=tree_commit(tree), single_stream_tps=single, levels=levels)
+
+
 def verdict(value: float | None, target: float) -> str:
     if value is None:
         return "n/a"
@@ -731,6 +860,8 @@ def print_report(report: Report) -> None:
     print_single_stream(report)
     print_sweep(report.servers)
     print_comparison(report.comparison)
+    if report.baseline is not None:
+        print_baseline(report.baseline)
 
 
 def print_commands(runs: Sequence[ServerRun]) -> None:
@@ -764,7 +895,7 @@ def print_single_stream(report: Report) -> None:
             continue
         in_tps = single.paired_in_process_tps or (reference.generation_tps if reference else math.nan)
         ratio = single.decode_tps / in_tps
-        target = f" (target >= {TARGET_SINGLE_STREAM_RATIO})" if run.name == COURIER else ""
+        target = f" (target >= {TARGET_SINGLE_STREAM_RATIO})" if is_courier(run.name) else ""
         tokens = single.completion_tokens
         print(f"| {run.name} | {single.decode_tps:.1f} | {tokens} | {in_tps:.1f} | {ratio:.3f}{target} |")
     print()
@@ -796,6 +927,28 @@ def print_comparison(comparison: Comparison) -> None:
         print(f"- Courier / mlx_lm.server on the same BLAS kernels: {comparison.courier_vs_equal_kernels:.2f}x")
 
 
+def ratio_text(ratio: Ratio, digits: int, unit: str = "") -> str:
+    return f"{ratio.courier:.{digits}f} / {ratio.baseline:.{digits}f}{unit} = {ratio.ratio:.3f}x"
+
+
+def print_baseline(baseline: BaselineComparison) -> None:
+    commit = f" (commit {baseline.commit})" if baseline.commit else ""
+    print("\n### courier / courier-baseline\n")
+    print(
+        f"`{COURIER_BASELINE}` is Courier from `{baseline.tree}`{commit}, run and measured like `{COURIER}`. "
+        "Above 1 favours courier for tok/s, below 1 for TTFT.\n"
+    )
+    if baseline.single_stream_tps is not None:
+        print(f"- courier / courier-baseline, single-stream decode tok/s: {ratio_text(baseline.single_stream_tps, 1)}")
+    for level in baseline.levels:
+        print(
+            f"- courier / courier-baseline at {level.clients} streams: aggregate tok/s "
+            f"{ratio_text(level.aggregate_tps, 1)}, TTFT p95 {ratio_text(level.ttft_p95_s, 3, ' s')}"
+        )
+    if not baseline.levels:
+        print("- courier / courier-baseline: no ratio (one of them measured no level)")
+
+
 def write_json(report: Report, path: Path) -> None:
     path.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
 
@@ -818,11 +971,50 @@ def server_list(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def in_run_order(servers: Sequence[str]) -> list[str]:
+    """`servers` as given, but courier-baseline right after courier, so drift on a noisy machine hits both alike."""
+    ordered = [name for name in servers if name != COURIER_BASELINE]
+    if COURIER_BASELINE in servers:
+        at = ordered.index(COURIER) + 1 if COURIER in ordered else list(servers).index(COURIER_BASELINE)
+        ordered.insert(at, COURIER_BASELINE)
+    return ordered
+
+
+def choose_servers(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    chosen: Sequence[str] | None,
+    default: Sequence[str],
+    baseline: Path | None,
+) -> list[str]:
+    """The servers `flag` chose, or `default` plus courier-baseline when there is a baseline tree, in run order."""
+    if chosen is None:
+        chosen = [*default, COURIER_BASELINE] if baseline is not None else default
+    if COURIER_BASELINE in chosen and baseline is None:
+        parser.error(f"{flag} {COURIER_BASELINE} needs --baseline-tree DIR")
+    return in_run_order(chosen)
+
+
+def add_baseline_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--baseline-tree",
+        type=lambda text: Path(text).resolve(),
+        default=None,
+        metavar="DIR",
+        help=f"a checkout of another commit: adds {COURIER_BASELINE}, Courier imported from DIR, beside {COURIER}",
+    )
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=positive_ints, default=[1, 4, 8, 16], help="client counts (1,4,8,16)")
     parser.add_argument("--max-tokens", type=int, default=32, help="completion tokens per sweep request (32)")
-    parser.add_argument("--servers", type=server_list, default=list(SERVER_NAMES), help=",".join(SERVER_NAMES))
+    parser.add_argument(
+        "--servers",
+        type=server_list,
+        default=None,
+        help=f"{','.join(SERVER_NAMES)} (all; {COURIER_BASELINE} only with --baseline-tree)",
+    )
     parser.add_argument("--cache-dir", type=Path, default=None, help="model cache (default: a temporary directory)")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw results here")
     parser.add_argument("--single-tokens", type=int, default=128, help="max tokens per single-stream request (128)")
@@ -831,7 +1023,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quiet-load", type=float, default=None, help="wait for a 1-minute load below this")
     parser.add_argument("--quiet-timeout", type=float, default=900.0, help="longest wait for a quiet machine (900 s)")
     parser.add_argument("--openblas", default=OPENBLAS_PATH, help=f"LD_PRELOAD for {MLX_LM_F32} ({OPENBLAS_PATH})")
-    return parser.parse_args(argv)
+    add_baseline_argument(parser)
+    args = parser.parse_args(argv)
+    default = [name for name in SERVER_NAMES if name != COURIER_BASELINE]
+    args.servers = choose_servers(parser, "--servers", args.servers, default, args.baseline_tree)
+    return args
 
 
 @contextmanager
@@ -862,10 +1058,25 @@ def prepare_reference(
     return dir4, dir_f32, reference, measure_in_process(reference, single_prompts, args.single_tokens, blas)
 
 
+def baseline_ready(baseline_tree: Path | None, servers: Sequence[str]) -> bool:
+    """Check, before anything is measured, that courier-baseline (if it runs) will import the baseline tree's code."""
+    if baseline_tree is None or COURIER_BASELINE not in servers:
+        return True
+    try:
+        check_baseline_tree(baseline_tree)
+    except BenchmarkError as error:
+        progress(f"{COURIER_BASELINE}: {error}")
+        return False
+    progress(f"{COURIER_BASELINE}: courier from {baseline_tree} (commit {tree_commit(baseline_tree) or 'unknown'})")
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if any(server in args.servers for server in F32_SERVERS) and not Path(args.openblas).is_file():
         progress(f"OpenBLAS not found at {args.openblas}; pass --openblas PATH or leave out {MLX_LM_F32}")
+        return 2
+    if not baseline_ready(args.baseline_tree, args.servers):
         return 2
     # Before anything imports MLX, so the in-process reference runs on OpenBLAS, with the kernels Courier picks.
     os.environ.pop("OPENBLAS_CORETYPE", None)
@@ -876,7 +1087,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with cache_directory(args.cache_dir) as cache_dir:
         wait_for_quiet(args.quiet_load, args.quiet_timeout)
         dir4, dir_f32, args.reference, reference = prepare_reference(cache_dir, single_prompts, args, blas)
-        model_dirs = {COURIER: None, MLX_LM_4BIT: dir4, MLX_LM_F32: dir_f32, MLX_LM_F32_KERNELS: dir_f32}
+        model_dirs = {
+            COURIER: None,
+            COURIER_BASELINE: None,
+            MLX_LM_4BIT: dir4,
+            MLX_LM_F32: dir_f32,
+            MLX_LM_F32_KERNELS: dir_f32,
+        }
         for server in args.servers:
             runs.append(run_server(server, model_dirs[server], cache_dir, single_prompts, args))
     settings = {
@@ -886,15 +1103,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "single_repeats": args.single_repeats,
         "servers": args.servers,
         "quiet_load": args.quiet_load,
+        "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
         "openblas_kernels": blas.kernels,
         "openblas_kernel_choice": blas.kernel_choice,
     }
+    baseline = None
+    if COURIER_BASELINE in args.servers:
+        baseline = compare_baseline(runs, args.baseline_tree, args.concurrency)
     report = Report(
         environment=environment(blas),
         settings=settings,
         in_process=reference,
         servers=runs,
         comparison=compare(runs, args.compare_at),
+        baseline=baseline,
     )
     print_report(report)
     if args.json is not None:

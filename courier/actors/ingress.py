@@ -10,8 +10,9 @@ placeholders expanded, their pixels prepared), refuses a prompt that with its
 requested output would overflow the model's context (400 `context_length_exceeded`),
 then asks the scheduler to queue it, with the images' digest for the prompt cache.
 Replies `Admitted` with the request's event stream, or `RequestFailed`. A request
-with images is admitted in a side task (at most `IMAGE_ADMISSIONS` at once, beyond
-them refused as overloaded), so a slow image host holds up only its own request.
+with images that passes the early refusals is admitted in a side task (at most
+`IMAGE_ADMISSIONS` at once, beyond them refused as overloaded), so a slow image host
+holds up only its own request.
 
 Receives `WarmUpConversation` (no reply): renders the history through the last
 reply, as the next turn will, and tells the scheduler to prepare it when idle.
@@ -86,14 +87,23 @@ class IngressActor(Actor[IngressMessage]):
 
     async def handle(self, message: IngressMessage) -> None:
         match message:
-            case AdmitGeneration() if self._reads_images(message):
-                if not await self._image_admissions.start(message, self._on_admit_generation, wait=False):
-                    busy = f"{IMAGE_ADMISSIONS} requests with images are being fetched; retry shortly"
-                    await message.reply.send(RequestFailed(kind=FailureKind.OVERLOADED, message=busy))
             case AdmitGeneration():
-                await self._on_admit_generation(message, message.reply)
+                await self._on_admit_generation(message)
             case WarmUpConversation():
                 await self._on_warm_up_conversation(message)
+
+    async def _on_admit_generation(self, message: AdmitGeneration) -> None:
+        """Refusals that need no render answer at once; a request with images is admitted aside."""
+        refused = self._refused_early(message)
+        if refused is not None:
+            await message.reply.send(refused)
+        elif not self._reads_images(message):
+            await self._admit_and_reply(message, message.reply)
+        elif not await self._image_admissions.start(message, self._admit_and_reply, wait=False):
+            busy = f"{IMAGE_ADMISSIONS} requests with images are being fetched; retry shortly"
+            await message.reply.send(
+                RequestFailed(kind=FailureKind.OVERLOADED, message=busy, code=FailureCode.OVERLOADED)
+            )
 
     def _reads_images(self, message: AdmitGeneration) -> bool:
         prompt = message.prompt
@@ -119,7 +129,7 @@ class IngressActor(Actor[IngressMessage]):
             with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
                 self._scheduler.send_nowait(QueueWarmUp(session=message.session, tokens=result.tokens))
 
-    async def _on_admit_generation(
+    async def _admit_and_reply(
         self, message: AdmitGeneration, reply_stream: MemoryObjectSendStream[AdmitReply]
     ) -> None:
         reply: AdmitReply
@@ -131,9 +141,7 @@ class IngressActor(Actor[IngressMessage]):
             await reply_stream.send(reply)
 
     async def _admit(self, message: AdmitGeneration) -> Admitted:
-        refused = self._refused_early(message)
-        if refused is not None:
-            raise Refused(refused)
+        """Render, check the context, queue (the early refusals have passed)."""
         tokens, boundary, vision = await self._prompt_tokens(message)
         param = "messages" if isinstance(message.prompt, ChatPrompt) else "prompt"
         if not tokens:
@@ -168,7 +176,7 @@ class IngressActor(Actor[IngressMessage]):
         return Admitted(request_id=message.request_id, prompt_tokens=len(tokens), max_tokens=max_tokens, events=receive)
 
     def _refused_early(self, message: AdmitGeneration) -> RequestFailed | None:
-        """Refusals that need no render: a scheduler at capacity, then image parts."""
+        """Refusals that need no render, for every request alike: a scheduler at capacity, then image parts."""
         scheduler = self._scheduler_stats
         if scheduler.at_capacity:
             # In a burst, tokenizing every prompt first made each refusal wait for the renders queued ahead of it.

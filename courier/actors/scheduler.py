@@ -175,7 +175,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
 
     async def _drive(self, engine: BatchEngine) -> None:
         while True:
-            if not self._running and not self._waiting:
+            if not self._running and not self._waiting and not self._cancelled:
                 if self._warm_ups:
                     _, warm_up = self._warm_ups.popitem(last=True)
                     try:
@@ -312,7 +312,8 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 self._end(output.request_id)
 
     def _keep_snapshot(self, running: _Queued, snapshot: SnapshotTaken) -> None:
-        self._insert(running.session, snapshot, running.trace, running.media_digest)
+        if running.cache_prompt:  # a request that opted out of the prompt cache leaves nothing in it
+            self._insert(running.session, snapshot, running.trace, running.media_digest)
 
     def _insert(self, session: str, snapshot: SnapshotTaken, trace: TraceCarrier, media_digest: str = "") -> None:
         if self._caching is None:

@@ -2,7 +2,8 @@
 
 Everything before the newest capsule, except system and developer messages, is
 replaced by the capsule's summary (as an assistant message) followed by the
-retained items (found by digest among the items before it, each once). Items
+retained items (found by digest among the items before it: as many as the capsule
+lists each digest, the newest that match, so an item sent twice shows once). Items
 after the capsule follow as sent. Exactly repeated system/developer messages,
 and any repeating the request's `instructions`, are kept once (a set of hashes,
 one pass). Older capsules are dropped: the newest one summarized them already.
@@ -10,6 +11,7 @@ one pass). Older capsules are dropped: the newest one summarized them already.
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from courier.conversation.capsule import Capsule, CapsuleCodec, item_digest
@@ -38,10 +40,19 @@ def replay(
 ) -> list[JsonObject]:
     """What the model is shown for `before`, a decoded `capsule`, then `after` (the compactor replays the capsule it
     just made this way, without encoding and decoding it)."""
-    by_digest = {
-        item_digest(item): item for item in before if not is_instruction(item) and item["type"] != "compaction"
-    }
-    retained = [by_digest[digest] for digest in dict.fromkeys(capsule.retained) if digest in by_digest]
+    matching: defaultdict[str, list[JsonObject]] = defaultdict(list)
+    for item in before:
+        if not is_instruction(item) and item["type"] != "compaction":
+            matching[item_digest(item)].append(item)
+    # A digest listed n times names n items (two turns may say the same thing): the newest n that match, so items
+    # sent again in front of the capsule (a replayed chain) are shown once.
+    chosen = {digest: matching[digest][-count:] for digest, count in Counter(capsule.retained).items()}
+    taken: Counter[str] = Counter()
+    retained: list[JsonObject] = []
+    for digest in capsule.retained:
+        if taken[digest] < len(chosen[digest]):
+            retained.append(chosen[digest][taken[digest]])
+            taken[digest] += 1
     summary = message_item("assistant", [text_part("output_text", SUMMARY_HEADER + capsule.summary)])
     kept = [item for item in before if is_instruction(item)]
     return without_repeated_instructions([*kept, summary, *retained, *after], instructions)

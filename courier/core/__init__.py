@@ -1,1 +1,1 @@
-"""Pure cores: logic with no actor or HTTP concerns, tested directly with tables."""
+"""Pure cores the engine and the actors build on: no MLX, no anyio, no I/O; tested directly with tables."""

@@ -198,7 +198,8 @@ class SnapshotStore:
         return result
 
     def extended(self, bucket: Bucket, session: str, tokens: Sequence[int]) -> bool:
-        """Whether `session` already holds a snapshot at or beyond `tokens` (a vector that starts with them)."""
+        """Whether `session` already holds a live snapshot at or beyond `tokens` (a vector that starts with them)."""
+        self._sweep_expired()  # an expired snapshot covers nothing: the warm-up it would skip is still worth doing
         indexed = self._buckets.get(bucket)
         vector = tuple(tokens)
         if indexed is None or not vector:

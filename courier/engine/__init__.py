@@ -1,0 +1,1 @@
+"""The code that runs on the MLX thread: continuous batching, model state, snapshots, warm-ups, its vocabulary."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP surface: body validation, routes, SSE framing, and failures turned into status codes."""

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from courier.core.tool_calls import ToolCall
 from courier.engine.generation import GenerationFinished, TokenLogprob
-
-JsonObject = dict[str, Any]
+from courier.storage.records import JsonObject
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

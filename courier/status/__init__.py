@@ -1,0 +1,1 @@
+"""What the server reports about itself: its phase, the actors' counters, and Prometheus metrics."""

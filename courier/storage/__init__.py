@@ -1,0 +1,1 @@
+"""Stored responses and conversations: the storage protocol and its SQLite backend."""

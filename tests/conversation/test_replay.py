@@ -46,6 +46,21 @@ def test_retained_items_appear_once_even_when_sent_twice() -> None:
     assert shown(expand(items, CODEC, None)) == [("assistant", SUMMARY_HEADER + "s"), ("user", "kept")]
 
 
+def test_two_retained_items_that_say_the_same_thing_both_stay() -> None:
+    first, reply, again = (
+        message("user", "Go on.", "msg_1"),
+        message("assistant", "Done."),
+        message("user", "Go on.", "msg_2"),
+    )
+    items = [first, reply, again, capsule("s", [first, reply, again])]
+    assert shown(expand(items, CODEC, None)) == [
+        ("assistant", SUMMARY_HEADER + "s"),
+        ("user", "Go on."),
+        ("assistant", "Done."),
+        ("user", "Go on."),
+    ]
+
+
 def test_repeated_system_messages_and_instructions_are_kept_once() -> None:
     items = [
         message("system", "Rules."),

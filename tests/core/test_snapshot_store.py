@@ -263,6 +263,16 @@ def test_ttl_counts_from_last_use() -> None:
     assert s.counters.evictions_ttl == 1
 
 
+def test_an_expired_snapshot_no_longer_counts_as_extending_a_prompt() -> None:
+    s, clock = store(ttl=60)
+    put(s, BASE)
+    assert s.extended(BUCKET, "a", BASE[:20])
+    clock.now += 61
+    assert not s.extended(BUCKET, "a", BASE[:20])
+    assert s.entries == 0
+    assert s.counters.evictions_ttl == 1
+
+
 def test_lookup_prefers_the_longest_own_prefix_and_crosses_sessions_only_when_strictly_longer() -> None:
     s, _ = store(trimmable=False)
     put(s, BASE[:20], session="a")

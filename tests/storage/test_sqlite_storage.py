@@ -9,7 +9,6 @@ import pytest
 
 from courier.storage.paging import UnknownCursor, page_of
 from courier.storage.records import (
-    JsonObject,
     Order,
     PageQuery,
     StorageLimits,
@@ -18,6 +17,7 @@ from courier.storage.records import (
     StoredResponse,
 )
 from courier.storage.sqlite import SqliteStorage
+from tests.support.records import item, response
 
 LIMITS = StorageLimits(max_bytes=10**9, max_entries=10_000, ttl_s=3600.0)
 
@@ -40,21 +40,6 @@ def storage(tmp_path: Path, clock: Clock) -> Iterator[SqliteStorage]:
     store = SqliteStorage(tmp_path, LIMITS, clock=clock)
     yield store
     store.close()
-
-
-def item(item_id: str, text: str = "hello") -> JsonObject:
-    return {"id": item_id, "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-
-
-def response(response_id: str, previous: str | None = None, conversation: str | None = None) -> StoredResponse:
-    return StoredResponse(
-        id=response_id,
-        created_at=1.0,
-        previous_response_id=previous,
-        conversation_id=conversation,
-        input_items=(item(f"in_{response_id}"),),
-        response={"id": response_id, "object": "response", "output": [item(f"out_{response_id}")]},
-    )
 
 
 def test_a_saved_response_survives_reopening(tmp_path: Path, clock: Clock) -> None:

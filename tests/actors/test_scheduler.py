@@ -1,0 +1,517 @@
+"""SchedulerActor over real anyio streams and a real MLX thread, with a scripted fake engine and a fake store.
+
+The fake engine stands in for `BatchEngine` on the MLX thread: each `step` records what it was given (the
+requests added, the ids cancelled) and answers with the next outputs the test scripted; with none scripted it
+waits there, like a long forward pass, so a request stays running until the test lets it go. A `FakeNeighbour`
+stands in for the snapshot store. The tests assert what the scheduler sends: its replies, each request's
+events, the store's messages and the engine's steps, in order. Nothing sleeps: the tests wait on events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+
+import anyio
+import pytest
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from courier.actors.scheduler import SHUTDOWN_MESSAGE, PromptCaching, SchedulerActor
+from courier.core.failure_codes import FailureCode
+from courier.core.snapshot_store import Bucket, Origin
+from courier.engine.batch_engine import BatchEngine, EngineOutput, EngineRequest, SnapshotTaken
+from courier.engine.generation import (
+    FinishReason,
+    GenerationEvent,
+    GenerationFailed,
+    GenerationFinished,
+    RequestId,
+    SamplingParams,
+    TokensGenerated,
+    VisionInputs,
+)
+from courier.engine.model_state import CachedPrefix
+from courier.messages.base import FailureKind, RequestFailed
+from courier.messages.scheduler import (
+    GenerationQueued,
+    QueueWarmUp,
+    SchedulerMessage,
+    SubmitGeneration,
+    SubmitReply,
+)
+from courier.messages.snapshot_store import (
+    InsertSnapshot,
+    LookupPrefix,
+    LookupReply,
+    PrefixFound,
+    PrefixMissed,
+    SnapshotStoreMessage,
+)
+from courier.runtime.actor import ActorStopped, ask
+from courier.runtime.mlx_thread import THREAD_NAME, MlxThread
+from courier.runtime.tracing import tracer
+from courier.status.scheduler_stats import SchedulerStats
+from tests.support.actors import FakeNeighbour, busy_inbox, run_actor, start_neighbours, stopped_inbox
+
+Inbox = MemoryObjectSendStream[SchedulerMessage]
+Store = FakeNeighbour[SnapshotStoreMessage]
+EventsSend = MemoryObjectSendStream[GenerationEvent]
+EventsReceive = MemoryObjectReceiveStream[GenerationEvent]
+
+# A hung scheduler fails its test in seconds instead of at the suite's timeout.
+TIMEOUT_S = 10.0
+BUCKET = Bucket(model_id="tiny-model")
+SAMPLING = SamplingParams(max_tokens=8, temperature=0.0)
+PROMPT = (11, 12, 13, 14)
+BOUNDARY = 3  # the conversation's history is the prompt's first three tokens
+HISTORY_FOUND = PrefixFound(state="history-state", length=3, matched=3, trimmed=False, continues=41)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one engine step was given."""
+
+    added: tuple[EngineRequest, ...]
+    cancelled: tuple[RequestId, ...]
+
+
+class FakeEngine:
+    """Stands in for `BatchEngine`: records each step and answers it with the next scripted outputs.
+
+    A step with nothing scripted waits on the MLX thread until the test scripts its outputs (`then`) or closes
+    the engine. Reading `model` is counted: only a warm-up that really runs needs it.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.model_reads = 0
+        self._script: deque[list[EngineOutput]] = deque()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._loop = asyncio.get_running_loop()  # the MLX thread tells the test's loop about each step
+        self._stepped = anyio.Event()
+
+    @property
+    def model(self) -> object:
+        self.model_reads += 1
+        return object()
+
+    def then(self, *outputs: EngineOutput) -> None:
+        """Script the outputs of the next step still unanswered."""
+        with self._ready:
+            self._script.append(list(outputs))
+            self._ready.notify_all()
+
+    def close(self) -> None:
+        """Release a step still waiting for its script (it answers nothing)."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+
+    def step(self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId]) -> list[EngineOutput]:
+        assert threading.current_thread().name == THREAD_NAME, "the engine steps on the MLX thread only"
+        self.steps.append(Step(tuple(added), tuple(cancelled)))
+        self._loop.call_soon_threadsafe(self._notify)
+        with self._ready:
+            self._ready.wait_for(lambda: bool(self._script) or self._closed)
+            return self._script.popleft() if self._script else []
+
+    async def wait_for_steps(self, count: int) -> None:
+        """Until the engine has been stepped at least `count` times (the last one may still wait for its script)."""
+        while len(self.steps) < count:
+            self._stepped = anyio.Event()
+            await self._stepped.wait()
+
+    def _notify(self) -> None:
+        self._stepped.set()
+
+
+@asynccontextmanager
+async def running_scheduler(
+    engine: FakeEngine, stats: SchedulerStats, store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None
+) -> AsyncIterator[Inbox]:
+    """The scheduler on a real MLX thread, caching into `store` when given; leaving stops it like the server does."""
+    caching = PromptCaching(store=store, bucket=BUCKET) if store is not None else None
+    mlx = MlxThread()
+    actor = SchedulerActor(mlx, lambda: cast(BatchEngine, engine), stats, caching=caching)
+    try:
+        with anyio.fail_after(TIMEOUT_S):
+            async with run_actor(actor) as inbox:
+                yield inbox
+    finally:
+        engine.close()
+        mlx.close(timeout=TIMEOUT_S)
+
+
+@asynccontextmanager
+async def store_neighbour(answer: Callable[[SnapshotStoreMessage], Any]) -> AsyncIterator[Store]:
+    """A fake snapshot store answering with `answer`; it stops when the block ends (after the scheduler)."""
+    store: Store = FakeNeighbour(answer)
+    async with anyio.create_task_group() as tasks:
+        await start_neighbours(tasks, store)
+        with store.send:
+            yield store
+
+
+@asynccontextmanager
+async def caching_scheduler(
+    engine: FakeEngine, stats: SchedulerStats, answer: Callable[[SnapshotStoreMessage], Any]
+) -> AsyncIterator[tuple[Store, Inbox]]:
+    """The scheduler caching into a fake store; leaving stops the scheduler, then the store once it has read all."""
+    async with store_neighbour(answer) as store, running_scheduler(engine, stats, store.send) as inbox:
+        yield store, inbox
+
+
+def lookups_answered(reply: LookupReply) -> Callable[[SnapshotStoreMessage], LookupReply | None]:
+    return lambda message: reply if isinstance(message, LookupPrefix) else None
+
+
+@contextmanager
+def stopped_store() -> Iterator[MemoryObjectSendStream[Any]]:
+    with stopped_inbox() as send:
+        yield send
+
+
+def event_stream() -> tuple[EventsSend, EventsReceive]:
+    return anyio.create_memory_object_stream[GenerationEvent](16)
+
+
+async def submit(
+    inbox: Inbox,
+    request_id: str,
+    events: EventsSend,
+    *,
+    cache_prompt: bool = False,
+    vision: VisionInputs | None = None,
+) -> SubmitReply:
+    return await ask(
+        inbox,
+        lambda reply: SubmitGeneration(
+            request_id=RequestId(request_id),
+            prompt_tokens=PROMPT,
+            sampling=SAMPLING,
+            events=events,
+            session="s1",
+            boundary=BOUNDARY,
+            cache_prompt=cache_prompt,
+            vision=vision,
+            reply=reply,
+        ),
+    )
+
+
+async def read_all(events: EventsReceive) -> list[GenerationEvent]:
+    """Every event until the scheduler closes the stream."""
+    with events:
+        return [event async for event in events]
+
+
+def engine_request(request_id: str, **fields: Any) -> EngineRequest:
+    return EngineRequest(request_id=RequestId(request_id), prompt_tokens=PROMPT, sampling=SAMPLING, **fields)
+
+
+def added_ids(engine: FakeEngine) -> list[list[str]]:
+    return [[request.request_id for request in step.added] for step in engine.steps]
+
+
+def out(request_id: str, event: GenerationEvent | SnapshotTaken) -> EngineOutput:
+    return EngineOutput(RequestId(request_id), event)
+
+
+def text(value: str, *token_ids: int) -> TokensGenerated:
+    return TokensGenerated(text=value, token_ids=token_ids)
+
+
+def finished(completion_tokens: int, cached_tokens: int = 0) -> GenerationFinished:
+    return GenerationFinished(
+        reason=FinishReason.STOP,
+        prompt_tokens=len(PROMPT),
+        completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
+    )
+
+
+def boundary_snapshot() -> SnapshotTaken:
+    return SnapshotTaken(origin=Origin.BOUNDARY, tokens=PROMPT[:BOUNDARY], state="boundary-state", nbytes=300)
+
+
+def completion_snapshot(*generated: int) -> SnapshotTaken:
+    return SnapshotTaken(
+        origin=Origin.COMPLETION,
+        tokens=PROMPT + generated,
+        state="completion-state",
+        nbytes=600,
+        continues=41,
+        prompt_length=len(PROMPT),
+    )
+
+
+SHUTDOWN = GenerationFailed(message=SHUTDOWN_MESSAGE, code=FailureCode.SHUTTING_DOWN)
+
+
+@pytest.mark.anyio
+async def test_a_request_streams_the_engines_events_then_one_finish() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    engine.then(out("r1", text("Hel", 7, 8)))
+    async with running_scheduler(engine, stats) as inbox:
+        send, receive = event_stream()
+        assert await submit(inbox, "r1", send) == GenerationQueued(request_id=RequestId("r1"), queue_position=1)
+        assert await receive.receive() == text("Hel", 7, 8)
+        await engine.wait_for_steps(2)  # the second step waits for its script: the request is running
+        assert (stats.running, stats.waiting, stats.generated_tokens) == (1, 0, 2)
+        engine.then(out("r1", text("lo", 9)), out("r1", finished(3)))
+        assert await read_all(receive) == [text("lo", 9), finished(3)]
+    assert engine.steps == [Step((engine_request("r1"),), ()), Step((), ())]
+    assert (stats.completed, stats.generated_tokens, stats.running, stats.waiting) == (1, 3, 0, 0)
+    assert (stats.failed, stats.cancelled, stats.rejected) == (0, 0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_request_that_does_not_cache_its_prompt_never_asks_the_store() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    # Even a snapshot the engine hands back for it is not kept: the request opted out of the prompt cache.
+    engine.then(out("r1", completion_snapshot(7)), out("r1", finished(1)))
+    async with caching_scheduler(engine, stats, lookups_answered(HISTORY_FOUND)) as (store, inbox):
+        send, receive = event_stream()
+        assert isinstance(await submit(inbox, "r1", send, cache_prompt=False), GenerationQueued)
+        assert await read_all(receive) == [finished(1)]
+    assert store.received == []  # the store has read everything sent to it: no lookup, no insert
+    assert engine.steps[0].added == (engine_request("r1", boundary=0, snapshots=False),)
+
+
+@pytest.mark.anyio
+async def test_the_store_is_asked_for_a_prefix_before_the_engine_sees_the_request() -> None:
+    release = anyio.Event()
+
+    async def found_when_released(message: SnapshotStoreMessage) -> LookupReply | None:
+        if not isinstance(message, LookupPrefix):
+            return None
+        await release.wait()
+        return HISTORY_FOUND
+
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    engine.then(out("r1", finished(1, cached_tokens=3)))
+    async with caching_scheduler(engine, stats, found_when_released) as (store, inbox):
+        send, receive = event_stream()
+        assert isinstance(await submit(inbox, "r1", send, cache_prompt=True), GenerationQueued)
+        await store.wait_for(1)
+        assert engine.steps == []  # the lookup is not answered yet: the engine has seen nothing
+        lookup = store.received[0]
+        assert isinstance(lookup, LookupPrefix)
+        assert (lookup.bucket, lookup.session, lookup.tokens, lookup.check_extended) == (BUCKET, "s1", PROMPT, False)
+        release.set()
+        assert await read_all(receive) == [finished(1, cached_tokens=3)]
+    prefix = CachedPrefix(state="history-state", length=3, matched=3, continues=41)
+    expected = engine_request("r1", prefix=prefix, boundary=BOUNDARY, snapshots=True)
+    assert engine.steps == [Step((expected,), ())]
+
+
+@pytest.mark.anyio
+async def test_the_snapshots_the_engine_takes_go_to_the_store_after_the_lookup() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    engine.then(out("r1", boundary_snapshot()), out("r1", text("Hi", 7)))
+    engine.then(out("r1", text("!", 8)), out("r1", completion_snapshot(7, 8)), out("r1", finished(2)))
+    async with caching_scheduler(engine, stats, lookups_answered(PrefixMissed())) as (store, inbox):
+        send, receive = event_stream()
+        assert isinstance(await submit(inbox, "r1", send, cache_prompt=True), GenerationQueued)
+        assert await read_all(receive) == [text("Hi", 7), text("!", 8), finished(2)]  # no snapshot leaks out
+    assert store.kinds == ["LookupPrefix", "InsertSnapshot", "InsertSnapshot"]
+    inserts = [m for m in store.received if isinstance(m, InsertSnapshot)]
+    assert [(m.bucket, m.session, m.origin, m.tokens, m.state, m.nbytes) for m in inserts] == [
+        (BUCKET, "s1", Origin.BOUNDARY, PROMPT[:BOUNDARY], "boundary-state", 300),
+        (BUCKET, "s1", Origin.COMPLETION, (*PROMPT, 7, 8), "completion-state", 600),
+    ]
+    assert [(m.continues, m.prompt_length) for m in inserts] == [(None, None), (41, len(PROMPT))]
+    assert engine.steps[0].added[0].prefix is None  # a miss starts from scratch
+    assert (stats.completed, stats.generated_tokens, stats.snapshots_dropped) == (1, 2, 0)
+
+
+@pytest.mark.anyio
+async def test_a_prompts_images_choose_the_bucket_it_is_looked_up_and_kept_in() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    engine.then(out("r1", boundary_snapshot()), out("r1", finished(1)))
+    vision = VisionInputs(arrays={}, digest="images-1")
+    async with caching_scheduler(engine, stats, lookups_answered(PrefixMissed())) as (store, inbox):
+        send, receive = event_stream()
+        assert isinstance(await submit(inbox, "r1", send, cache_prompt=True, vision=vision), GenerationQueued)
+        assert await read_all(receive) == [finished(1)]
+    images_bucket = Bucket(model_id=BUCKET.model_id, media_digest="images-1")
+    assert [(type(m).__name__, m.bucket) for m in store.received if isinstance(m, LookupPrefix | InsertSnapshot)] == [
+        ("LookupPrefix", images_bucket),
+        ("InsertSnapshot", images_bucket),
+    ]
+    assert engine.steps[0].added[0].vision == vision
+
+
+@pytest.mark.anyio
+async def test_a_full_batch_and_queue_refuse_a_request_and_close_its_stream() -> None:
+    stats = SchedulerStats(max_batch=1, max_queue=1)
+    engine = FakeEngine()
+    async with running_scheduler(engine, stats) as inbox:
+        running_send, running = event_stream()
+        assert isinstance(await submit(inbox, "running", running_send), GenerationQueued)
+        await engine.wait_for_steps(1)  # runs, and its step waits for its script
+        waiting_send, waiting = event_stream()
+        queued = await submit(inbox, "waiting", waiting_send)
+        assert queued == GenerationQueued(request_id=RequestId("waiting"), queue_position=1)
+        refused_send, refused = event_stream()
+        reply = await submit(inbox, "refused", refused_send)
+        assert isinstance(reply, RequestFailed)
+        assert (reply.kind, reply.code) == (FailureKind.OVERLOADED, FailureCode.QUEUE_FULL)
+        assert "capacity" in reply.message
+        assert await read_all(refused) == []  # closed without an event
+        assert (stats.rejected, stats.running, stats.waiting) == (1, 1, 1)
+        engine.then(out("running", finished(1)))
+        engine.then(out("waiting", finished(1)))
+        assert await read_all(running) == [finished(1)]
+        assert await read_all(waiting) == [finished(1)]
+    assert added_ids(engine) == [["running"], ["waiting"]]  # the refused request never reached the engine
+    assert (stats.rejected, stats.completed) == (1, 2)
+
+
+@pytest.mark.parametrize("unavailable", [busy_inbox, stopped_store], ids=["busy", "stopped"])
+@pytest.mark.anyio
+async def test_a_store_that_cannot_answer_is_a_miss_and_loses_its_snapshots(
+    unavailable: Callable[[], AbstractContextManager[MemoryObjectSendStream[Any]]],
+) -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    engine.then(
+        out("r1", boundary_snapshot()),
+        out("r1", text("Hi", 7)),
+        out("r1", completion_snapshot(7)),
+        out("r1", finished(1)),
+    )
+    with unavailable() as store:
+        async with running_scheduler(engine, stats, store) as inbox:
+            send, receive = event_stream()
+            assert isinstance(await submit(inbox, "r1", send, cache_prompt=True), GenerationQueued)
+            assert await read_all(receive) == [text("Hi", 7), finished(1)]
+    assert engine.steps == [Step((engine_request("r1", boundary=BOUNDARY, snapshots=True),), ())]  # no prefix
+    assert (stats.completed, stats.failed, stats.snapshots_dropped) == (1, 0, 2)
+
+
+@pytest.mark.anyio
+async def test_a_consumer_that_closes_its_stream_cancels_its_request_at_the_next_step() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    engine.then(out("r1", text("Hel", 7)))
+    async with running_scheduler(engine, stats) as inbox:
+        send, receive = event_stream()
+        assert isinstance(await submit(inbox, "r1", send), GenerationQueued)
+        assert await receive.receive() == text("Hel", 7)
+        receive.close()  # the client went away while the second step runs
+        engine.then()  # that step (a prefill chunk, say) has nothing to show
+        await engine.wait_for_steps(3)
+        assert engine.steps[1:] == [Step((), ()), Step((), (RequestId("r1"),))]
+        assert (stats.cancelled, stats.running, stats.completed, stats.failed) == (1, 0, 0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_consumer_gone_before_its_events_arrive_leaves_the_engine_though_the_batch_empties() -> None:
+    """The batch is empty once the scheduler ends it, but the engine must still be told: it holds the sequence."""
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    engine.then(out("r1", text("Hel", 7)))
+    async with running_scheduler(engine, stats) as inbox:
+        send, receive = event_stream()
+        assert isinstance(await submit(inbox, "r1", send), GenerationQueued)
+        assert await receive.receive() == text("Hel", 7)
+        receive.close()
+        engine.then(out("r1", text("lo", 8)))  # undeliverable: the scheduler ends the request as cancelled
+        await engine.wait_for_steps(3)  # the step that tells the engine, although nothing runs or waits
+    assert stats.cancelled == 1
+    assert [step.cancelled for step in engine.steps] == [(), (), (RequestId("r1"),)]
+
+
+@pytest.mark.anyio
+async def test_a_waiting_request_whose_consumer_left_never_reaches_the_engine() -> None:
+    stats = SchedulerStats(max_batch=1, max_queue=2)
+    engine = FakeEngine()
+    async with running_scheduler(engine, stats) as inbox:
+        first_send, first = event_stream()
+        assert isinstance(await submit(inbox, "first", first_send), GenerationQueued)
+        await engine.wait_for_steps(1)
+        left_send, left = event_stream()
+        assert isinstance(await submit(inbox, "left", left_send), GenerationQueued)
+        left.close()
+        last_send, last = event_stream()
+        assert isinstance(await submit(inbox, "last", last_send), GenerationQueued)
+        engine.then(out("first", finished(1)))
+        assert await read_all(first) == [finished(1)]
+        await engine.wait_for_steps(2)
+        assert added_ids(engine) == [["first"], ["last"]]
+        assert (stats.cancelled, stats.completed, stats.running, stats.waiting) == (1, 1, 1, 0)
+        engine.then(out("last", finished(1)))
+        assert await read_all(last) == [finished(1)]
+
+
+@pytest.mark.anyio
+async def test_shutdown_fails_every_open_stream_then_asks_find_the_actor_stopped() -> None:
+    stats = SchedulerStats(max_batch=1, max_queue=1)
+    engine = FakeEngine()
+    engine.then(out("running", text("Hel", 7)))
+    async with running_scheduler(engine, stats) as inbox:
+        running_send, running = event_stream()
+        assert isinstance(await submit(inbox, "running", running_send), GenerationQueued)
+        assert await running.receive() == text("Hel", 7)
+        await engine.wait_for_steps(2)  # mid-generation: its second step has not answered
+        waiting_send, waiting = event_stream()
+        assert isinstance(await submit(inbox, "waiting", waiting_send), GenerationQueued)
+        assert (stats.running, stats.waiting) == (1, 1)
+    assert await read_all(running) == [SHUTDOWN]
+    assert await read_all(waiting) == [SHUTDOWN]
+    assert (stats.failed, stats.completed, stats.running, stats.waiting) == (2, 0, 0, 0)
+    late_send, late = event_stream()
+    with late_send, late, pytest.raises(ActorStopped):
+        await submit(inbox, "late", late_send)
+    assert added_ids(engine) == [["running"], []]
+
+
+@pytest.mark.anyio
+async def test_a_warm_up_the_store_already_extended_is_skipped_without_the_model() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    history = (*PROMPT, 7, 8)
+    async with caching_scheduler(engine, stats, lookups_answered(PrefixMissed(extended=True))) as (store, inbox):
+        await inbox.send(QueueWarmUp(session="s1", tokens=history))
+        await store.wait_for(1)
+        await anyio.wait_all_tasks_blocked()  # the scheduler has taken the answer and gone idle
+        warm_ups = {name: count for name, count in stats.as_dict().items() if name.startswith("warmups_")}
+        assert warm_ups == {"warmups_queued": 1, "warmups_skipped": 1, "warmups_run": 0, "warmups_pending": 0}
+    lookup = store.received[0]
+    assert isinstance(lookup, LookupPrefix)
+    assert (lookup.bucket, lookup.session, lookup.tokens, lookup.check_extended) == (BUCKET, "s1", history, True)
+    assert store.kinds == ["LookupPrefix"]  # nothing inserted
+    assert (engine.model_reads, engine.steps) == (0, [])
+
+
+@pytest.mark.anyio
+async def test_the_store_lookup_joins_the_requests_trace(span_exporter: InMemorySpanExporter) -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    engine.then(out("r1", finished(1)))
+    async with caching_scheduler(engine, stats, lookups_answered(PrefixMissed())) as (store, inbox):
+        send, receive = event_stream()
+        with tracer().start_as_current_span("client") as client:
+            assert isinstance(await submit(inbox, "r1", send, cache_prompt=True), GenerationQueued)
+        assert await read_all(receive) == [finished(1)]
+    handled = [span for span in span_exporter.get_finished_spans() if span.name == "scheduler.SubmitGeneration"]
+    assert len(handled) == 1
+    assert handled[0].parent is not None
+    assert handled[0].parent.span_id == client.get_span_context().span_id
+    lookup = store.received[0]
+    assert isinstance(lookup, LookupPrefix)
+    _, trace_id, parent_id, _ = lookup.trace["traceparent"].split("-")
+    assert (int(trace_id, 16), int(parent_id, 16)) == (client.get_span_context().trace_id, handled[0].context.span_id)
