@@ -112,8 +112,8 @@ equal budget's capacity) and as `PYTHONPATH=DIR python -P -m courier serve ...` 
 virtualenv (`-P` keeps the working directory, which holds this tree's `courier`, off the front of
 sys.path; the script checks at start-up that DIR's package is the one imported, and stops if not),
 and measured exactly like it (cache reset after the warm-up, `/v1/cache/stats`, Courier's default
-budget as its unconstrained reference). It runs right after `courier`: in part a after its
-conversation, in part b after it at each K (courier K=2, courier-baseline K=2, courier K=8, ...),
+budget as its unconstrained reference). It runs next to `courier` (after it, or before it when listed
+first): in part a beside its conversation, in part b at each K (courier K=2, courier-baseline K=2, ...),
 so drift on a noisy machine hits both alike. The report adds "courier / courier-baseline" lines:
 the share of turns-2+ prompt tokens cached and TTFT p50 of turns 2+ (part a, and part b for each
 model, budget and K), and conversations held warm at the equal budget.
@@ -858,12 +858,12 @@ def build_tiny_model(model: str, tokenizer_dir: Path, cache_dir: Path) -> Path:
 
 
 def server_groups(labels: Sequence[str]) -> list[list[str]]:
-    """Servers whose runs alternate K by K: the Courier servers (courier, then courier-baseline) form one group, so
-    drift on a noisy machine hits both alike; every other server is a group of its own."""
+    """Servers whose runs alternate K by K: the two Courier servers (in the order given) form one group, so drift on a
+    noisy machine hits both alike; every other server is a group of its own."""
     groups: list[list[str]] = []
     for label in in_run_order(labels):
-        if label == COURIER_BASELINE and COURIER in labels:
-            groups[-1].append(label)  # in_run_order put it right after courier
+        if is_courier(label) and groups and is_courier(groups[-1][0]):
+            groups[-1].append(label)  # in_run_order put the two next to each other
         else:
             groups.append([label])
     return groups

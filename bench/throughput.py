@@ -36,11 +36,12 @@ Two measurements, in one run and on the same checkpoint:
      run as `PYTHONPATH=DIR python -P -m courier serve ...` out of the same virtualenv (`-P`
      keeps the working directory, which holds this tree's `courier`, off the front of
      sys.path); at start-up the script checks that this imports DIR's package and stops if
-     not. It is measured exactly like `courier` and runs right after it, so drift on a noisy
-     machine hits both alike (not interleaved level by level: that would need both servers
-     resident at once, and Courier's idle work after a burst would land in the other's
-     measurement). The report adds "courier / courier-baseline" lines: single-stream decode,
-     and aggregate tok/s and TTFT p95 at each concurrency level.
+     not. It is measured exactly like `courier` and runs next to it (after it, or before it
+     when listed first in `--servers`), so drift on a noisy machine hits both alike (not
+     interleaved level by level: that would need both servers resident at once, and
+     Courier's idle work after a burst would land in the other's measurement). The report
+     adds "courier / courier-baseline" lines: single-stream decode, and aggregate tok/s and
+     TTFT p95 at each concurrency level.
 
    Both mlx_lm.server runs get `HF_HUB_CACHE` set to an empty directory of their own: its
    `/v1/models` lists the hub cache and fails mid-answer when there is none.
@@ -972,11 +973,13 @@ def server_list(text: str) -> list[str]:
 
 
 def in_run_order(servers: Sequence[str]) -> list[str]:
-    """`servers` as given, but courier-baseline right after courier, so drift on a noisy machine hits both alike."""
-    ordered = [name for name in servers if name != COURIER_BASELINE]
-    if COURIER_BASELINE in servers:
-        at = ordered.index(COURIER) + 1 if COURIER in ordered else list(servers).index(COURIER_BASELINE)
-        ordered.insert(at, COURIER_BASELINE)
+    """`servers` as given, but the two Courier servers next to each other, in the order given (list
+    courier-baseline first to run it first), so drift on a noisy machine hits both alike."""
+    if COURIER not in servers or COURIER_BASELINE not in servers:
+        return list(servers)
+    first, second = sorted((COURIER, COURIER_BASELINE), key=list(servers).index)
+    ordered = [name for name in servers if name != second]
+    ordered.insert(ordered.index(first) + 1, second)
     return ordered
 
 

@@ -207,6 +207,8 @@ class IngressActor(Actor[IngressMessage]):
             )
             return result.tokens, 0, None
         chat = prompt
+        if chat.rendered is not None:
+            return chat.rendered.tokens, chat.rendered.history_boundary, chat.rendered.vision
         images = await self._images.read(chat.images, message.memo or FetchMemo())
         result = await call(
             self._token_counter,

@@ -6,7 +6,8 @@ in it (decoded and, with a server key, checked once) and translates the items in
 the chat template's messages through the one translation every turn uses, so a
 stored chain's prompt is an exact prefix of its next turn's. That one render serves
 the threshold count, the admission and, once the answer is recorded, the next turn's
-warm-up (`record.py`). With `context_management`, a context at or over its
+warm-up (`record.py`); the count tokenizes it as admission would, so admission takes
+those tokens rather than rendering the template again. With `context_management`, a context at or over its
 `compact_threshold` (or one that would not fit with the requested output) is
 compacted by the compactor first; the answer is then generated from the compacted
 context the compactor returns, with `max_output_tokens` capped at what remains.
@@ -37,7 +38,7 @@ from courier.messages.compactor import CompactHistory, CompactionResult, Compact
 from courier.messages.ingress import AdmitGeneration, Admitted, ChatPrompt, IngressMessage
 from courier.messages.media import FetchMemo, ImageRef
 from courier.messages.storage import LoadChain, LoadConversationItems, StorageMessage
-from courier.messages.token_counter import TokenCounterMessage, TokenizeChat
+from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeResult
 from courier.storage.records import JsonObject
 
 # The summary budget of an automatic compaction (an explicit one takes the request's `max_output_tokens`).
@@ -74,6 +75,7 @@ class Plan:
     draft: ResponseDraft
     items: list[JsonObject]  # the history then this request's input, as stored and sent (capsules unexpanded)
     rendered: Rendered
+    counted: TokenizeResult | None  # the threshold count's tokens, which admission takes as they are
     compaction_due: bool
     # The turn's images, read once for its count, its compaction and its admission alike.
     memo: FetchMemo = field(default_factory=FetchMemo)
@@ -149,18 +151,26 @@ async def count_tokens(
 ) -> int:
     """What a turn over `rendered` prefills: the count `/v1/responses/input_tokens` reports (a vision model's images
     counted as the image tokens they expand to, so they are read)."""
-    images = await services.images.admit_for_count(rendered.images, memo or FetchMemo())
-    counted = await call(
+    return len((await _tokenized(services, request, rendered, memo or FetchMemo(), for_admission=False)).tokens)
+
+
+async def _tokenized(
+    services: TurnServices, request: ResponsesRequest, rendered: Rendered, memo: FetchMemo, *, for_admission: bool
+) -> TokenizeResult:
+    """`rendered` through the chat template and the tokenizer, as admission renders it; `for_admission` also asks for
+    the history boundary a cached prompt needs, so admission can take this render as it is."""
+    images = await services.images.admit_for_count(rendered.images, memo)
+    return await call(
         services.token_counter,
         lambda reply: TokenizeChat(
             messages=rendered.messages,
             tools=request.template_tools,
             add_generation_prompt=True,
             reply=reply,
+            with_history_boundary=for_admission and request.cache_prompt,
             images=images,
         ),
     )
-    return len(counted.tokens)
 
 
 async def plan_turn(services: TurnServices, request: ResponsesRequest) -> Plan:
@@ -168,12 +178,16 @@ async def plan_turn(services: TurnServices, request: ResponsesRequest) -> Plan:
     rendered = render(services.capsules, request, items)
     due = False
     memo = FetchMemo()
+    counted = None
     if request.compact_threshold is not None:
-        tokens = await count_tokens(services, request, rendered, memo)
+        counted = await _tokenized(services, request, rendered, memo, for_admission=True)
+        tokens = len(counted.tokens)
         wanted = request.max_output_tokens or 1
         due = tokens >= request.compact_threshold or tokens + wanted > services.context_length
     draft = ResponseDraft(request=request, model=services.model_id)
-    return Plan(request=request, draft=draft, items=items, rendered=rendered, compaction_due=due, memo=memo)
+    return Plan(
+        request=request, draft=draft, items=items, rendered=rendered, counted=counted, compaction_due=due, memo=memo
+    )
 
 
 async def compact(services: TurnServices, plan: Plan) -> CompactionResult:
@@ -198,12 +212,14 @@ async def admit_turn(
     services: TurnServices, plan: Plan, compaction: CompactionResult | None = None, compaction_id: str | None = None
 ) -> Turn:
     request = plan.request
-    rendered = plan.rendered
+    rendered, tokens = plan.rendered, plan.counted
     compaction_item = None
     if compaction is not None:
         compaction_item = {**compaction.compaction_item, "id": compaction_id or compaction.compaction_item["id"]}
-        rendered = rendered_from(request, compaction.context)
-    prompt = ChatPrompt(messages=rendered.messages, tools=request.template_tools, images=rendered.images)
+        rendered, tokens = rendered_from(request, compaction.context), None
+    prompt = ChatPrompt(
+        messages=rendered.messages, tools=request.template_tools, images=rendered.images, rendered=tokens
+    )
     admitted = await call(
         services.ingress,
         lambda reply: AdmitGeneration(

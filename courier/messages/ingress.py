@@ -11,6 +11,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from courier.engine.generation import GenerationEvent, RequestId, SamplingParams
 from courier.messages.base import Request, RequestFailed
 from courier.messages.media import FetchMemo, ImageRef
+from courier.messages.token_counter import TokenizeResult
 from courier.runtime.message import Message
 
 
@@ -22,6 +23,10 @@ class ChatPrompt:
     tools: Sequence[Mapping[str, Any]] | None
     thinking: bool = True  # False asks templates that support it (`enable_thinking`) for no reasoning block
     images: tuple[ImageRef, ...] = ()  # image parts, in order; admitted (or refused) before anything is fetched
+    # Already rendered by the token counter exactly as admission renders it (generation prompt, these tools, thinking
+    # and images, the history boundary when the prompt is cached): admission checks and queues it without another
+    # render. A Responses turn counted against its compaction threshold passes its count here.
+    rendered: TokenizeResult | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

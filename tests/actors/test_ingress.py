@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import anyio
@@ -291,6 +291,24 @@ async def test_without_cache_prompt_no_history_boundary_is_asked_for() -> None:
     assert rig.rendered().with_history_boundary is False
     submit = rig.submitted()
     assert (submit.session, submit.cache_prompt, submit.sampling.max_tokens) == ("bob", False, 5)
+
+
+@pytest.mark.anyio
+async def test_a_chat_already_rendered_is_queued_without_another_render() -> None:
+    """A Responses turn counted against its threshold hands over its count's tokens."""
+    rendered = TokenizeResult(tokens=tuple(range(20, 32)), history_boundary=9, vision=VISION)
+    rig = Rig()
+    async with serving(rig, vision=True) as ingress:
+        prompt = replace(IMAGE_CHAT, rendered=rendered)
+        reply = admitted(await ingress.admit(prompt, max_tokens=4))
+        too_long = failure(await ingress.admit(prompt, max_tokens=CONTEXT))  # the context check still applies
+        over_the_cap = failure(await ingress.admit(replace(OVER_THE_CAP, rendered=rendered)))  # so does the image cap
+    assert rig.journal == ["scheduler.SubmitGeneration"]  # nothing rendered, nothing fetched again
+    submit = rig.submitted()
+    assert (submit.prompt_tokens, submit.boundary, submit.vision) == (rendered.tokens, 9, VISION)
+    assert reply.prompt_tokens == len(rendered.tokens)
+    assert too_long.code == FailureCode.CONTEXT_LENGTH_EXCEEDED
+    assert "are accepted (--max-images)" in over_the_cap.message
 
 
 @pytest.mark.anyio

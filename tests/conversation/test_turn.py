@@ -25,7 +25,7 @@ from courier.conversation.turn import TurnServices, admit_turn, compact, plan_tu
 from courier.engine.generation import FinishReason, GenerationEvent, GenerationFinished, RequestId
 from courier.http.responses.request import parse_responses_request
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage
-from courier.messages.ingress import AdmitGeneration, Admitted, IngressMessage, WarmUpConversation
+from courier.messages.ingress import AdmitGeneration, Admitted, ChatPrompt, IngressMessage, WarmUpConversation
 from courier.messages.storage import LoadConversationItems, SaveResponse, StorageMessage
 from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeResult
 from tests.support.actors import FakeNeighbour, Reply, start_neighbours
@@ -152,7 +152,11 @@ async def test_a_turn_decodes_its_capsule_once_and_reuses_the_render(fakes: Fake
     history = [*fakes.stored, *parsed.input_items]
     expected = chat_messages("Be brief.", expand(history, CapsuleCodec(None, 1 << 20), "Be brief."))
     assert count.messages == expected
-    assert admission.prompt.messages is count.messages  # type: ignore[union-attr]  # one render, carried twice
+    assert count.with_history_boundary  # tokenized as admission would: admission takes these tokens as they are
+    prompt = admission.prompt
+    assert isinstance(prompt, ChatPrompt)
+    assert prompt.messages is count.messages  # one render, carried twice
+    assert prompt.rendered == TokenizeResult(tokens=(1,) * 100)
     assert list(warm_up.messages) == [*expected, {"role": "assistant", "content": "Done."}]
     assert [m["content"] for m in expected[:3]] == ["Be brief.", SUMMARY_HEADER + "They met.", "kept"]
     assert final["status"] == "completed"
@@ -181,7 +185,9 @@ async def test_a_compacted_turn_is_admitted_from_the_context_the_compactor_repla
     assert list(sent.request_items) == list(parsed.input_items)
     admission = fakes.ingress.received[0]
     assert isinstance(admission, AdmitGeneration) and admission.fit_to_context
-    assert admission.prompt.messages == chat_messages("Be brief.", replayed_context)  # type: ignore[union-attr]
+    prompt = admission.prompt
+    assert isinstance(prompt, ChatPrompt) and prompt.rendered is None  # the compacted context is rendered anew
+    assert prompt.messages == chat_messages("Be brief.", replayed_context)
     assert turn.compaction_item is not None and turn.compaction_item["id"] == "cmp_stream"
 
 
