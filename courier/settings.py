@@ -203,6 +203,19 @@ class Settings:
         "largest request body accepted (413 beyond); accepts 64MiB, 1GB, ...",
         metavar="BYTES",
     )
+    body_timeout: float = setting(
+        60.0,
+        parse_positive_float,
+        "seconds a client gets to send a whole request body (408 beyond), however slowly it trickles",
+        metavar="SECONDS",
+    )
+    max_connections: int = setting(
+        1024,
+        parse_positive_int,
+        "most open client connections; beyond them a new connection is answered 503 and closed (kept below the "
+        "open-file limit)",
+        metavar="N",
+    )
     max_batch: int = setting(16, parse_positive_int, "sequences generated together in one batch", metavar="N")
     max_queue: int = setting(
         64,
@@ -259,6 +272,13 @@ class Settings:
         "most pixels (width x height) of one image, read from its header before decoding",
         metavar="N",
     )
+    max_image_memory_bytes: int = setting(
+        1024**3,
+        parse_positive_bytes,
+        "most bytes of decoded images held at once, across requests: a request needing more is a 400, one that "
+        "would overrun what others hold waits its turn",
+        metavar="BYTES",
+    )
     media_path: Path | None = setting(  # noqa: RUF009
         None,
         _optional_path,
@@ -313,6 +333,31 @@ class Settings:
         parse_positive_float,
         "seconds a stored response or conversation is kept after its last update",
         metavar="SECONDS",
+    )
+    api_key: str | None = setting(
+        None,
+        _optional_text,
+        "keys clients must send as `Authorization: Bearer KEY` on every route but /health, comma-separated (unset: "
+        "no key is asked for)",
+        metavar="KEYS",
+    )
+    api_key_file: Path | None = setting(  # noqa: RUF009
+        None,
+        _path,
+        "a file of client keys, one per line (blank lines and # comments ignored), added to --api-key",
+        metavar="PATH",
+    )
+    admin_api_key: str | None = setting(
+        None,
+        _optional_text,
+        "keys that may also do what only an operator may (POST /v1/cache/reset), comma-separated",
+        metavar="KEYS",
+    )
+    public_metrics: bool = setting(
+        False,
+        parse_bool,
+        "answer GET /metrics without a key even when keys are set (a scraper on a trusted network)",
+        flag=True,
     )
     compaction_key_file: Path | None = setting(  # noqa: RUF009
         None,

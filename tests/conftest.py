@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 
 from courier.platform.blas import load_optimized_blas
@@ -19,6 +22,7 @@ from courier.model.progress import Progress  # noqa: E402
 from courier.model.source import embedded_gguf_path  # noqa: E402
 from courier.runtime.tracing import configure_tracing  # noqa: E402
 from tests.support import tiny_models  # noqa: E402
+from tests.support.server import RunningServer  # noqa: E402
 from tests.support.tiny_vision_model import build_tiny_vision_model  # noqa: E402
 
 _SPANS = InMemorySpanExporter()
@@ -59,3 +63,18 @@ def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight SmolVLM (needs mlx-vlm, the `vision` extra)."""
     pytest.importorskip("mlx_vlm")
     return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision"))
+
+
+# A test module that starts a server defines its own module-scoped `server` fixture; these talk to it.
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> Iterator[openai.OpenAI]:
+    """The official openai client, pointed at the module's server."""
+    with server.openai_client() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def http(server: RunningServer) -> Iterator[httpx.Client]:
+    """A plain HTTP client for the module's server (routes the openai client has no method for)."""
+    with server.http() as http:
+        yield http

@@ -48,12 +48,6 @@ def server(cache_dir: Path, trace_file: Path) -> Iterator[RunningServer]:
         assert running.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> Iterator[openai.OpenAI]:
-    with server.openai_client() as client:
-        yield client
-
-
 def capsule_of(item: dict[str, Any]) -> dict[str, Any]:
     encoded = item["encrypted_content"]
     payload: dict[str, Any] = orjson.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))

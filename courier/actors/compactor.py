@@ -148,7 +148,8 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         # What the model is shown from here on: the capsule just made, replayed as any later turn replays it.
         context = replay(capsule, output[:-1], (), message.instructions)
         # The compacted context (instructions, summary, retained items) prefilled while the server is idle.
-        warm_up_next_turn(self._ingress, message.session, chat_messages(message.instructions, context), message.tools)
+        messages = chat_messages(message.instructions, context)
+        warm_up_next_turn(self._ingress, message.session, messages, message.tools, message.tenant)
         return CompactionResult(
             output=output, usage=usage_object(finished), compaction_item=compaction_item, context=tuple(context)
         )
@@ -163,7 +164,12 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         result = await call(
             self._token_counter,
             lambda reply: TokenizeChat(
-                messages=messages, tools=None, add_generation_prompt=False, reply=reply, images=images
+                messages=messages,
+                tools=None,
+                add_generation_prompt=False,
+                reply=reply,
+                images=images,
+                max_tokens=self._limits.context_length,
             ),
         )
         return len(result.tokens)
@@ -187,6 +193,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
                     session=message.session,
                     cache_prompt=False,
                     memo=memo,
+                    tenant=message.tenant,
                 ),
             )
         except Refused as refused:

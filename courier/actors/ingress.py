@@ -80,7 +80,7 @@ class IngressActor(Actor[IngressMessage]):
         self._images = images
         self._scheduler_stats = scheduler_stats  # read only: the scheduler writes it
         self._stats = stats
-        self._image_admissions: SideTasks[AdmitGeneration] = SideTasks(IMAGE_ADMISSIONS)
+        self._image_admissions: SideTasks[AdmitGeneration] = SideTasks(IMAGE_ADMISSIONS, self.fault)
 
     async def background(self) -> None:
         await self._image_admissions.run()
@@ -120,14 +120,20 @@ class IngressActor(Actor[IngressMessage]):
             result = await call(
                 self._token_counter,
                 lambda reply: TokenizeChat(
-                    messages=message.messages, tools=message.tools, add_generation_prompt=False, reply=reply
+                    messages=message.messages,
+                    tools=message.tools,
+                    add_generation_prompt=False,
+                    max_tokens=self._context_length,
+                    reply=reply,
                 ),
             )
         except Refused:
             return  # a warm-up is an optimisation: dropped, never waited for
         if result.tokens:
             with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
-                self._scheduler.send_nowait(QueueWarmUp(session=message.session, tokens=result.tokens))
+                self._scheduler.send_nowait(
+                    QueueWarmUp(session=message.session, tokens=result.tokens, tenant=message.tenant)
+                )
 
     async def _admit_and_reply(
         self, message: AdmitGeneration, reply_stream: MemoryObjectSendStream[AdmitReply]
@@ -167,6 +173,7 @@ class IngressActor(Actor[IngressMessage]):
                     boundary=boundary,
                     cache_prompt=message.cache_prompt,
                     vision=vision,
+                    tenant=message.tenant,
                 ),
             )
         except BaseException:
@@ -203,7 +210,10 @@ class IngressActor(Actor[IngressMessage]):
         if isinstance(prompt, TextPrompt):
             text = prompt.text
             result = await call(
-                self._token_counter, lambda reply: TokenizeText(text=text, add_special_tokens=True, reply=reply)
+                self._token_counter,
+                lambda reply: TokenizeText(
+                    text=text, add_special_tokens=True, max_tokens=self._context_length, reply=reply
+                ),
             )
             return result.tokens, 0, None
         chat = prompt
@@ -220,6 +230,7 @@ class IngressActor(Actor[IngressMessage]):
                 with_history_boundary=message.cache_prompt,
                 thinking=chat.thinking,
                 images=images,
+                max_tokens=self._context_length,
             ),
         )
         return result.tokens, result.history_boundary, result.vision

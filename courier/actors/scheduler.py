@@ -71,8 +71,8 @@ class _Queued:
     queued_at: float
     # The request's trace, so the snapshot store's spans for it join the request's trace.
     trace: TraceCarrier
-    # The prompt's images' digest: its snapshots live in the model's bucket for exactly these images.
-    media_digest: str = ""
+    # Where its snapshots live: the model's bucket for exactly its images and its tenant (None: no caching).
+    bucket: Bucket | None = None
     first_token_seen: bool = False
 
 
@@ -166,7 +166,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             cache_prompt=caching,
             queued_at=time.monotonic(),
             trace=current_carrier(),
-            media_digest=message.vision.digest if message.vision is not None else "",
+            bucket=self._bucket(message.vision.digest if message.vision is not None else "", message.tenant),
         )
         self._waiting.append(queued)
         self._update_counts()
@@ -224,23 +224,25 @@ class SchedulerActor(Actor[SchedulerMessage]):
         request = queued.request
         if not queued.cache_prompt:
             return request
-        found = await self._ask_store(queued.session, request.prompt_tokens, queued.trace, queued.media_digest)
+        found = await self._ask_store(queued.session, request.prompt_tokens, queued.trace, queued.bucket)
         prefix = _cached_prefix(found)
         return replace(request, prefix=prefix) if prefix is not None else request
+
+    def _bucket(self, media_digest: str, tenant: str) -> Bucket | None:
+        return replace(self._caching.bucket, media_digest=media_digest, tenant=tenant) if self._caching else None
 
     async def _ask_store(
         self,
         session: str,
         tokens: tuple[int, ...],
         trace: TraceCarrier,
-        media_digest: str = "",
+        bucket: Bucket | None,
         *,
         check_extended: bool = False,
     ) -> LookupReply | None:
         caching = self._caching
-        if caching is None:
+        if caching is None or bucket is None:
             return None
-        bucket = replace(caching.bucket, media_digest=media_digest)
         try:
             found: LookupReply = await ask(
                 caching.store,
@@ -260,7 +262,8 @@ class SchedulerActor(Actor[SchedulerMessage]):
     async def _warm_up(self, engine: BatchEngine, message: QueueWarmUp) -> None:
         """Extend the session's snapshot over `message.tokens`, yielding to live requests between chunks."""
         tokens = message.tokens
-        found = await self._ask_store(message.session, tokens, message.trace, check_extended=True)
+        bucket = self._bucket("", message.tenant)
+        found = await self._ask_store(message.session, tokens, message.trace, bucket, check_extended=True)
         prefix = _cached_prefix(found)
         already = isinstance(found, PrefixMissed) and found.extended
         if already or (prefix is not None and prefix.matched >= len(tokens) - 1):
@@ -273,7 +276,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 return
             await self._mlx.call(job.advance)
         snapshot = await self._mlx.call(job.snapshot)
-        self._insert(message.session, snapshot, message.trace)
+        self._insert(message.session, snapshot, message.trace, bucket)
         self._stats.warmups_run += 1
 
     def _drop_abandoned(self) -> None:
@@ -313,14 +316,14 @@ class SchedulerActor(Actor[SchedulerMessage]):
 
     def _keep_snapshot(self, running: _Queued, snapshot: SnapshotTaken) -> None:
         if running.cache_prompt:  # a request that opted out of the prompt cache leaves nothing in it
-            self._insert(running.session, snapshot, running.trace, running.media_digest)
+            self._insert(running.session, snapshot, running.trace, running.bucket)
 
-    def _insert(self, session: str, snapshot: SnapshotTaken, trace: TraceCarrier, media_digest: str = "") -> None:
-        if self._caching is None:
+    def _insert(self, session: str, snapshot: SnapshotTaken, trace: TraceCarrier, bucket: Bucket | None) -> None:
+        if self._caching is None or bucket is None:
             return
         message = InsertSnapshot(
             trace=trace,
-            bucket=replace(self._caching.bucket, media_digest=media_digest),
+            bucket=bucket,
             session=session,
             origin=snapshot.origin,
             tokens=snapshot.tokens,

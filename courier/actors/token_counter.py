@@ -4,7 +4,11 @@ Receives `TokenizeText`, `TokenizeChat` and `Detokenize`; replies on each messag
 own reply stream with a `*Result` or a `RequestFailed`. Invariants: every message
 gets exactly one reply; a bad input fails that request only. Tokenizing runs on a
 worker thread so a long prompt never stalls the event loop (the tokenizer holds no
-MLX state, so it does not belong on the MLX thread).
+MLX state, so it does not belong on the MLX thread). Messages are handled one at a
+time, so no request may take long: a text whose byte count alone shows it holds
+more tokens than the caller's `max_tokens` (no token stands for more bytes than its
+longest vocabulary entry) is refused before it is rendered or tokenized, and what is
+left to tokenize is bounded by the context length.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from jinja2 import TemplateError
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.conversation.chat_content import as_parts
+from courier.core.failure_codes import FailureCode
 from courier.core.token_prefix import common_prefix_length
 from courier.engine.generation import VisionInputs
 from courier.media.images import combined_digest
@@ -41,7 +46,10 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
     def __init__(self, tokenizer: TokenizerWrapper, images: ImageProcessor | None = None) -> None:
         self._tokenizer = tokenizer
         self._images = images
-        self._vocabulary_size = len(tokenizer.get_vocab())
+        vocabulary = tokenizer.get_vocab()
+        self._vocabulary_size = len(vocabulary)
+        # At least as many bytes as any one token stands for (a vocabulary entry is never shorter than its bytes).
+        self._max_token_bytes = max((len(entry.encode("utf-8")) for entry in vocabulary), default=1)
 
     async def handle(self, message: TokenCounterMessage) -> None:
         match message:
@@ -53,37 +61,54 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
                 await self._on_detokenize(message)
 
     async def _on_tokenize_text(self, message: TokenizeText) -> None:
-        async with message.reply:
-            tokens = await _off_loop(
-                lambda: self._tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens)
-            )
-            await message.reply.send(TokenizeResult(tokens=tuple(tokens)))
+        too_long = self._too_long(len(message.text.encode("utf-8")), message.max_tokens, "prompt")
+        if too_long is not None:
+            await message.reply.send(too_long)
+            return
+        tokens = await _off_loop(
+            lambda: self._tokenizer.encode(message.text, add_special_tokens=message.add_special_tokens)
+        )
+        await message.reply.send(TokenizeResult(tokens=tuple(tokens)))
 
     async def _on_tokenize_chat(self, message: TokenizeChat) -> None:
-        async with message.reply:
-            if getattr(self._tokenizer, "chat_template", None) is None:
-                await message.reply.send(
-                    _invalid("the model has no chat template; tokenize a prompt instead", "messages")
-                )
-                return
-            try:
-                result = await _off_loop(lambda: self._chat_tokens(message))
-            except (TemplateError, TypeError, ValueError, KeyError) as error:
-                await message.reply.send(_invalid(f"the chat template rejected the messages: {error}", "messages"))
-                return
-            await message.reply.send(result)
+        if getattr(self._tokenizer, "chat_template", None) is None:
+            await message.reply.send(_invalid("the model has no chat template; tokenize a prompt instead", "messages"))
+            return
+        too_long = self._too_long(text_bytes(message.messages), message.max_tokens, "messages")
+        if too_long is not None:
+            await message.reply.send(too_long)
+            return
+        try:
+            result = await _off_loop(lambda: self._chat_tokens(message))
+        except (TemplateError, TypeError, ValueError, KeyError, RecursionError) as error:
+            await message.reply.send(_invalid(f"the chat template rejected the messages: {error}", "messages"))
+            return
+        await message.reply.send(result)
 
     async def _on_detokenize(self, message: Detokenize) -> None:
-        async with message.reply:
-            out_of_range = [token for token in message.tokens if not 0 <= token < self._vocabulary_size]
-            if out_of_range:
-                failure = _invalid(
-                    f"token ids outside the vocabulary (0..{self._vocabulary_size - 1}): {out_of_range[:8]}", "tokens"
-                )
-                await message.reply.send(failure)
-                return
-            text = await _off_loop(lambda: self._tokenizer.decode(list(message.tokens)))
-            await message.reply.send(DetokenizeResult(text=text))
+        out_of_range = [token for token in message.tokens if not 0 <= token < self._vocabulary_size]
+        if out_of_range:
+            failure = _invalid(
+                f"token ids outside the vocabulary (0..{self._vocabulary_size - 1}): {out_of_range[:8]}", "tokens"
+            )
+            await message.reply.send(failure)
+            return
+        text = await _off_loop(lambda: self._tokenizer.decode(list(message.tokens)))
+        await message.reply.send(DetokenizeResult(text=text))
+
+    def _too_long(self, size: int, max_tokens: int | None, param: str) -> RequestFailed | None:
+        """A text of `size` bytes is at least `size / max_token_bytes` tokens: refused, without tokenizing it, when
+        that is already more than `max_tokens`, so a huge prompt never holds up the requests behind it."""
+        if max_tokens is None or size <= max_tokens * self._max_token_bytes:
+            return None
+        fewest = -(-size // self._max_token_bytes)
+        message = (
+            f"This model's maximum context length is {max_tokens} tokens. However, the {param} hold {size} bytes, "
+            f"which is at least {fewest} tokens. Please reduce the length of the input."
+        )
+        return RequestFailed(
+            kind=FailureKind.INVALID_REQUEST, message=message, param=param, code=FailureCode.CONTEXT_LENGTH_EXCEEDED
+        )
 
     def _chat_tokens(self, message: TokenizeChat) -> TokenizeResult:
         if message.images:
@@ -152,3 +177,18 @@ async def _off_loop(work: Callable[[], T]) -> T:
 
 def _invalid(text: str, param: str) -> RequestFailed:
     return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=text, param=param)
+
+
+def text_bytes(value: Any) -> int:
+    """The UTF-8 bytes of every string in chat messages (contents, tool-call arguments, names): what tokenizing them
+    must at least cover. Walked without recursion (a request body is at most a few dozen levels deep)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item.encode("utf-8"))
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total

@@ -84,7 +84,8 @@ class CapsuleCodec:
             raise CapsuleError("encrypted_content does not hold JSON") from None
         if not isinstance(payload, dict):
             raise CapsuleError("encrypted_content does not hold a JSON object")
-        if payload.get("v") != CAPSULE_VERSION:
+        version = payload.get("v")
+        if type(version) is not int or version != CAPSULE_VERSION:  # not `true`, not 1.0
             raise CapsuleError(f"unsupported capsule version {payload.get('v')!r} (this server reads v1)")
         summary, retained = payload.get("summary"), payload.get("retained")
         if not isinstance(summary, str) or not isinstance(retained, list):

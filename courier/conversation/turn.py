@@ -58,6 +58,7 @@ class TurnServices:
     model_id: str
     context_length: int
     warm_up: bool  # the prompt cache is on: a recorded turn asks for its next turn to be prepared
+    tenant: str = ""  # the caller's (its API key's): whose stored records and prompt-cache state the turn uses
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,7 +123,9 @@ async def history_items(services: TurnServices, request: ResponsesRequest) -> li
     """The items a new turn continues: every hop of its `previous_response_id` chain, or its conversation's."""
     if request.previous_response_id is not None:
         response_id = request.previous_response_id
-        chain = await call(services.storage, lambda reply: LoadChain(response_id=response_id, reply=reply))
+        chain = await call(
+            services.storage, lambda reply: LoadChain(response_id=response_id, tenant=services.tenant, reply=reply)
+        )
         if chain is None:
             raise Refused(_previous_not_found(f"Previous response with id '{response_id}' not found."))
         if chain.missing is not None:
@@ -138,7 +141,8 @@ async def history_items(services: TurnServices, request: ResponsesRequest) -> li
     if request.conversation_id is not None:
         conversation_id = request.conversation_id
         stored_items = await call(
-            services.storage, lambda reply: LoadConversationItems(conversation_id=conversation_id, reply=reply)
+            services.storage,
+            lambda reply: LoadConversationItems(conversation_id=conversation_id, tenant=services.tenant, reply=reply),
         )
         if stored_items is None:
             raise Refused(conversation_not_found(conversation_id))
@@ -169,6 +173,7 @@ async def _tokenized(
             reply=reply,
             with_history_boundary=for_admission and request.cache_prompt,
             images=images,
+            max_tokens=services.context_length,
         ),
     )
 
@@ -204,6 +209,7 @@ async def compact(services: TurnServices, plan: Plan) -> CompactionResult:
             session=request.session,
             reply=reply,
             memo=plan.memo,
+            tenant=services.tenant,
         ),
     )
 
@@ -232,6 +238,7 @@ async def admit_turn(
             # A compacted turn generates what the context leaves, up to max_output_tokens, rather than failing.
             fit_to_context=compaction is not None,
             memo=plan.memo,
+            tenant=services.tenant,
         ),
     )
     return Turn(

@@ -24,7 +24,9 @@ def warm_up_next_turn(
     session: str,
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
+    tenant: str = "",
 ) -> None:
     """`messages`: the history through the last reply, as the chat template's messages."""
+    warm_up = WarmUpConversation(session=session, messages=messages, tools=tools, tenant=tenant)
     with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
-        ingress.send_nowait(WarmUpConversation(session=session, messages=messages, tools=tools))
+        ingress.send_nowait(warm_up)

@@ -13,6 +13,8 @@ from enum import StrEnum
 class FailureCode(StrEnum):
     # The request itself
     INVALID_JSON = "invalid_json"
+    INVALID_API_KEY = "invalid_api_key"
+    INSUFFICIENT_PERMISSIONS = "insufficient_permissions"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     MODEL_NOT_FOUND = "model_not_found"
     MODEL_NOT_MULTIMODAL = "model_not_multimodal"
@@ -20,6 +22,7 @@ class FailureCode(StrEnum):
     RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"
     STORAGE_BUDGET_EXCEEDED = "storage_budget_exceeded"
     REQUEST_TOO_LARGE = "request_too_large"
+    BODY_TIMEOUT = "body_timeout"
     # What it names is not there
     NOT_FOUND = "not_found"
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
@@ -31,8 +34,10 @@ class FailureCode(StrEnum):
     MODEL_LOADING = "model_loading"
     SHUTTING_DOWN = "shutting_down"
     SERVICE_UNAVAILABLE = "service_unavailable"
+    STORAGE_UNAVAILABLE = "storage_unavailable"  # the database cannot be written (a full disk, an I/O error)
     # It was taken and failed
     GENERATION_FAILED = "generation_failed"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     COMPACTION_FAILED = "compaction_failed"
     INTERNAL_ERROR = "internal_error"
+    STORED_RECORD_DAMAGED = "stored_record_damaged"  # this one record cannot be read back; others can

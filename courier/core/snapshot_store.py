@@ -62,12 +62,14 @@ class Origin(Enum):
 
 @dataclass(frozen=True, slots=True)
 class Bucket:
-    """State is only ever reused within one bucket: same model, adapter, chat template and media."""
+    """State is only ever reused within one bucket: same model, adapter, chat template, media and tenant (an API
+    key's: with keys, no caller can reuse, supersede or probe another key's state)."""
 
     model_id: str
     adapter_id: str = ""
     template_signature: str = ""
     media_digest: str = ""
+    tenant: str = ""
 
 
 @dataclass(slots=True, kw_only=True)

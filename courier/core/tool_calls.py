@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from courier.core.json_text import json_object
 from courier.core.stop_text import held_back_length
 
 ToolParser = Callable[[str, Any], Any]
@@ -83,7 +84,7 @@ def parse_tool_call(text: str, parser: ToolParser, tools: Sequence[Mapping[str, 
     """One tool call in OpenAI's shape, or None when the text is not a valid call."""
     try:
         parsed = parser(text, list(tools) if tools else None)
-    except (ValueError, KeyError, TypeError, IndexError):
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):  # the model's text is anything at all
         return None
     if isinstance(parsed, list):
         parsed = parsed[0] if len(parsed) == 1 else None
@@ -106,11 +107,9 @@ def parse_tool_calls(
 
 
 def json_arguments(arguments: str | dict[str, Any]) -> str | dict[str, Any]:
-    """Tool-call arguments as chat templates expect them: a mapping when the JSON string holds one."""
+    """Tool-call arguments as chat templates expect them: a mapping when the JSON string holds one (within the depth
+    limit of `core/json_text.py`), else the string as it came."""
     if isinstance(arguments, dict):
         return arguments
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        return arguments
-    return parsed if isinstance(parsed, dict) else arguments
+    parsed = json_object(arguments)
+    return parsed if parsed is not None else arguments

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from quart import Quart, Response, request
+from quart import Quart, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from courier.core.failure_codes import FailureCode
@@ -37,16 +37,24 @@ def create_app(context: AppContext) -> Any:
 def create_quart_app(context: AppContext) -> Quart:
     app = Quart("courier", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = context.settings.max_body_bytes
-    # Streams run as long as the request deadline allows; Quart's own 60 s limits would cut them.
+    # Streams run as long as the request deadline allows; Quart's own 60 s limit would cut them.
     app.config["RESPONSE_TIMEOUT"] = None
-    app.config["BODY_TIMEOUT"] = context.settings.request_timeout
+    # A body must arrive whole within --body-timeout, however slowly it trickles in (408 beyond).
+    app.config["BODY_TIMEOUT"] = context.settings.body_timeout
     for module in (health, models, tokenize, chat, completions, responses, conversations, cache, metrics, openapi):
         app.register_blueprint(module.blueprint(context), url_prefix=context.settings.api_prefix or None)
 
+    open_routes = {f"{context.settings.api_prefix}/health"}
+    if context.settings.public_metrics:
+        open_routes.add(f"{context.settings.api_prefix}/metrics")
+
     @app.before_request
-    async def name_span() -> None:
-        if request.url_rule is not None:
-            name_request_span(request.method, request.url_rule.rule)
+    async def name_span_and_authenticate() -> None:
+        rule = request.url_rule.rule if request.url_rule is not None else None
+        if rule is not None:
+            name_request_span(request.method, rule)
+        if rule not in open_routes:  # an unknown route too: no probing for routes without a key
+            g.caller = context.api_keys.caller(request.headers.get("Authorization"))
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
@@ -59,9 +67,9 @@ def create_quart_app(context: AppContext) -> Quart:
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
         response = _from_http_exception(error, context).response()
-        if error.code == 413:
-            # The rest of the oversized body is never read, so this connection cannot carry another request:
-            # say so, or a keep-alive client would send its next request into a closed connection.
+        if error.code in (408, 413):
+            # The rest of the body is never read, so this connection cannot carry another request: say so, or a
+            # keep-alive client would send its next request into a closed connection.
             response.headers["Connection"] = "close"
         return response
 
@@ -86,4 +94,8 @@ def _from_http_exception(error: HTTPException, context: AppContext) -> ApiError:
     if status == 413:
         limit = context.settings.max_body_bytes
         return ApiError(413, f"The request body exceeds the limit of {limit} bytes", code=FailureCode.REQUEST_TOO_LARGE)
+    if status == 408:
+        limit_s = context.settings.body_timeout
+        message = f"The request body did not arrive within {limit_s:g} s (--body-timeout)"
+        return ApiError(408, message, code=FailureCode.BODY_TIMEOUT)
     return ApiError(status, error.description or error.name)

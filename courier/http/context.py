@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from anyio.streams.memory import MemoryObjectSendStream
+from quart import g
 
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
 from courier.conversation.turn import TurnServices
 from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_store import StoreStats
+from courier.http.auth import ANYONE, ApiKeys, Caller
 from courier.http.errors import ApiError
 from courier.http.responses.in_flight import InFlightResponses
 from courier.messages.asking import call
@@ -43,6 +45,12 @@ class AppContext:
     metrics: CourierMetrics
     capsules: CapsuleCodec
     responses: InFlightResponses = field(default_factory=InFlightResponses)
+    api_keys: ApiKeys = field(default_factory=lambda: ApiKeys(()))
+
+    def caller(self) -> Caller:
+        """Who sent the request being handled (checked before any route runs)."""
+        caller = getattr(g, "caller", None)
+        return caller if isinstance(caller, Caller) else ANYONE
 
     def require_ready(self) -> None:
         """Refuse work the model is not ready for, with a retryable 503."""
@@ -88,6 +96,7 @@ class AppContext:
             model_id=self.state.model_id,
             context_length=self.context_length,
             warm_up=self.settings.prompt_cache,
+            tenant=self.caller().tenant,
         )
 
     async def snapshot_stats(self) -> StoreStats | None:

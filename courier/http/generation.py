@@ -36,6 +36,7 @@ async def admit(context: AppContext, request: GenerationRequest, request_id: Req
             reply=reply,
             session=request.session,
             cache_prompt=request.cache_prompt,
+            tenant=context.caller().tenant,
         ),
     )
 

@@ -17,6 +17,8 @@ from courier.conversation.chat_render import template_tool_call
 from courier.engine.generation import SamplingParams
 from courier.http.errors import ApiError
 from courier.http.validation import optional_bool
+from courier.media.address_policy import MediaRefused
+from courier.media.urls import parse_image_url
 from courier.messages.ingress import ChatPrompt, Prompt, TextPrompt, TokenPrompt
 from courier.messages.media import ImageRef
 
@@ -186,9 +188,14 @@ def _content(content: Any, param: str, images: list[ImageRef]) -> str | list[dic
 
 
 def _image_url(value: Any, param: str) -> str:
+    """The part's URL, refused here (a 400 naming the part) unless the media fetcher could read it."""
     url = value.get("url") if isinstance(value, dict) else value
     if not isinstance(url, str) or not url:
         raise ApiError.invalid(f"{param}.image_url must be a URL (or an object with 'url')", param=param)
+    try:
+        parse_image_url(url)
+    except MediaRefused as refused:
+        raise ApiError.invalid(f"{param}: {refused}", param=param) from None
     return url
 
 

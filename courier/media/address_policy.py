@@ -1,21 +1,20 @@
-"""Which media URLs the server may fetch: a pure policy over the URL and the addresses its host resolves to.
+"""Which addresses the server may fetch media from: a pure policy over the addresses a URL's host resolves to.
 
-Only http and https, no credentials in the URL, and every address the host
-resolves to (and the address actually connected to) must be publicly routable.
-Refused, by name: "this network"/unspecified, loopback, private, carrier-grade NAT,
-link-local (cloud metadata services live there), IETF protocol assignments,
-documentation and benchmarking ranges, 6to4 relays, multicast, broadcast and
-reserved space; for IPv6 also unique-local, site-local, discard-only, and any
-address embedding an IPv4 one (IPv4-mapped, IPv4-compatible, NAT64, 6to4), which
-is judged by the IPv4 rules. `allow_private` (COURIER_ALLOW_PRIVATE_MEDIA_URLS=1)
-lifts the address rules, not the scheme and credential rules.
+Every address the host resolves to must be publicly routable; the fetcher then
+connects to one of those very addresses (`fetcher.py`), never resolving again.
+Which URLs are read at all is `urls.py`'s business. Refused, by name: "this
+network"/unspecified, loopback, private, carrier-grade NAT, link-local (cloud
+metadata services live there), IETF protocol assignments, documentation and
+benchmarking ranges, 6to4 relays, multicast, broadcast and reserved space; for
+IPv6 also unique-local, site-local, discard-only, and any address embedding an
+IPv4 one (IPv4-mapped, IPv4-compatible, NAT64, 6to4), which is judged by the
+IPv4 rules. `allow_private` (COURIER_ALLOW_PRIVATE_MEDIA_URLS=1)
+lifts these rules, not the URL rules.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
-from urllib.parse import SplitResult, urlsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -55,34 +54,8 @@ _SIXTOFOUR = ipaddress.IPv6Network("2002::/16")
 _COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MediaUrl:
-    url: str
-    scheme: str
-    host: str
-    port: int
-
-
 class MediaRefused(ValueError):
     """A URL or address the policy refuses; the message says which rule."""
-
-
-def parse_media_url(url: str) -> MediaUrl:
-    """An http(s) URL with a host and no credentials, or `MediaRefused`."""
-    try:
-        parts: SplitResult = urlsplit(url)
-        port = parts.port
-    except ValueError as error:
-        raise MediaRefused(f"not a valid URL: {error}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        raise MediaRefused(f"only http and https URLs are fetched, not {scheme or 'no scheme'}")
-    if parts.username is not None or parts.password is not None:
-        raise MediaRefused("URLs with credentials are refused")
-    host = parts.hostname
-    if not host:
-        raise MediaRefused("the URL has no host")
-    return MediaUrl(url=url, scheme=scheme, host=host, port=port or (443 if scheme == "https" else 80))
 
 
 def refusal_reason(address: IPAddress) -> str | None:

@@ -44,3 +44,11 @@ class Request(Message, Generic[R]):
     """A message answered with one `R`, or a `RequestFailed`, on its own reply stream."""
 
     reply: ReplyStream[R | RequestFailed]
+
+    def failed(self, error: Exception, actor: str) -> RequestFailed:
+        """What the asker is told when handling this raised unexpectedly (`runtime/faults.py`): a 500."""
+        message = (
+            f"internal error in the {actor.replace('_', ' ')} ({type(error).__name__}); "
+            "the server logged it and keeps serving"
+        )
+        return RequestFailed(kind=FailureKind.INTERNAL, message=message, code=FailureCode.INTERNAL_ERROR)

@@ -40,6 +40,7 @@ class CompactHistory(Request[CompactionResult]):
     max_output_tokens: int
     session: str
     memo: FetchMemo | None = None  # images already read for this turn (automatic compaction): read once in all
+    tenant: str = ""  # whose prompt-cache state the summary and the warm-up belong to
 
 
 CompactorMessage: TypeAlias = CompactHistory

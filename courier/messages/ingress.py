@@ -68,6 +68,7 @@ class AdmitGeneration(Request[Admitted]):
     memo: FetchMemo | None = None
     # Cap `sampling.max_tokens` at what the context leaves instead of refusing (a turn just compacted to fit).
     fit_to_context: bool = False
+    tenant: str = ""  # whose prompt-cache state it may reuse (an API key's; "" without keys)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +78,7 @@ class WarmUpConversation(Message):
     session: str
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] | None
+    tenant: str = ""
 
 
 IngressMessage: TypeAlias = AdmitGeneration | WarmUpConversation

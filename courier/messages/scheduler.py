@@ -34,6 +34,7 @@ class SubmitGeneration(Request[GenerationQueued]):
     boundary: int
     cache_prompt: bool
     vision: VisionInputs | None = None  # the prompt's images, for a vision model's prefill
+    tenant: str = ""  # whose snapshots it may reuse and keep (an API key's; "" without keys)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +43,7 @@ class QueueWarmUp(Message):
 
     session: str
     tokens: tuple[int, ...]
+    tenant: str = ""
 
 
 SchedulerMessage: TypeAlias = SubmitGeneration | QueueWarmUp

@@ -1,15 +1,18 @@
 """The storage actor's inbox: one message per storage operation, each applied to the backend on its thread.
 
 Every message carries a reply stream for its result, or a `RequestFailed` when the
-backend refuses (a record over the whole budget, an unknown pagination cursor).
+backend refuses (a record over the whole budget, an unknown pagination cursor) or
+meets a fault (a damaged record, a database it cannot write). `writes` marks the
+messages that change the database: a success of one tells the actor that storing
+works again after a failing disk.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, TypeVar
 
 from courier.messages.base import Request
 from courier.storage.records import (
@@ -21,12 +24,20 @@ from courier.storage.records import (
     StoredConversation,
     StoredResponse,
 )
+from courier.storage.tenancy import scoped, unscoped
 
 R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StorageRequest(Request[R]):
+    writes: ClassVar[bool] = False
+    # Whose records these are (`storage/tenancy.py`): "" without API keys.
+    tenant: str = ""
+
+    def key(self, record_id: str) -> str:
+        return scoped(self.tenant, record_id)
+
     @abstractmethod
     def apply(self, storage: ResponseStorage) -> R:
         """Run against the backend (on the storage thread) and return the reply."""
@@ -36,11 +47,13 @@ class StorageRequest(Request[R]):
 class SaveResponse(StorageRequest[None]):
     """Store a finished response; with a conversation, append its input and output items to it too."""
 
+    writes: ClassVar[bool] = True
+
     response: StoredResponse
     conversation_items: Sequence[JsonObject] = ()
 
     def apply(self, storage: ResponseStorage) -> None:
-        storage.save_response(self.response, self.conversation_items)
+        storage.save_response(_scoped_response(self.tenant, self.response), self.conversation_items)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,7 +61,8 @@ class LoadResponse(StorageRequest[StoredResponse | None]):
     response_id: str
 
     def apply(self, storage: ResponseStorage) -> StoredResponse | None:
-        return storage.load_response(self.response_id)
+        stored = storage.load_response(self.key(self.response_id))
+        return _unscoped_response(self.tenant, stored) if stored is not None else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,24 +72,32 @@ class LoadChain(StorageRequest[Chain | None]):
     response_id: str
 
     def apply(self, storage: ResponseStorage) -> Chain | None:
-        return storage.load_chain(self.response_id)
+        chain = storage.load_chain(self.key(self.response_id))
+        if chain is None:
+            return None
+        missing = unscoped(self.tenant, chain.missing) if chain.missing is not None else None
+        return Chain(responses=tuple(_unscoped_response(self.tenant, r) for r in chain.responses), missing=missing)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeleteResponse(StorageRequest[bool]):
+    writes: ClassVar[bool] = True
+
     response_id: str
 
     def apply(self, storage: ResponseStorage) -> bool:
-        return storage.delete_response(self.response_id)
+        return storage.delete_response(self.key(self.response_id))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CreateConversation(StorageRequest[None]):
+    writes: ClassVar[bool] = True
+
     conversation: StoredConversation
     items: Sequence[JsonObject] = ()
 
     def apply(self, storage: ResponseStorage) -> None:
-        storage.create_conversation(self.conversation, self.items)
+        storage.create_conversation(replace(self.conversation, id=self.key(self.conversation.id)), self.items)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,33 +105,40 @@ class LoadConversation(StorageRequest[StoredConversation | None]):
     conversation_id: str
 
     def apply(self, storage: ResponseStorage) -> StoredConversation | None:
-        return storage.load_conversation(self.conversation_id)
+        return _unscoped_conversation(self.tenant, storage.load_conversation(self.key(self.conversation_id)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UpdateConversation(StorageRequest[StoredConversation | None]):
+    writes: ClassVar[bool] = True
+
     conversation_id: str
     metadata: Mapping[str, str]
 
     def apply(self, storage: ResponseStorage) -> StoredConversation | None:
-        return storage.update_conversation(self.conversation_id, self.metadata)
+        updated = storage.update_conversation(self.key(self.conversation_id), self.metadata)
+        return _unscoped_conversation(self.tenant, updated)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeleteConversation(StorageRequest[bool]):
+    writes: ClassVar[bool] = True
+
     conversation_id: str
 
     def apply(self, storage: ResponseStorage) -> bool:
-        return storage.delete_conversation(self.conversation_id)
+        return storage.delete_conversation(self.key(self.conversation_id))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppendConversationItems(StorageRequest[bool]):
+    writes: ClassVar[bool] = True
+
     conversation_id: str
     items: Sequence[JsonObject]
 
     def apply(self, storage: ResponseStorage) -> bool:
-        return storage.append_conversation_items(self.conversation_id, self.items)
+        return storage.append_conversation_items(self.key(self.conversation_id), self.items)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,7 +148,7 @@ class LoadConversationItems(StorageRequest[tuple[JsonObject, ...] | None]):
     conversation_id: str
 
     def apply(self, storage: ResponseStorage) -> tuple[JsonObject, ...] | None:
-        return storage.conversation_items(self.conversation_id)
+        return storage.conversation_items(self.key(self.conversation_id))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,7 +157,7 @@ class ListConversationItems(StorageRequest[ItemPage | None]):
     page: PageQuery
 
     def apply(self, storage: ResponseStorage) -> ItemPage | None:
-        return storage.list_conversation_items(self.conversation_id, self.page)
+        return storage.list_conversation_items(self.key(self.conversation_id), self.page)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,16 +166,44 @@ class LoadConversationItem(StorageRequest[JsonObject | None]):
     item_id: str
 
     def apply(self, storage: ResponseStorage) -> JsonObject | None:
-        return storage.load_conversation_item(self.conversation_id, self.item_id)
+        return storage.load_conversation_item(self.key(self.conversation_id), self.item_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeleteConversationItem(StorageRequest[bool | None]):
+    writes: ClassVar[bool] = True
+
     conversation_id: str
     item_id: str
 
     def apply(self, storage: ResponseStorage) -> bool | None:
-        return storage.delete_conversation_item(self.conversation_id, self.item_id)
+        return storage.delete_conversation_item(self.key(self.conversation_id), self.item_id)
 
 
 StorageMessage = StorageRequest[Any]
+
+
+def _scoped_response(tenant: str, response: StoredResponse) -> StoredResponse:
+    return replace(
+        response,
+        id=scoped(tenant, response.id),
+        previous_response_id=_maybe(scoped, tenant, response.previous_response_id),
+        conversation_id=_maybe(scoped, tenant, response.conversation_id),
+    )
+
+
+def _unscoped_response(tenant: str, response: StoredResponse) -> StoredResponse:
+    return replace(
+        response,
+        id=unscoped(tenant, response.id),
+        previous_response_id=_maybe(unscoped, tenant, response.previous_response_id),
+        conversation_id=_maybe(unscoped, tenant, response.conversation_id),
+    )
+
+
+def _unscoped_conversation(tenant: str, conversation: StoredConversation | None) -> StoredConversation | None:
+    return replace(conversation, id=unscoped(tenant, conversation.id)) if conversation is not None else None
+
+
+def _maybe(convert: Any, tenant: str, record_id: str | None) -> str | None:
+    return convert(tenant, record_id) if record_id is not None else None

@@ -32,6 +32,9 @@ DetokenizeReply: TypeAlias = DetokenizeResult | RequestFailed
 class TokenizeText(Request[TokenizeResult]):
     text: str
     add_special_tokens: bool
+    # The most tokens the caller can use (the context length): a text whose size alone shows it is longer is refused
+    # (400 context_length_exceeded) without being tokenized. None: tokenize whatever comes.
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +48,7 @@ class TokenizeChat(Request[TokenizeResult]):
     thinking: bool = True  # False renders with `enable_thinking=False` (templates without it ignore it)
     # The messages' images in order, fetched: a vision model's processor expands their placeholders.
     images: tuple[FetchedImage, ...] = ()
+    max_tokens: int | None = None  # as for `TokenizeText`: refused by size alone, before any render, beyond it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

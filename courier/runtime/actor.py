@@ -8,23 +8,33 @@ out closes the reply stream of every message it never handled, so no asker waits
 forever (their `ask` raises `ActorStopped`). A message's reply stream is closed
 after its handler returns or fails, so a handler needs no bookkeeping for that.
 
-A per-request failure is the handler's business: it replies with a typed failure
-and the loop goes on. Any exception that escapes a handler stops the actor and,
-through the supervisor's task group, the whole server, loudly.
+A per-request failure the handler expects is its own business: it replies with a
+typed failure and the loop goes on. An exception that escapes a handler is a fault
+(`runtime/faults.py`): it fails that message's request only, is logged with its
+trace and counted, and the loop goes on. Only a `BrokenInvariant` (or a
+cancellation) stops the actor and, through the supervisor's task group, the whole
+server, loudly.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar, Generic, TypeVar
+from contextlib import suppress
+from typing import Any, ClassVar, Generic, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
 
+from courier.runtime.faults import BrokenInvariant, FaultCounter
 from courier.runtime.message import Message
 from courier.runtime.tracing import message_span
+
+logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 R = TypeVar("R")
@@ -43,13 +53,16 @@ class ActorBusy(RuntimeError):
 
 class Actor(ABC, Generic[M]):
     name: ClassVar[str]
+    _faults: FaultCounter | None = None
 
     async def run(
         self,
         inbox: MemoryObjectReceiveStream[M],
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+        faults: FaultCounter | None = None,
     ) -> None:
+        self._faults = faults
         async with inbox:
             try:
                 await self.setup()
@@ -60,6 +73,10 @@ class Actor(ABC, Generic[M]):
                         with message_span(self.name, message, message.trace):
                             try:
                                 await self.handle(message)
+                            except BrokenInvariant:
+                                raise
+                            except Exception as error:
+                                self.fault(message, error, getattr(message, "reply", None))
                             finally:
                                 # Even a handler cancelled before it replied leaves no asker waiting.
                                 _close_reply(message)
@@ -67,6 +84,27 @@ class Actor(ABC, Generic[M]):
             finally:
                 _refuse_unhandled(inbox)
                 self.stopped()
+
+    def fault(self, message: M, error: Exception, reply: MemoryObjectSendStream[Any] | None) -> None:
+        """`message`'s handling raised `error`: log it with its trace, count it, and answer its asker on `reply`."""
+        span = trace.get_current_span()
+        span.record_exception(error)
+        span.set_status(StatusCode.ERROR, type(error).__name__)
+        trace_id = format(span.get_span_context().trace_id, "032x")
+        logger.error(
+            "%s: handling %s raised %s; that request fails, the actor keeps serving (trace %s)",
+            self.name,
+            type(message).__name__,
+            type(error).__name__,
+            trace_id,
+            exc_info=error,
+        )
+        if self._faults is not None:
+            self._faults.add(self.name)
+        failed = getattr(message, "failed", None)
+        if reply is not None and callable(failed):
+            with suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                reply.send_nowait(failed(error, self.name))
 
     async def setup(self) -> None:
         """Prepare state before the actor reports itself started."""

@@ -7,7 +7,9 @@ its own clone of the message's reply stream (the actor base closes the original
 when `handle` returns), so every asker gets exactly one answer, or `ActorStopped`
 when the actor stops first. When every slot is taken a caller either waits for one
 (so a full inbox turns into `ActorBusy` for askers rather than unbounded tasks) or
-is told at once that none is free (and refuses the request itself).
+is told at once that none is free (and refuses the request itself). A side task's
+fault is handled as the inbox loop handles one (`Actor.fault`): its request fails,
+the other tasks and the actor go on.
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.runtime.actor import Actor
+from courier.runtime.faults import BrokenInvariant
 from courier.runtime.message import Message
 
 M = TypeVar("M", bound=Message)
 SideWork = Callable[[M, MemoryObjectSendStream[Any]], Awaitable[None]]
+OnFault = Callable[[M, Exception, MemoryObjectSendStream[Any]], None]
 
 
 class SideTasks(Generic[M]):
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_fault: OnFault[M]) -> None:
+        self._on_fault = on_fault
         self._slots = anyio.Semaphore(limit)
         self._group: TaskGroup | None = None
         self._ready = anyio.Event()
@@ -65,6 +70,10 @@ class SideTasks(Generic[M]):
         with reply:
             try:
                 await work(message, reply)
+            except BrokenInvariant:
+                raise
+            except Exception as error:
+                self._on_fault(message, error, reply)
             finally:
                 self._slots.release()
 
@@ -73,7 +82,7 @@ class ConcurrentActor(Actor[M]):
     max_concurrent: ClassVar[int]
 
     def __init__(self) -> None:
-        self._side_tasks: SideTasks[M] = SideTasks(self.max_concurrent)
+        self._side_tasks: SideTasks[M] = SideTasks(self.max_concurrent, self.fault)
 
     async def background(self) -> None:
         await self._side_tasks.run()

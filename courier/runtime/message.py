@@ -2,7 +2,9 @@
 
 So the receiving actor's span joins the request's trace without any code at the
 call site. A message that expects an answer also has a `reply` stream (see
-`runtime/actor.py`); the vocabulary itself lives in `courier/messages/`.
+`runtime/actor.py`), and may define `failed(error, actor)`: the answer its asker
+gets when handling it raised unexpectedly (without it the stream is just closed).
+The vocabulary itself lives in `courier/messages/`.
 """
 
 from __future__ import annotations

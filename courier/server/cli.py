@@ -77,7 +77,8 @@ def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> in
 
     import anyio
 
-    from courier.server.supervisor import ServerFailed, Supervisor
+    from courier.server.errors import ServerFailed
+    from courier.server.supervisor import Supervisor
 
     try:
         anyio.run(Supervisor(settings, source, blas, environ).run)

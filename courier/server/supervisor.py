@@ -44,6 +44,7 @@ from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
 from courier.engine.batch_engine import BatchEngine, BatchLimits
 from courier.engine.snapshot_budget import available_memory, default_budget, measure_footprint
 from courier.http.app import create_app
+from courier.http.auth import ApiKeys
 from courier.http.context import AppContext, Outboxes
 from courier.media.fetcher import FetchLimits, MediaFetcher
 from courier.messages.compactor import CompactorMessage
@@ -62,7 +63,11 @@ from courier.runtime.actor import Actor
 from courier.runtime.message import Message
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.tracing import configure_tracing
+from courier.server.connection_cap import cap_for_open_files, install_connection_cap
+from courier.server.errors import ServerFailed
+from courier.server.keys import load_api_keys, load_capsule_codec
 from courier.settings import Settings
+from courier.status.connections import ConnectionStats
 from courier.status.metrics import CourierMetrics
 from courier.status.scheduler_stats import SchedulerStats
 from courier.status.service_state import ServiceState
@@ -87,11 +92,6 @@ ERROR_FLUSH_S = 2.0
 PREFILL_BATCH = 8
 COMPACTOR_INBOX = 64
 MEDIA_INBOX = 64
-MIN_COMPACTION_KEY_BYTES = 16
-
-
-class ServerFailed(RuntimeError):
-    """The server could not start (the model did not load); the message says why."""
 
 
 class Supervisor:
@@ -122,11 +122,18 @@ class Supervisor:
         self._media_send, self._media_receive = anyio.create_memory_object_stream[MediaFetcherMessage](MEDIA_INBOX)
         self._capsules = CapsuleCodec(None, settings.max_body_bytes)
         stats = SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue)
-        self._state = ServiceState(blas=blas, model_id=settings.served_model_name or source.default_id, scheduler=stats)
+        self._state = ServiceState(
+            blas=blas,
+            model_id=settings.served_model_name or source.default_id,
+            scheduler=stats,
+            connections=ConnectionStats(limit=cap_for_open_files(settings.max_connections)),
+        )
+        self._api_keys = ApiKeys(())
         self._metrics = CourierMetrics(self._state)
 
     async def run(self) -> None:
         self._capsules = load_capsule_codec(self._settings)
+        self._api_keys = load_api_keys(self._settings)
         provider = configure_tracing(self._environ, self._settings.trace_file)
         listener = bind_listener(self._settings.host, self._settings.port)
         try:
@@ -161,6 +168,7 @@ class Supervisor:
             state=self._state,
             metrics=self._metrics,
             capsules=self._capsules,
+            api_keys=self._api_keys,
             outboxes=Outboxes(
                 token_counter=self._token_counter_send,
                 ingress=self._ingress_send,
@@ -180,6 +188,7 @@ class Supervisor:
         config.errorlog = logging.getLogger("hypercorn.error")
         logger.info("listening on http://%s:%d (model %s loading)", _url_host(host), port, self._state.model_id)
         task_status.started()
+        uninstall_cap = install_connection_cap(self._state.connections)
         try:
             await hypercorn_serve(create_app(context), config, shutdown_trigger=self._stop.wait, mode="asgi")
         except Exception:
@@ -188,6 +197,7 @@ class Supervisor:
             if not self._forced:
                 raise
         finally:
+            uninstall_cap()
             http_done.set()
 
     async def _load_and_start_actors(self, task_group: TaskGroup) -> None:
@@ -247,7 +257,12 @@ class Supervisor:
             limits.max_entries,
             limits.ttl_s,
         )
-        await task_group.start(self._run_actor, StorageActor(storage), self._storage_receive, self._storage_send)
+        await task_group.start(
+            self._run_actor,
+            StorageActor(storage, self._state.storage_faults),
+            self._storage_receive,
+            self._storage_send,
+        )
         return True
 
     async def _start_actors(self, task_group: TaskGroup, loaded: LoadedModel) -> None:
@@ -310,6 +325,8 @@ class Supervisor:
             max_pixels=settings.max_image_pixels,
             media_root=settings.media_path,
             allow_private=settings.allow_private_media_urls,
+            max_image_memory_bytes=settings.max_image_memory_bytes,
+            memory_wait_s=settings.request_timeout,  # a request waits for image memory at most its deadline
         )
         actor = MediaFetcherActor(MediaFetcher(limits))
         await task_group.start(self._run_actor, actor, self._media_receive, self._media_send)
@@ -350,7 +367,7 @@ class Supervisor:
         done = anyio.Event()
         self._started_actors.append((outbox, done))
         try:
-            await actor.run(inbox, task_status=task_status)
+            await actor.run(inbox, task_status=task_status, faults=self._state.faults)
         finally:
             done.set()
 
@@ -390,25 +407,6 @@ class Supervisor:
                     return
                 logger.info("received %s: shutting down", signal.Signals(received).name)
                 self._stop.set()
-
-
-def load_capsule_codec(settings: Settings) -> CapsuleCodec:
-    """Compaction capsules, authenticated with the key in `--compaction-key-file` when one is given."""
-    key = None
-    if settings.compaction_key_file is not None:
-        try:
-            key = settings.compaction_key_file.read_bytes().strip()
-        except OSError as error:
-            raise ServerFailed(f"cannot read --compaction-key-file {settings.compaction_key_file}: {error}") from None
-        if len(key) < MIN_COMPACTION_KEY_BYTES:
-            raise ServerFailed(
-                f"--compaction-key-file {settings.compaction_key_file} holds {len(key)} bytes; "
-                f"use at least {MIN_COMPACTION_KEY_BYTES} random bytes (e.g. `openssl rand -hex 32`)"
-            )
-        logger.info(
-            "compaction capsules are authenticated (HMAC-SHA256) with the key in %s", settings.compaction_key_file
-        )
-    return CapsuleCodec(key, settings.max_body_bytes)
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -50,6 +50,8 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._scheduler()
+        yield from self._faults()
+        yield from self._connections()
         yield from self._prompt_cache()
         yield from self._mlx_memory()
 
@@ -63,6 +65,41 @@ class _StateCollector(Collector):
         outcomes.add_metric(["rejected"], self._state.rejected)
         yield outcomes
         yield CounterMetricFamily("courier_generated_tokens", "Tokens generated", value=stats.generated_tokens)
+
+    def _connections(self) -> Iterator[Metric]:
+        connections = self._state.connections
+        yield GaugeMetricFamily("courier_connections_open", "Open client connections", value=connections.open)
+        yield GaugeMetricFamily(
+            "courier_connections_limit", "Most open client connections (--max-connections)", value=connections.limit
+        )
+        yield CounterMetricFamily(
+            "courier_connections_refused", "Connections answered 503 at the connection cap", value=connections.refused
+        )
+
+    def _faults(self) -> Iterator[Metric]:
+        faults = CounterMetricFamily(
+            "courier_request_faults",
+            "Requests failed by an unexpected exception in an actor (each logged with its trace)",
+            labels=["actor"],
+        )
+        for actor, count in sorted(self._state.faults.by_actor().items()):
+            faults.add_metric([actor], count)
+        yield faults
+        storage = self._state.storage_faults
+        for name, help_text, value in (
+            (
+                "damaged_records",
+                "Distinct stored records found damaged (each read of one is a 500)",
+                storage.damaged_records,
+            ),
+            ("damaged_reads", "Reads refused because the record they read is damaged", storage.damaged_reads),
+            (
+                "unavailable",
+                "Storage calls the database could not serve (full disk, I/O error): 503s",
+                storage.unavailable_calls,
+            ),
+        ):
+            yield CounterMetricFamily(f"courier_storage_{name}", help_text, value=value)
 
     def _mlx_memory(self) -> Iterator[Metric]:
         memory = mlx_memory()

@@ -13,7 +13,10 @@ from enum import Enum
 from courier.core.tool_calls import ToolCallFormat
 from courier.model.info import ModelInfo
 from courier.platform.blas import BlasReport
+from courier.runtime.faults import FaultCounter
+from courier.status.connections import ConnectionStats
 from courier.status.scheduler_stats import AdmissionStats, SchedulerStats
+from courier.storage.faults import StorageFaults
 
 
 class Phase(Enum):
@@ -28,6 +31,9 @@ class ServiceState:
     model_id: str
     scheduler: SchedulerStats
     admission: AdmissionStats = field(default_factory=AdmissionStats)
+    faults: FaultCounter = field(default_factory=FaultCounter)  # every actor counts into it
+    storage_faults: StorageFaults = field(default_factory=StorageFaults)  # the storage actor's
+    connections: ConnectionStats = field(default_factory=lambda: ConnectionStats(limit=0))  # the connection gate's
     phase: Phase = Phase.LOADING
     model: ModelInfo | None = None
     tool_format: ToolCallFormat | None = None

@@ -72,8 +72,35 @@ class StorageRefused(Exception):
     """A record larger than the whole byte budget: it is not stored and nothing is evicted for it."""
 
 
+class DamagedRecord(Exception):
+    """One stored record cannot be read back: its JSON does not parse, or is not the shape the server wrote.
+
+    Bit rot or a bad restore damages records one at a time, so the fault is that record's alone: only requests
+    that read it fail (the storage actor answers them with a 500), and everything else is served as before.
+    """
+
+    def __init__(self, record: str, reason: str) -> None:
+        super().__init__(f"the stored {record} is damaged: {reason}")
+        self.record = record  # what was read, with its id: "response 'resp_1'"
+        self.reason = reason
+
+
+class StorageUnavailable(Exception):
+    """The database cannot be read or written right now (a full disk, an I/O error); nothing was changed.
+
+    A failed write is rolled back and the backend stays usable, so storing resumes by itself once the disk has
+    room again. The storage actor answers it with a 503, and keeps serving.
+    """
+
+
 class ResponseStorage(Protocol):
-    """Synchronous, called from one thread at a time (the storage actor serializes every call)."""
+    """Synchronous, called from one thread at a time (the storage actor serializes every call).
+
+    Faults are typed and local to the call that meets them: a read of a damaged record raises `DamagedRecord`
+    (other records stay readable), and any call the database cannot serve right now raises `StorageUnavailable`
+    having changed nothing. A record over the whole byte budget raises `StorageRefused`. Whatever a call
+    acknowledged (returned from) stays stored.
+    """
 
     def save_response(self, response: StoredResponse, conversation_items: Sequence[JsonObject]) -> None:
         """Store a response and, when it belongs to a conversation, append `conversation_items` to it, atomically."""

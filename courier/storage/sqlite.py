@@ -6,6 +6,14 @@ entry budgets are kept by evicting the least recently updated responses and
 conversations (a whole conversation at a time); a record larger than the whole
 budget is refused. Not thread-safe by itself: the storage actor calls it from one
 thread at a time.
+
+Faults stay with the call that meets them. Every row read is checked
+(`decoding.py`), so a damaged record is a `DamagedRecord` for the requests that
+read it. A database error while serving a call (`database or disk is full`,
+`disk I/O error`) is `StorageUnavailable` (`transaction.py`): the transaction is
+rolled back, the in-memory byte and entry counts are measured again from what is
+committed, and the connection serves the next call, so storing resumes by itself
+once the disk has room. Only opening the database at start-up may fail for good.
 """
 
 from __future__ import annotations
@@ -14,10 +22,12 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 import orjson
 
+from courier.storage.decoding import conversation_item, stored_conversation, stored_response
 from courier.storage.paging import UnknownCursor
 from courier.storage.records import (
     Chain,
@@ -30,45 +40,15 @@ from courier.storage.records import (
     StoredConversation,
     StoredResponse,
 )
+from courier.storage.schema import migrate
+from courier.storage.transaction import Transaction, served
 
 logger = logging.getLogger(__name__)
 
 DATABASE_NAME = "courier.sqlite3"
-SCHEMA_VERSION = 1
 # A previous_response_id chain longer than this is refused rather than walked.
 MAX_CHAIN_HOPS = 10_000
 _EVICTION_BATCH = 64
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    previous_response_id TEXT,
-    conversation_id TEXT,
-    input_items BLOB NOT NULL,
-    response BLOB NOT NULL,
-    nbytes INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS responses_by_age ON responses (updated_at);
-CREATE TABLE IF NOT EXISTS conversations (
-    id TEXT PRIMARY KEY,
-    created_at INTEGER NOT NULL,
-    updated_at REAL NOT NULL,
-    metadata BLOB NOT NULL,
-    nbytes INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS conversations_by_age ON conversations (updated_at);
-CREATE TABLE IF NOT EXISTS conversation_items (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
-    id TEXT NOT NULL,
-    item BLOB NOT NULL,
-    nbytes INTEGER NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS conversation_items_by_id ON conversation_items (conversation_id, id);
-CREATE INDEX IF NOT EXISTS conversation_items_in_order ON conversation_items (conversation_id, seq);
-"""
 
 
 class SqliteStorage:
@@ -82,8 +62,10 @@ class SqliteStorage:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        migrate(self._db, self.path)
         self._bytes, self._entries = self._measure()
+        # Set when a failed transaction could not re-measure them; the next transaction measures first.
+        self._counts_stale = False
 
     @property
     def stored_bytes(self) -> int:
@@ -94,10 +76,14 @@ class SqliteStorage:
         return self._entries
 
     def close(self) -> None:
-        self._db.close()
+        try:
+            self._db.close()
+        except sqlite3.OperationalError as error:  # everything acknowledged is committed already
+            logger.warning("storage: closing the database failed: %s", error)
 
     # Responses
 
+    @served
     def save_response(self, response: StoredResponse, conversation_items: Sequence[JsonObject]) -> None:
         input_blob = orjson.dumps(list(response.input_items))
         response_blob = orjson.dumps(response.response)
@@ -131,14 +117,16 @@ class SqliteStorage:
             self._entries += 0 if replaced else 1
             self._enforce_limits(keep=("responses", response.id))
 
+    @served
     def load_response(self, response_id: str) -> StoredResponse | None:
         row = self._db.execute(
             "SELECT id, created_at, previous_response_id, conversation_id, input_items, response "
             "FROM responses WHERE id = ?",
             (response_id,),
         ).fetchone()
-        return _response_from_row(row) if row else None
+        return stored_response(row) if row else None
 
+    @served
     def load_chain(self, response_id: str) -> Chain | None:
         rows = self._db.execute(
             """
@@ -156,15 +144,17 @@ class SqliteStorage:
         ).fetchall()
         if not rows:
             return None
-        responses = tuple(_response_from_row(row) for row in rows)
+        responses = tuple(stored_response(row) for row in rows)
         return Chain(responses=responses, missing=responses[0].previous_response_id)
 
+    @served
     def delete_response(self, response_id: str) -> bool:
         with self._transaction():
             return self._delete_response(response_id)
 
     # Conversations
 
+    @served
     def create_conversation(self, conversation: StoredConversation, items: Sequence[JsonObject]) -> None:
         metadata = orjson.dumps(dict(conversation.metadata))
         item_rows = [_item_row(item) for item in items]
@@ -182,12 +172,14 @@ class SqliteStorage:
             self._insert_items(conversation.id, item_rows, now)
             self._enforce_limits(keep=("conversations", conversation.id))
 
+    @served
     def load_conversation(self, conversation_id: str) -> StoredConversation | None:
         row = self._db.execute(
             "SELECT id, created_at, metadata FROM conversations WHERE id = ?", (conversation_id,)
         ).fetchone()
-        return StoredConversation(id=row[0], created_at=row[1], metadata=orjson.loads(row[2])) if row else None
+        return stored_conversation(row) if row else None
 
+    @served
     def update_conversation(self, conversation_id: str, metadata: Mapping[str, str]) -> StoredConversation | None:
         blob = orjson.dumps(dict(metadata))
         with self._transaction():
@@ -201,10 +193,12 @@ class SqliteStorage:
             self._bytes += len(blob) - row[0]
         return self.load_conversation(conversation_id)
 
+    @served
     def delete_conversation(self, conversation_id: str) -> bool:
         with self._transaction():
             return self._delete_conversation(conversation_id)
 
+    @served
     def append_conversation_items(self, conversation_id: str, items: Sequence[JsonObject]) -> bool:
         item_rows = [_item_row(item) for item in items]
         added = sum(len(blob) for _, blob in item_rows)
@@ -217,14 +211,17 @@ class SqliteStorage:
             self._enforce_limits(keep=("conversations", conversation_id))
         return True
 
+    @served
     def conversation_items(self, conversation_id: str) -> tuple[JsonObject, ...] | None:
         if not self._conversation_exists(conversation_id):
             return None
+        # Every row read before any is decoded: a damaged one must not leave the statement (and its snapshot) open.
         rows = self._db.execute(
-            "SELECT item FROM conversation_items WHERE conversation_id = ? ORDER BY seq", (conversation_id,)
-        )
-        return tuple(orjson.loads(row[0]) for row in rows)
+            "SELECT id, item FROM conversation_items WHERE conversation_id = ? ORDER BY seq", (conversation_id,)
+        ).fetchall()
+        return tuple(conversation_item(conversation_id, item_id, blob) for item_id, blob in rows)
 
+    @served
     def list_conversation_items(self, conversation_id: str, page: PageQuery) -> ItemPage | None:
         if not self._conversation_exists(conversation_id):
             return None
@@ -239,19 +236,21 @@ class SqliteStorage:
             bound = row[0]
         comparison, direction = (">", "ASC") if ascending else ("<", "DESC")
         rows = self._db.execute(
-            f"SELECT item FROM conversation_items WHERE conversation_id = ? AND seq {comparison} ? "
+            f"SELECT id, item FROM conversation_items WHERE conversation_id = ? AND seq {comparison} ? "
             f"ORDER BY seq {direction} LIMIT ?",
             (conversation_id, bound, page.limit + 1),
         ).fetchall()
-        items = tuple(orjson.loads(row[0]) for row in rows[: page.limit])
+        items = tuple(conversation_item(conversation_id, item_id, blob) for item_id, blob in rows[: page.limit])
         return ItemPage(items=items, has_more=len(rows) > page.limit)
 
+    @served
     def load_conversation_item(self, conversation_id: str, item_id: str) -> JsonObject | None:
         row = self._db.execute(
             "SELECT item FROM conversation_items WHERE conversation_id = ? AND id = ?", (conversation_id, item_id)
         ).fetchone()
-        return orjson.loads(row[0]) if row else None
+        return conversation_item(conversation_id, item_id, row[0]) if row else None
 
+    @served
     def delete_conversation_item(self, conversation_id: str, item_id: str) -> bool | None:
         with self._transaction():
             if not self._conversation_exists(conversation_id):
@@ -268,6 +267,7 @@ class SqliteStorage:
 
     # Budgets
 
+    @served
     def sweep(self, now: float) -> int:
         cutoff = now - self._limits.ttl_s
         with self._transaction():
@@ -345,15 +345,19 @@ class SqliteStorage:
     def _conversation_exists(self, conversation_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is not None
 
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self)
+    def _transaction(self) -> Transaction:
+        if self._counts_stale:
+            self._bytes, self._entries = self._measure()
+            self._counts_stale = False
+        return Transaction(self._db, self._recount)
 
-    def _migrate(self) -> None:
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path} has schema version {version}; this Courier knows up to {SCHEMA_VERSION}")
-        self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    def _recount(self) -> None:
+        """A transaction was rolled back: the in-memory counts are measured again from what is committed (or, if
+        even that fails, before the next transaction)."""
+        self._counts_stale = True
+        with suppress(sqlite3.OperationalError):
+            self._bytes, self._entries = self._measure()
+            self._counts_stale = False
 
     def _measure(self) -> tuple[int, int]:
         nbytes = self._db.execute(
@@ -366,34 +370,5 @@ class SqliteStorage:
         return int(nbytes), int(entries)
 
 
-class _Transaction:
-    """BEGIN IMMEDIATE .. COMMIT; on an error, ROLLBACK and re-measure the in-memory byte and entry counts."""
-
-    def __init__(self, storage: SqliteStorage) -> None:
-        self._storage = storage
-
-    def __enter__(self) -> None:
-        self._storage._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
-        storage = self._storage
-        if kind is None:
-            storage._db.execute("COMMIT")
-            return
-        storage._db.execute("ROLLBACK")
-        storage._bytes, storage._entries = storage._measure()
-
-
 def _item_row(item: JsonObject) -> tuple[str, bytes]:
     return str(item["id"]), orjson.dumps(item)
-
-
-def _response_from_row(row: tuple[str, float, str | None, str | None, bytes, bytes]) -> StoredResponse:
-    return StoredResponse(
-        id=row[0],
-        created_at=row[1],
-        previous_response_id=row[2],
-        conversation_id=row[3],
-        input_items=tuple(orjson.loads(row[4])),
-        response=orjson.loads(row[5]),
-    )

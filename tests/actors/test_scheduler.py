@@ -9,12 +9,8 @@ events, the store's messages and the engine's steps, in order. Nothing sleeps: t
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
-from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
@@ -54,10 +50,11 @@ from courier.messages.snapshot_store import (
     SnapshotStoreMessage,
 )
 from courier.runtime.actor import ActorStopped, ask
-from courier.runtime.mlx_thread import THREAD_NAME, MlxThread
+from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.tracing import tracer
 from courier.status.scheduler_stats import SchedulerStats
 from tests.support.actors import FakeNeighbour, busy_inbox, run_actor, start_neighbours, stopped_inbox
+from tests.support.fake_engine import FakeEngine, Step
 
 Inbox = MemoryObjectSendStream[SchedulerMessage]
 Store = FakeNeighbour[SnapshotStoreMessage]
@@ -71,65 +68,6 @@ SAMPLING = SamplingParams(max_tokens=8, temperature=0.0)
 PROMPT = (11, 12, 13, 14)
 BOUNDARY = 3  # the conversation's history is the prompt's first three tokens
 HISTORY_FOUND = PrefixFound(state="history-state", length=3, matched=3, trimmed=False, continues=41)
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """What one engine step was given."""
-
-    added: tuple[EngineRequest, ...]
-    cancelled: tuple[RequestId, ...]
-
-
-class FakeEngine:
-    """Stands in for `BatchEngine`: records each step and answers it with the next scripted outputs.
-
-    A step with nothing scripted waits on the MLX thread until the test scripts its outputs (`then`) or closes
-    the engine. Reading `model` is counted: only a warm-up that really runs needs it.
-    """
-
-    def __init__(self) -> None:
-        self.steps: list[Step] = []
-        self.model_reads = 0
-        self._script: deque[list[EngineOutput]] = deque()
-        self._ready = threading.Condition()
-        self._closed = False
-        self._loop = asyncio.get_running_loop()  # the MLX thread tells the test's loop about each step
-        self._stepped = anyio.Event()
-
-    @property
-    def model(self) -> object:
-        self.model_reads += 1
-        return object()
-
-    def then(self, *outputs: EngineOutput) -> None:
-        """Script the outputs of the next step still unanswered."""
-        with self._ready:
-            self._script.append(list(outputs))
-            self._ready.notify_all()
-
-    def close(self) -> None:
-        """Release a step still waiting for its script (it answers nothing)."""
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
-
-    def step(self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId]) -> list[EngineOutput]:
-        assert threading.current_thread().name == THREAD_NAME, "the engine steps on the MLX thread only"
-        self.steps.append(Step(tuple(added), tuple(cancelled)))
-        self._loop.call_soon_threadsafe(self._notify)
-        with self._ready:
-            self._ready.wait_for(lambda: bool(self._script) or self._closed)
-            return self._script.popleft() if self._script else []
-
-    async def wait_for_steps(self, count: int) -> None:
-        """Until the engine has been stepped at least `count` times (the last one may still wait for its script)."""
-        while len(self.steps) < count:
-            self._stepped = anyio.Event()
-            await self._stepped.wait()
-
-    def _notify(self) -> None:
-        self._stepped.set()
 
 
 @asynccontextmanager

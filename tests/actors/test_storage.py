@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from courier.storage.records import (
     StoredConversation,
     StoredResponse,
 )
-from courier.storage.sqlite import SqliteStorage
+from courier.storage.sqlite import DATABASE_NAME, SqliteStorage
 from tests.support.actors import run_actor
 from tests.support.records import item, response
 
@@ -308,3 +309,47 @@ async def test_an_ask_queued_when_the_actor_stops_raises_actor_stopped(tmp_path:
     assert str(stopped.value) == "the actor stopped before answering"
     with pytest.raises(sqlite3.ProgrammingError):
         storage.load_response("resp_1")  # closed on this way out too
+
+
+def damage(tmp_path: Path, sql: str, record_id: str) -> None:
+    """Overwrite one row's JSON with bytes that do not parse, behind the backend's back (bit rot, a bad restore)."""
+    with closing(sqlite3.connect(tmp_path / DATABASE_NAME)) as db, db:
+        assert db.execute(sql, (b"{\x00rot", record_id)).rowcount == 1
+
+
+@pytest.mark.anyio
+async def test_a_damaged_record_fails_only_its_own_reads_and_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage = backend(tmp_path)
+    storage.save_response(response("resp_bad"), ())
+    storage.save_response(response("resp_ok"), ())
+    storage.save_response(response("resp_child", previous="resp_bad"), ())
+    storage.create_conversation(conversation("conv_1"), (item("msg_0"), item("msg_bad")))
+    damage(tmp_path, "UPDATE responses SET response = ? WHERE id = ?", "resp_bad")
+    damage(tmp_path, "UPDATE conversation_items SET item = ? WHERE id = ?", "msg_bad")
+    actor = StorageActor(storage)
+    async with run_actor(actor) as outbox:
+        for _ in range(2):
+            with pytest.raises(Refused) as refused:
+                await load(outbox, "resp_bad")
+            failure = refused.value.failure
+            assert (failure.kind, failure.code) == (FailureKind.INTERNAL, FailureCode.STORED_RECORD_DAMAGED)
+            assert failure.message == "the stored response 'resp_bad' is damaged and cannot be read"
+        with pytest.raises(Refused, match="response 'resp_bad'"):
+            await call(outbox, lambda reply: LoadChain(response_id="resp_child", reply=reply))
+        with pytest.raises(Refused, match="item 'msg_bad' of conversation 'conv_1'"):
+            await load_items(outbox, "conv_1")
+        item_0 = await call(
+            outbox, lambda reply: LoadConversationItem(conversation_id="conv_1", item_id="msg_0", reply=reply)
+        )
+        assert item_0 == item("msg_0")
+        assert await load(outbox, "resp_ok") == response("resp_ok")
+        await save(outbox, response("resp_new"))
+        assert await load(outbox, "resp_new") == response("resp_new")
+    faults = actor.storage_faults
+    assert (faults.damaged_records, faults.damaged_reads, faults.unavailable_calls) == (2, 4, 0)
+    logged = [record.getMessage() for record in caplog.records if "is damaged" in record.getMessage()]
+    assert len(logged) == 2  # once per damaged record, however often it is read
+    assert "response 'resp_bad'" in logged[0] and "not valid JSON" in logged[0]
+    assert "item 'msg_bad' of conversation 'conv_1'" in logged[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from mlx_lm.utils import load_tokenizer
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from courier.actors.token_counter import TokenCounterActor
+from courier.core.failure_codes import FailureCode
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.token_counter import (
     Detokenize,
@@ -26,6 +28,7 @@ from courier.messages.token_counter import (
     TokenizeText,
 )
 from courier.runtime.actor import ask
+from courier.runtime.faults import FaultCounter
 
 Outbox = MemoryObjectSendStream[TokenCounterMessage]
 
@@ -92,3 +95,70 @@ async def test_each_message_is_handled_in_a_named_span(outbox: Outbox, span_expo
     reply: TokenizeReply = await ask(outbox, lambda r: TokenizeText(text="x", add_special_tokens=False, reply=r))
     assert isinstance(reply, TokenizeResult)
     assert "token_counter.TokenizeText" in [span.name for span in span_exporter.get_finished_spans()]
+
+
+class CountingTokenizer:
+    """The real tokenizer, counting what it is asked to encode or render."""
+
+    def __init__(self, tokenizer: TokenizerWrapper) -> None:
+        self._tokenizer = tokenizer
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._tokenizer, name)
+        if name in ("encode", "apply_chat_template"):
+            self.calls += 1
+        return attribute
+
+
+@pytest.mark.anyio
+async def test_a_text_too_big_for_the_context_is_refused_without_being_tokenized(tokenizer: TokenizerWrapper) -> None:
+    counting = CountingTokenizer(tokenizer)
+    longest = max(len(entry.encode()) for entry in tokenizer.get_vocab())
+    huge = "word " * (64 * longest // 5 + 1)  # more bytes than 64 tokens of the longest entry could hold
+    send, receive = anyio.create_memory_object_stream[TokenCounterMessage](8)
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(TokenCounterActor(counting).run, receive)
+        with send:
+            text: TokenizeReply = await ask(
+                send, lambda r: TokenizeText(text=huge, add_special_tokens=True, max_tokens=64, reply=r)
+            )
+            chat: TokenizeReply = await ask(
+                send,
+                lambda r: TokenizeChat(
+                    messages=[{"role": "user", "content": huge}],
+                    tools=None,
+                    add_generation_prompt=True,
+                    max_tokens=64,
+                    reply=r,
+                ),
+            )
+            assert counting.calls == 0  # refused by size alone
+            fits: TokenizeReply = await ask(
+                send, lambda r: TokenizeText(text="word " * 10, add_special_tokens=True, max_tokens=64, reply=r)
+            )
+    for refused, param in ((text, "prompt"), (chat, "messages")):
+        assert isinstance(refused, RequestFailed)
+        assert (refused.code, refused.param) == (FailureCode.CONTEXT_LENGTH_EXCEEDED, param)
+        assert "bytes" in refused.message
+    assert isinstance(fits, TokenizeResult) and counting.calls == 1
+
+
+@pytest.mark.anyio
+async def test_a_render_that_raises_unexpectedly_fails_that_request_only(smollm2_dir: Path) -> None:
+    """A chat template raising what no handler expects: the runtime answers 500 and the counter serves on."""
+    tokenizer = load_tokenizer(smollm2_dir)
+    tokenizer._tokenizer.chat_template = "{{ messages[0]['content'] | int / 0 }}"  # ZeroDivisionError
+    faults = FaultCounter()
+    send, receive = anyio.create_memory_object_stream[TokenCounterMessage](8)
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(partial(TokenCounterActor(tokenizer).run, faults=faults), receive)
+        with send:
+            failed = await tokenize_chat(send, [{"role": "user", "content": "1"}])
+            served: TokenizeReply = await ask(
+                send, lambda r: TokenizeText(text="still here", add_special_tokens=False, reply=r)
+            )
+    assert isinstance(failed, RequestFailed)
+    assert (failed.kind, failed.code) == (FailureKind.INTERNAL, FailureCode.INTERNAL_ERROR)
+    assert faults.by_actor() == {"token_counter": 1}
+    assert isinstance(served, TokenizeResult)

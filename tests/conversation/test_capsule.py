@@ -50,6 +50,9 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("not JSON", base64.urlsafe_b64encode(b"hello there").decode(), "JSON"),
     ("not an object", raw([1, 2]), "object"),
     ("version 2", raw({"v": 2, "summary": "s", "retained": []}), "version"),
+    ("version true", raw({"v": True, "summary": "s", "retained": []}), "version"),
+    ("version 1.0", raw({"v": 1.0, "summary": "s", "retained": []}), "version"),
+    ("version '1'", raw({"v": "1", "summary": "s", "retained": []}), "version"),
     ("no summary", raw({"v": 1, "retained": []}), "summary"),
     (
         "nested capsule",

@@ -138,7 +138,7 @@ async def test_a_turn_decodes_its_capsule_once_and_reuses_the_render(fakes: Fake
     turn = await admit_turn(fakes.services, plan)
     turn.admitted.events.close()  # the generation is not read here
     outcome = finished_outcome(_finished(), [message("assistant", "Done.")])
-    final = await record(fakes.services, turn.draft, outcome, turn.rendered)
+    recorded = await record(fakes.services, turn.draft, outcome, turn.rendered)
 
     await fakes.ingress.wait_for(2)  # the warm-up is a tell
     assert fakes.codec.decoded == 1
@@ -159,7 +159,8 @@ async def test_a_turn_decodes_its_capsule_once_and_reuses_the_render(fakes: Fake
     assert prompt.rendered == TokenizeResult(tokens=(1,) * 100)
     assert list(warm_up.messages) == [*expected, {"role": "assistant", "content": "Done."}]
     assert [m["content"] for m in expected[:3]] == ["Be brief.", SUMMARY_HEADER + "They met.", "kept"]
-    assert final["status"] == "completed"
+    assert recorded.failure is None
+    assert recorded.response["status"] == "completed"
     saved = fakes.storage.received[1]
     assert isinstance(saved, SaveResponse) and saved.response.id == turn.draft.id
 

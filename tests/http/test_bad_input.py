@@ -31,6 +31,8 @@ def chat(content: str) -> bytes:
 
 
 DEEP = b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+NESTED = b'{"messages": [{"role": "user", "content": "hi"}], "metadata": ' + b'{"a": ' * 70 + b"1" + b"}" * 71
+
 BAD: list[tuple[str, str, bytes, int]] = [
     ("malformed JSON", "/v1/chat/completions", b'{"messages": [', 400),
     ("not an object", "/v1/responses", b"[1, 2, 3]", 400),
@@ -38,6 +40,8 @@ BAD: list[tuple[str, str, bytes, int]] = [
     ("invalid UTF-8", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400),
     ("lone surrogate", "/v1/responses", b'{"input": "\\ud800"}', 400),
     ("deep nesting", "/v1/chat/completions", DEEP, 400),
+    ("nested past the body's depth limit", "/v1/chat/completions", NESTED, 400),
+    ("nested past the body's depth limit", "/tokenize", NESTED, 400),
     ("wrong type", "/v1/chat/completions", b'{"messages": "hi"}', 400),
     ("wrong type", "/v1/responses", b'{"input": 42}', 400),
     ("wrong type", "/v1/conversations", b'{"metadata": [1]}', 400),
@@ -92,3 +96,34 @@ def test_nothing_is_lost_and_the_server_keeps_serving(http: httpx.Client) -> Non
     )
     assert again.status_code == 200
     assert http.get("/health").json()["scheduler"]["running"] == 0
+
+
+# Tool-call arguments are JSON inside a string: nested a few thousand levels deep they used to raise RecursionError in
+# the chat render, on every turn of a conversation holding them. They are kept as the string they came as.
+DEEP_ARGUMENTS = "[" * 5000 + "]" * 5000
+
+
+def test_deeply_nested_tool_arguments_are_served_as_the_string_they_are(http: httpx.Client) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": DEEP_ARGUMENTS}}
+    messages = [
+        {"role": "user", "content": "Look it up."},
+        {"role": "assistant", "content": "Looking.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "found"},
+        {"role": "user", "content": "Thanks."},
+    ]
+    chat_reply = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 2})
+    assert chat_reply.status_code == 200, chat_reply.text[:300]
+    items = [
+        {"role": "user", "content": "Look it up."},
+        {"role": "assistant", "content": "Looking."},  # this test model's template needs text beside a call
+        {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": DEEP_ARGUMENTS},
+        {"type": "function_call_output", "call_id": "call_1", "output": "found"},
+        {"role": "user", "content": "Thanks."},
+    ]
+    counted = http.post("/v1/responses/input_tokens", json={"model": MODEL, "input": items})
+    assert counted.status_code == 200, counted.text[:300]
+    answered = http.post("/v1/responses", json={"model": MODEL, "input": items, "max_output_tokens": 2})
+    assert answered.status_code == 200, answered.text[:300]
+    follow_up = {"model": MODEL, "previous_response_id": answered.json()["id"], "input": "And?", "max_output_tokens": 2}
+    assert http.post("/v1/responses", json=follow_up).status_code == 200  # every later turn too
+    assert http.get("/health").json()["status"] == "ok"

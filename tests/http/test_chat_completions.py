@@ -22,12 +22,6 @@ def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
         assert running.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> Iterator[openai.OpenAI]:
-    with server.openai_client() as client:
-        yield client
-
-
 def greedy(
     client: openai.OpenAI, max_tokens: int, *, stop: list[str] | None = None, top_logprobs: int | None = None
 ) -> ChatCompletion:

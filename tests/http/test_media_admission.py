@@ -94,6 +94,44 @@ def test_malformed_media_parts_are_400s(http: httpx.Client, part: dict[str, Any]
     assert reply.json()["error"]["param"] == param
 
 
+MALFORMED_URLS = [
+    ("http://[::1/x.png", "not a valid URL"),
+    ("http://a..b/x.png", "not a valid name"),
+    (f"http://{'a' * 64}.example/x.png", "not a valid name"),
+    ("http://user:secret@example.com/x.png", "credentials"),
+    ("http://127.1/x.png", "not a valid IPv4 address"),
+    ("file:///cat\x00.png", "NUL"),
+    ("data:image/svg+xml,<svg/>", "data:image/<type>;base64"),
+    ("data:image/png;base64,not base64!", "not valid base64"),
+    ("ftp://example.com/x.png", "not ftp"),
+    ("x.png", "no scheme"),
+]
+
+
+@pytest.mark.parametrize(("url", "reason"), MALFORMED_URLS)
+def test_a_malformed_image_url_is_refused_while_the_body_is_validated(
+    http: httpx.Client, media: MediaServer, url: str, reason: str
+) -> None:
+    """Before the model is even asked (so a text-only model answers the same): a 400 naming the part."""
+    content = [{"type": "text", "text": "Look."}, image_part(url)]
+    chat = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": content}]})
+    assert chat.status_code == 400, chat.text
+    assert chat.json()["error"]["param"] == "messages[0].content[1]"
+    assert reason in chat.json()["error"]["message"]
+    image = {"type": "input_image", "image_url": url}
+    history = [
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Look."}, image]},
+    ]
+    for path in ("/v1/responses", "/v1/responses/compact", "/v1/responses/input_tokens"):
+        reply = http.post(path, json={"model": MODEL, "input": history, "keep_tokens": 1})
+        assert reply.status_code == 400, (path, reply.text)
+        assert reply.json()["error"]["param"] == "input[2].content[1]", path
+        assert reason in reply.json()["error"]["message"], path
+    assert sum(media.requests.values()) == 0
+
+
 def test_a_refused_request_traces_admission_and_no_fetch(server: RunningServer, trace_file: Path) -> None:
     """Runs last in this module: stopping the server flushes its spans."""
     assert server.stop() == 0

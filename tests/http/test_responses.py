@@ -29,18 +29,6 @@ def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> Iterator[openai.OpenAI]:
-    with server.openai_client() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    with server.http() as http:
-        yield http
-
-
 def test_create_returns_a_stored_response_in_openai_shape(client: openai.OpenAI) -> None:
     response = client.responses.create(
         model=MODEL,

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import openai
@@ -22,11 +23,12 @@ import orjson
 import pytest
 from PIL import Image
 
-from tests.support.media_server import MediaServer, media_server
+from tests.support.media_server import MediaServer, crafted_dds, crafted_tiff, media_server, png_header
 from tests.support.server import RunningServer, serving
 from tests.support.tiny_vision_model import IMAGE_SEQ_LEN
 
 MODEL = "tiny-vision"
+IMAGE_MEMORY = 8 << 20  # --max-image-memory-bytes here: 8 MiB, about two 1000x1000 images
 # Each image expands to <fake_token_around_image><global-img> + IMAGE_SEQ_LEN x <image> + <fake_token_around_image>.
 TOKENS_PER_IMAGE = IMAGE_SEQ_LEN + 3
 
@@ -53,6 +55,7 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tiny_vision_dir: Path, cache_dir: Path, media_root: Path, trace_file: Path) -> Iterator[RunningServer]:
     flags = ["--allow-private-media-urls", "--media-path", str(media_root), "--max-images", "3"]
     flags += ["--prompt-cache-min-prefix", "4", "--trace-file", str(trace_file)]
+    flags += ["--max-image-memory-bytes", str(IMAGE_MEMORY)]
     with serving(tiny_vision_dir, cache_dir, MODEL, *flags) as running:
         yield running
 
@@ -222,6 +225,99 @@ def test_a_compaction_reads_each_image_once(http: httpx.Client, media: MediaServ
     assert reply.status_code == 502, reply.text
     assert reply.json()["error"]["code"] == "compaction_failed"
     assert media.requests["/image.png"] == before + 1
+
+
+def as_data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def redirect_to(location: str) -> Callable[[MediaServer], str]:
+    return lambda media: media.url(f"/redirect?to={quote(location, safe='')}")
+
+
+# Each one, tried as an attacker would, once stopped the whole server. Either refused while the body is validated
+# (the URL) or by the media fetcher (the bytes, the redirect, the memory they claim): a 400 naming the part.
+HOSTILE: list[tuple[str, str | Callable[[MediaServer], str], str]] = [
+    ("malformed-ipv6", "http://[::1/x.png", "not a valid URL"),
+    ("empty-label", "http://a..b/x.png", "not a valid name"),
+    ("label-over-63", f"http://{'a' * 64}.example/x.png", "not a valid name"),
+    ("numeric-host", "http://2130706433/x.png", "not a valid IPv4 address"),
+    ("nul-in-file-path", "file:///blue\x00.png", "NUL"),
+    ("encoded-nul-in-file-path", "file:///blue%00.png", "NUL"),
+    ("data-not-an-image", "data:text/html;base64,PHNjcmlwdD4=", "data:image/<type>;base64"),
+    ("data-not-base64", "data:image/png;base64,@@@@", "not valid base64"),
+    ("gopher", "gopher://example.com/x.png", "not gopher"),
+    ("claims-7000x7000", as_data_url(png_header(7000, 7000)), "over --max-image-memory-bytes"),
+    ("header-without-pixels", as_data_url(png_header(500, 500)), "not a decodable image"),
+    ("crafted-dds", as_data_url(crafted_dds()), "not a decodable image"),
+    ("crafted-tiff", as_data_url(crafted_tiff()), "not a decodable image"),
+    ("redirect-to-data", redirect_to(as_data_url(png((1, 2, 3)))), "only http(s) redirects are followed"),
+    ("redirect-to-file", redirect_to("file:///blue.png"), "only http(s) redirects are followed"),
+]
+
+
+def still_serving(client: openai.OpenAI, http: httpx.Client) -> None:
+    health = http.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["scheduler"]["running"] == 0
+    assert (
+        ask(client, [{"type": "text", "text": "And this?"}, image_part(data_url((5, 5, 5)))]).choices[0].message.content
+    )
+
+
+@pytest.mark.parametrize(("url", "reason"), [case[1:] for case in HOSTILE], ids=[case[0] for case in HOSTILE])
+def test_a_hostile_image_is_a_400_naming_its_part_and_the_server_goes_on(
+    client: openai.OpenAI, http: httpx.Client, media: MediaServer, url: str | Callable[[MediaServer], str], reason: str
+) -> None:
+    url = url if isinstance(url, str) else url(media)
+    with pytest.raises(openai.BadRequestError) as chat:
+        ask(client, [{"type": "text", "text": "Look:"}, image_part(url)])
+    body: dict[str, Any] = chat.value.body  # type: ignore[assignment]
+    assert body["param"] == "messages[0].content[1]"
+    assert reason in body["message"], body["message"]
+    history: Any = [
+        {"role": "user", "content": "Hello."},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": "?"}]},
+    ]
+    with pytest.raises(openai.BadRequestError) as responses:
+        client.responses.create(model=MODEL, input=history, max_output_tokens=4)
+    body = responses.value.body  # type: ignore[assignment]
+    assert body["param"] == "input[2].content[0]"
+    assert reason in body["message"], body["message"]
+    still_serving(client, http)
+
+
+def test_a_hostile_image_in_a_compaction_is_a_400_naming_its_part(
+    client: openai.OpenAI, http: httpx.Client, media: MediaServer
+) -> None:
+    for url, reason in [
+        ("http://a..b/x.png", "not a valid name"),
+        (as_data_url(crafted_dds()), "not a decodable image"),
+    ]:
+        image = {"type": "input_image", "image_url": url}
+        history = [
+            {"role": "user", "content": [{"type": "input_text", "text": "Look at this."}, image]},
+            {"role": "assistant", "content": "Seen."},
+            {"role": "user", "content": "Thanks."},
+        ]
+        reply = http.post("/v1/responses/compact", json={"model": MODEL, "input": history, "keep_tokens": 1})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == "input[0].content[1]"
+        assert reason in reply.json()["error"]["message"]
+    still_serving(client, http)
+
+
+def test_a_request_whose_images_need_more_memory_than_the_budget_names_the_one_that_crosses(
+    client: openai.OpenAI, http: httpx.Client
+) -> None:
+    fits, crosses = as_data_url(png_header(1000, 1000)), as_data_url(png_header(1100, 1000))  # 4.0 MB, 4.4 MB
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(client, [image_part(fits), {"type": "text", "text": "and"}, image_part(crosses)])
+    body: dict[str, Any] = refused.value.body  # type: ignore[assignment]
+    assert body["param"] == "messages[0].content[2]"
+    assert f"over --max-image-memory-bytes ({IMAGE_MEMORY})" in body["message"]
+    still_serving(client, http)
 
 
 def test_the_private_address_switch_is_announced(server: RunningServer) -> None:

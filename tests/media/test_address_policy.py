@@ -1,4 +1,4 @@
-"""The media address policy: every refused range, v4 and v6, and the URL rules."""
+"""The media address policy: every refused range, v4 and v6 (the URL rules are in test_urls.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from courier.media.address_policy import MediaRefused, check_addresses, parse_media_url, refusal_reason
+from courier.media.address_policy import MediaRefused, check_addresses, refusal_reason
 
 REFUSED = [
     ("0.0.0.0", "unspecified"),
@@ -71,25 +71,3 @@ def test_one_private_answer_among_public_ones_refuses_the_host() -> None:
     check_addresses("media.test", [public, private], allow_private=True)
     with pytest.raises(MediaRefused, match="does not resolve"):
         check_addresses("media.test", [], allow_private=True)
-
-
-@pytest.mark.parametrize(
-    ("url", "reason"),
-    [
-        ("ftp://example.com/a.png", "only http and https"),
-        ("gopher://example.com/", "only http and https"),
-        ("//example.com/a.png", "only http and https"),
-        ("http://user:secret@example.com/a.png", "credentials"),
-        ("https://user@example.com/a.png", "credentials"),
-        ("http:///a.png", "no host"),
-        ("http://example.com:99999/a.png", "not a valid URL"),
-    ],
-)
-def test_url_rules(url: str, reason: str) -> None:
-    with pytest.raises(MediaRefused, match=reason):
-        parse_media_url(url)
-
-
-def test_a_good_url_parses_with_its_default_port() -> None:
-    parsed = parse_media_url("HTTPS://Example.com/cat.png")
-    assert (parsed.scheme, parsed.host, parsed.port) == ("https", "example.com", 443)

@@ -15,13 +15,16 @@ from courier.media.local_sources import confined_path, data_uri_bytes
 def test_data_uris_decode_and_respect_the_byte_cap() -> None:
     payload = base64.b64encode(b"\x89PNG-bytes").decode()
     assert data_uri_bytes(f"data:image/png;base64,{payload}", 100) == b"\x89PNG-bytes"
-    assert data_uri_bytes("data:text/plain,hello%20there", 100) == b"hello there"
+    exactly = base64.b64encode(b"x" * 100).decode()
+    assert len(data_uri_bytes(f"data:image/png;base64,{exactly}", 100)) == 100
     with pytest.raises(MediaRefused, match="max-image-bytes"):
-        data_uri_bytes(f"data:image/png;base64,{base64.b64encode(b'x' * 200).decode()}", 100)
+        data_uri_bytes(f"data:image/png;base64,{base64.b64encode(b'x' * 101).decode()}", 100)
     with pytest.raises(MediaRefused, match="base64"):
         data_uri_bytes("data:image/png;base64,@@@", 100)
     with pytest.raises(MediaRefused, match="','"):
         data_uri_bytes("data:image/png;base64", 100)
+    with pytest.raises(MediaRefused, match="data:image/<type>;base64"):  # only base64 images
+        data_uri_bytes("data:text/plain,hello%20there", 100)
 
 
 @pytest.fixture
@@ -52,7 +55,9 @@ def test_a_file_under_the_root_is_found(root: Path) -> None:
         ("file:///cats%2Ftom.png", "percent-encoded"),
         ("file:///%2e%2e/secret.txt", "percent-encoded"),
         ("file:///cats%5ctom.png", "percent-encoded"),
-        ("file:///cats/tom.png%00.jpg", "percent-encoded"),
+        ("file:///cats/tom.png%00.jpg", "NUL"),
+        ("file:///cats/tom.png\x00.jpg", "NUL"),
+        ("file:///cats/\x00", "NUL"),
         ("file:///cats\\..\\..\\secret.txt", "'..'"),
         ("file:///escape.png", "outside"),
         ("file:///fifo", "not a regular file"),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import anyio
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
+from courier.runtime.faults import BrokenInvariant, FaultCounter
 from courier.runtime.message import Message, ReplyStream
 from courier.runtime.tracing import tracer
 
@@ -21,7 +24,12 @@ class Echo(Message):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Explode(Message):
-    pass
+    reply: ReplyStream[str] | None = None
+    broken_invariant: bool = False
+
+    def failed(self, error: Exception, actor: str) -> str:
+        """What the asker hears when handling this raised (the runtime's contract with a message)."""
+        return f"{actor} failed: {type(error).__name__}"
 
 
 class EchoActor(Actor[Echo | Explode]):
@@ -40,6 +48,8 @@ class EchoActor(Actor[Echo | Explode]):
                 await self.gate.wait()
                 async with message.reply:
                     await message.reply.send(message.text.upper())
+            case Explode(broken_invariant=True):
+                raise BrokenInvariant("the process cannot go on")
             case Explode():
                 raise RuntimeError("actor bug")
 
@@ -103,13 +113,31 @@ async def test_ask_after_the_actor_ended_raises_actor_stopped() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_bug_in_a_handler_propagates() -> None:
+async def test_a_handler_fault_fails_that_message_only(span_exporter: InMemorySpanExporter) -> None:
+    send, receive = anyio.create_memory_object_stream[Echo | Explode](4)
+    actor, faults = EchoActor(), FaultCounter()
+    actor.gate.set()
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(partial(actor.run, faults=faults), receive)
+        with send:
+            answer: str = await ask(send, lambda reply: Explode(reply=reply))
+            await send.send(Explode())  # a tell that fails: nobody to answer, the actor goes on
+            after: str = await ask(send, lambda reply: Echo(text="still serving", reply=reply))
+    assert answer == "echo failed: RuntimeError"
+    assert after == "STILL SERVING"
+    assert faults.by_actor() == {"echo": 2}
+    failed = [span for span in span_exporter.get_finished_spans() if span.name == "echo.Explode"]
+    assert len(failed) == 2 and all(span.status.status_code is StatusCode.ERROR for span in failed)
+
+
+@pytest.mark.anyio
+async def test_a_broken_invariant_stops_the_actor_loudly() -> None:
     send, receive = anyio.create_memory_object_stream[Echo | Explode](4)
     with pytest.raises(ExceptionGroup) as group:
         async with anyio.create_task_group() as task_group:
-            await task_group.start(EchoActor().run, receive)
-            await send.send(Explode())
-    assert group.group_contains(RuntimeError, match="actor bug")
+            await task_group.start(partial(EchoActor().run, faults=FaultCounter()), receive)
+            await send.send(Explode(broken_invariant=True))
+    assert group.group_contains(BrokenInvariant, match="cannot go on")
     send.close()
 
 

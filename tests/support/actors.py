@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -21,6 +22,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.runtime.actor import Actor
+from courier.runtime.faults import FaultCounter
 from courier.runtime.message import Message
 
 M = TypeVar("M", bound=Message)
@@ -30,11 +32,14 @@ INBOX = 16
 
 
 @asynccontextmanager
-async def run_actor(actor: Actor[M], capacity: int = INBOX) -> AsyncIterator[MemoryObjectSendStream[M]]:
-    """The actor running on a fresh inbox; yields the inbox's send side. Leaving closes it and waits for the actor."""
+async def run_actor(
+    actor: Actor[M], capacity: int = INBOX, *, faults: FaultCounter | None = None
+) -> AsyncIterator[MemoryObjectSendStream[M]]:
+    """The actor running on a fresh inbox (counting its faults into `faults`); yields the inbox's send side.
+    Leaving closes it and waits for the actor."""
     send, receive = anyio.create_memory_object_stream[M](capacity)
     async with anyio.create_task_group() as tasks:
-        await tasks.start(actor.run, receive)
+        await tasks.start(partial(actor.run, faults=faults), receive)
         with send:
             yield send
 

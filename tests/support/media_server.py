@@ -1,16 +1,21 @@
 """A real HTTP server on an ephemeral port that counts the requests it gets, for media-fetch tests.
 
 Routes: `/image.png` (a small PNG), `/held` (the same PNG, sent only once the test sets `release`; `held` is
-set when it is asked for), `/redirect?to=URL` (302), `/stream?bytes=N` (N bytes of a PNG-looking
-body sent in chunks, no Content-Length; counts what it managed to send), `/missing` (404). A test network
-backend (`RoutedBackend`) lets a fetcher reach it under a public-looking host name and, when asked, claim
-that the connection landed on a public address.
+set when it is asked for), `/redirect?to=URL` (302; quote the URL), `/stream?bytes=N` (N bytes of a PNG-looking
+body sent in chunks, no Content-Length; counts what it managed to send), `/missing` (404). Each request's Host
+header is kept in `hosts`. A test network backend (`RoutedBackend`) stands in for the internet: it connects a
+public-looking address to this server, and records every address a fetcher asked to connect to.
+
+Hostile images, generated: `png_header` (a valid PNG header claiming any size, and no pixels), `crafted_dds`
+(Pillow raises NotImplementedError decoding it), `crafted_tiff` (TypeError).
 """
 
 from __future__ import annotations
 
 import io
+import struct
 import threading
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,10 +34,44 @@ def png_bytes(width: int = 8, height: int = 8) -> bytes:
     return buffer.getvalue()
 
 
+def png_header(width: int, height: int) -> bytes:
+    """A PNG whose header claims `width` x `height` (8-bit RGBA) and whose image data is a few garbage bytes: tiny
+    on the wire, huge if anything ever decoded it."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
+
+
+def _saved(image_format: str) -> bytearray:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buffer, format=image_format)
+    return bytearray(buffer.getvalue())
+
+
+def crafted_dds() -> bytes:
+    """A DDS file whose pixel-format flags no decoder knows: Pillow raises NotImplementedError."""
+    data = _saved("DDS")
+    data[80:84] = struct.pack("<I", 0x91)
+    return bytes(data)
+
+
+def crafted_tiff() -> bytes:
+    """A TIFF with one tag's type byte changed: Pillow raises TypeError reading it."""
+    data = _saved("TIFF")
+    data[72] = 2
+    return bytes(data)
+
+
 class MediaServer:
     def __init__(self, server: ThreadingHTTPServer) -> None:
         self._server = server
         self.requests: Counter[str] = Counter()
+        self.hosts: list[str] = []
         self.streamed_bytes = 0
         self.held = threading.Event()  # `/held` was asked for
         self.release = threading.Event()  # `/held` answers once this is set
@@ -58,6 +97,7 @@ def media_server() -> Iterator[MediaServer]:
             parts = urlsplit(self.path)
             served = state["server"]
             served.requests[parts.path] += 1
+            served.hosts.append(self.headers.get("Host", ""))
             query = parse_qs(parts.query)
             if parts.path == "/image.png":
                 self._send(200, image, {"Content-Type": "image/png", "Content-Length": str(len(image))})
@@ -93,7 +133,7 @@ def media_server() -> Iterator[MediaServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     state["server"] = MediaServer(server)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield state["server"]
@@ -103,30 +143,13 @@ def media_server() -> Iterator[MediaServer]:
         thread.join(5)
 
 
-class _ClaimedPeer(httpcore.AsyncNetworkStream):
-    def __init__(self, inner: httpcore.AsyncNetworkStream, claimed: tuple[str, int]) -> None:
-        self._inner = inner
-        self._claimed = claimed
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return await self._inner.read(max_bytes, timeout)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        await self._inner.write(buffer, timeout)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._claimed if info == "server_addr" else self._inner.get_extra_info(info)
-
-
 class RoutedBackend(httpcore.AsyncNetworkBackend):
-    """Connects `host` to 127.0.0.1 (a stand-in for DNS); with `claim`, reports a public peer address."""
+    """Connects each routed address (a public-looking stand-in for a host on the internet) to this machine's
+    port for it; `connects` records every address asked for, routed or not."""
 
-    def __init__(self, routes: dict[str, int], claim: str | None = None) -> None:
+    def __init__(self, routes: dict[str, int]) -> None:
         self._routes = routes
-        self._claim = claim
+        self.connects: list[str] = []
         self._inner = httpcore.AnyIOBackend()
 
     async def connect_tcp(
@@ -137,13 +160,10 @@ class RoutedBackend(httpcore.AsyncNetworkBackend):
         local_address: str | None = None,
         socket_options: Any = None,
     ) -> httpcore.AsyncNetworkStream:
-        routed = host in self._routes
-        stream = await self._inner.connect_tcp(
-            "127.0.0.1" if routed else host, self._routes.get(host, port), timeout, local_address, socket_options
-        )
-        if routed and self._claim is not None:
-            return _ClaimedPeer(stream, (self._claim, port))
-        return stream
+        self.connects.append(host)
+        if host not in self._routes:
+            raise httpcore.ConnectError(f"{host} is not routed in this test")
+        return await self._inner.connect_tcp("127.0.0.1", self._routes[host], timeout, local_address, socket_options)
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)

@@ -20,6 +20,7 @@ from courier.storage.records import JsonObject
 @dataclass(slots=True, kw_only=True)
 class InFlightResponse:
     snapshot: JsonObject  # the response object as it stands (status in_progress until final)
+    tenant: str  # whose it is (an API key's; "" without keys)
     cancellation: Cancellation = field(default_factory=Cancellation)
     finished: anyio.Event = field(default_factory=anyio.Event)
 
@@ -32,12 +33,14 @@ class InFlightResponses:
     def __init__(self) -> None:
         self._entries: dict[str, InFlightResponse] = {}
 
-    def get(self, response_id: str) -> InFlightResponse | None:
-        return self._entries.get(response_id)
+    def get(self, response_id: str, tenant: str) -> InFlightResponse | None:
+        """The response being generated under this id for `tenant` (another tenant's is not there for it)."""
+        entry = self._entries.get(response_id)
+        return entry if entry is not None and entry.tenant == tenant else None
 
     @contextmanager
-    def running(self, response_id: str, snapshot: JsonObject) -> Iterator[InFlightResponse]:
-        entry = InFlightResponse(snapshot=snapshot)
+    def running(self, response_id: str, snapshot: JsonObject, tenant: str) -> Iterator[InFlightResponse]:
+        entry = InFlightResponse(snapshot=snapshot, tenant=tenant)
         self._entries[response_id] = entry
         try:
             yield entry

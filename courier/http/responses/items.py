@@ -12,6 +12,8 @@ from typing import Any
 
 from courier.conversation.items import message_item, new_id, text_part
 from courier.http.errors import ApiError
+from courier.media.address_policy import MediaRefused
+from courier.media.urls import parse_image_url
 from courier.storage.records import JsonObject
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
@@ -110,6 +112,10 @@ def _image_part(part: Mapping[str, Any], param: str) -> JsonObject:
         )
     if not isinstance(url, str) or not url:
         raise ApiError.invalid(f"{param}.image_url must be a URL (http(s), data: or file://)", param=param)
+    try:
+        parse_image_url(url)  # refused here, naming the part, unless the media fetcher could read it
+    except MediaRefused as refused:
+        raise ApiError.invalid(f"{param}: {refused}", param=param) from None
     detail = part.get("detail", "auto")
     return {"type": "input_image", "image_url": url, "detail": detail if isinstance(detail, str) else "auto"}
 

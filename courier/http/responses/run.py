@@ -4,25 +4,41 @@ A streamed turn whose automatic compaction is due compacts inside the stream
 (the compaction item's `output_item.added`, `response.compaction.compacting`,
 `output_item.done`), then admits and streams the answer; a failure there ends the
 stream with `response.failed`. The finished response is stored before the
-client is told (`conversation/record.py`).
+client is told (`conversation/record.py`), and a store that fails is not a
+success: a whole response answers the store's failure (503 `storage_unavailable`,
+400 `storage_budget_exceeded`), a streamed one ends with `response.failed`
+carrying it.
+
+A streamed response announces its id (`response.created`) before it is generated.
+A client that disconnects mid-stream closes the event generator, or cancels its
+task while it waits; either way what was generated so far is recorded as a
+`cancelled` response (its generation's own outcome if that had already ended),
+shielded from the teardown and bounded in time, so the announced id can be read
+back. A response whose recording had begun is never recorded twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import replace
+from typing import cast
+
+import anyio
 
 from courier.conversation.items import new_id, text_part
-from courier.conversation.record import record
+from courier.conversation.record import Recorded, record
 from courier.conversation.response_object import (
     TERMINAL_EVENTS,
     Outcome,
+    ResponseDraft,
     Status,
     failed_outcome,
     finished_outcome,
     response_object,
 )
-from courier.conversation.turn import Plan, Turn, TurnServices, admit_turn, compact
+from courier.conversation.turn import Plan, Rendered, Turn, TurnServices, admit_turn, compact
 from courier.core.failure_codes import FailureCode
 from courier.engine.generation import GenerationFinished, TokensGenerated
 from courier.http.context import AppContext
@@ -34,11 +50,17 @@ from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.generation_reader import ENDED_WITHOUT_RESULT, GenerationCancelled, generated_events
 from courier.storage.records import JsonObject
 
+logger = logging.getLogger(__name__)
+
+# How long recording a stream its client abandoned may hold up the request's teardown (one storage write).
+ABANDONED_RECORD_TIMEOUT_S = 5.0
+
 
 async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> JsonObject:
-    """Generate, record and return the response object; a failed generation raises its error after recording."""
+    """Generate, record and return the response object; a failed generation raises its error after recording, and
+    so does a failed store."""
     in_progress = response_object(turn.draft, Outcome(status=Status.IN_PROGRESS))
-    with context.responses.running(turn.draft.id, in_progress) as entry:
+    with context.responses.running(turn.draft.id, in_progress, services.tenant) as entry:
         assembler = OutputAssembler(context.state.tool_format, turn.request.template_tools)
         failure: Refused | None = None
         prefix = [turn.compaction_item] if turn.compaction_item else []
@@ -51,11 +73,13 @@ async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> 
         except Refused as refused:
             failure = refused
             outcome = failed_outcome(refused.failure, [*prefix, *_partial_output(assembler)])
-        final = await record(services, turn.draft, outcome, turn.rendered)
-        entry.finish(final)
+        recorded = await record(services, turn.draft, outcome, turn.rendered)
+        entry.finish(recorded.response)
     if failure is not None:
         raise failure
-    return final
+    if recorded.failure is not None:
+        raise Refused(recorded.failure)
+    return recorded.response
 
 
 async def run_streamed(
@@ -63,82 +87,154 @@ async def run_streamed(
 ) -> AsyncIterator[bytes]:
     """The full event sequence OpenAI clients expect, ending with the terminal event of the stored response.
 
-    `turn` is None when an automatic compaction is due: it runs here, inside the stream."""
-    draft = plan.draft
-    in_progress = response_object(draft, Outcome(status=Status.IN_PROGRESS))
-    with context.responses.running(draft.id, in_progress) as entry:
+    `turn` is None when an automatic compaction is due: it runs here, inside the stream. The stream may be closed, or
+    its task cancelled, at any of its awaits or yields: that is a client that disconnected."""
+    in_progress = response_object(plan.draft, Outcome(status=Status.IN_PROGRESS))
+    with context.responses.running(plan.draft.id, in_progress, services.tenant) as entry:
+        stream = _Stream(context, services, plan.draft, entry, emit)
+        try:
+            async with aclosing(stream.events(plan, turn, in_progress)) as events:
+                async for chunk in events:
+                    yield chunk
+        except (GeneratorExit, anyio.get_cancelled_exc_class()):
+            await stream.abandoned()
+            raise
+
+
+class _Stream:
+    """One streamed turn: its events, and what it has produced so far, which is what an abandoned stream records."""
+
+    def __init__(
+        self,
+        context: AppContext,
+        services: TurnServices,
+        draft: ResponseDraft,
+        entry: InFlightResponse,
+        emit: EventWriter,
+    ) -> None:
+        self._context = context
+        self._services = services
+        self._draft = draft
+        self._entry = entry
+        self._emit = emit
+        self._prefix: list[JsonObject] = []  # the automatic compaction's item, once it is done
+        self._message: _StreamedMessage | None = None
+        self._generated: Outcome | None = None  # the generation's outcome, once it has ended
+        self._recording = False  # its store has been sent: it must not be sent again
+
+    async def events(self, plan: Plan, turn: Turn | None, in_progress: JsonObject) -> AsyncGenerator[bytes]:
+        emit = self._emit
         yield emit("response.created", response=in_progress)
         yield emit("response.in_progress", response=in_progress)
-        prefix: list[JsonObject] = []
         if turn is None:
             item_id = new_id("cmp")
             started = {"id": item_id, "type": "compaction", "encrypted_content": ""}
             yield emit("response.output_item.added", output_index=0, item=started)
             yield emit("response.compaction.compacting", item_id=item_id, output_index=0)
             try:
-                turn = await admit_turn(services, plan, await compact(services, plan), compaction_id=item_id)
+                compacted = await compact(self._services, plan)
+                turn = await admit_turn(self._services, plan, compacted, compaction_id=item_id)
             except Refused as refused:
-                final = await record(services, draft, failed_outcome(refused.failure, []), None)
-                entry.finish(final)
-                yield emit("response.failed", response=final)
+                failed = await self._record(failed_outcome(refused.failure, []), None)
+                yield emit("response.failed", response=failed.response)
                 return
             assert turn.compaction_item is not None
-            prefix = [turn.compaction_item]
+            self._prefix = [turn.compaction_item]
             yield emit("response.output_item.done", output_index=0, item=turn.compaction_item)
-        message = _StreamedMessage(emit, output_index=len(prefix))
-        result: list[Outcome] = []
-        async for chunk in _streamed_output(context, turn, entry, message, result):
-            yield chunk
-        outcome = result[0]
-        output = [*prefix, *outcome.output]
-        if message.opened:
-            for chunk in message.close(outcome.output[0]):
+        assembler = OutputAssembler(self._context.state.tool_format, turn.request.template_tools)
+        message = self._message = _StreamedMessage(emit, len(self._prefix), assembler)
+        async with aclosing(self._generation(turn, message)) as chunks:
+            async for chunk in chunks:
                 yield chunk
-        for index, item in enumerate(output):
+        assert self._generated is not None
+        outcome = replace(self._generated, output=[*self._prefix, *self._generated.output])
+        if message.opened:
+            for chunk in message.close(self._generated.output[0]):
+                yield chunk
+        for index, item in enumerate(outcome.output):
             if item["type"] == "function_call":
                 for chunk in _function_call_events(emit, index, item):
                     yield chunk
-        final = await record(services, draft, replace(outcome, output=output), turn.rendered)
-        entry.finish(final)
+        final = (await self._record(outcome, turn.rendered)).response
         yield emit(TERMINAL_EVENTS[Status(final["status"])], response=final)
 
+    async def abandoned(self) -> None:
+        """The client left before the terminal event: record what exists, unless recording has begun already.
 
-async def _streamed_output(
-    context: AppContext, turn: Turn, entry: InFlightResponse, message: _StreamedMessage, result: list[Outcome]
-) -> AsyncIterator[bytes]:
-    """Text deltas as they are generated; appends the outcome (finished, cancelled or failed) to `result`."""
-    assembler = OutputAssembler(context.state.tool_format, turn.request.template_tools)
-    try:
-        finished: GenerationFinished | None = None
-        async for event in generated_events(turn.admitted, context.settings.request_timeout, entry.cancellation):
-            if isinstance(event, GenerationFinished):
-                finished = event
-                continue
-            text = assembler.feed(event)
-            if text or event.logprobs:
-                for chunk in message.delta(text, logprob_objects(event.logprobs)):
+        Runs while the request's task is torn down (a cancellation, or the stream being closed), hence shielded,
+        and bounded so a stuck store cannot hold the teardown."""
+        if self._recording:
+            return
+        so_far = self._so_far()
+        with anyio.move_on_after(ABANDONED_RECORD_TIMEOUT_S, shield=True):
+            recorded = await self._record(so_far, None)
+            if recorded.failure is None and self._draft.request.store:
+                logger.info(
+                    "response %s: the client disconnected mid-stream; stored as %s",
+                    self._draft.id,
+                    recorded.response["status"],
+                )
+            return
+        logger.warning(
+            "response %s: the client disconnected mid-stream and recording it took over %g s",
+            self._draft.id,
+            ABANDONED_RECORD_TIMEOUT_S,
+        )
+
+    async def _record(self, outcome: Outcome, rendered: Rendered | None) -> Recorded:
+        self._recording = True
+        recorded = await record(self._services, self._draft, outcome, rendered)
+        self._entry.finish(recorded.response)
+        return recorded
+
+    def _so_far(self) -> Outcome:
+        if self._generated is not None:
+            return replace(self._generated, output=[*self._prefix, *self._generated.output])
+        partial = self._message.partial() if self._message is not None else []
+        return Outcome(status=Status.CANCELLED, output=[*self._prefix, *partial])
+
+    async def _generation(self, turn: Turn, message: _StreamedMessage) -> AsyncGenerator[bytes]:
+        """Text deltas as they are generated; the outcome (finished, cancelled or failed) goes to `_generated`."""
+        assembler = message.assembler
+        try:
+            finished: GenerationFinished | None = None
+            timeout_s = self._context.settings.request_timeout
+            # Closed as soon as this stops reading, which takes the request out of the batch before anything else.
+            events = cast(
+                AsyncGenerator[TokensGenerated | GenerationFinished],
+                generated_events(turn.admitted, timeout_s, self._entry.cancellation),
+            )
+            async with aclosing(events):
+                async for event in events:
+                    if isinstance(event, GenerationFinished):
+                        finished = event
+                        continue
+                    text = assembler.feed(event)
+                    if text or event.logprobs:
+                        for chunk in message.delta(text, logprob_objects(event.logprobs)):
+                            yield chunk
+            rest, calls = assembler.finish()
+            if rest or not calls:
+                for chunk in message.delta(rest, []):
                     yield chunk
-        rest, calls = assembler.finish()
-        if rest or not calls:
-            for chunk in message.delta(rest, []):
-                yield chunk
-        if finished is None:
-            raise Refused(_ended_without_result())
-        output = [assembler.message(message.id)] if message.opened else []
-        calls_output = [item for item in assembler.output_items(calls) if item["type"] == "function_call"]
-        result.append(finished_outcome(finished, output + calls_output))
-    except GenerationCancelled:
-        result.append(Outcome(status=Status.CANCELLED, output=message.partial(assembler)))
-    except Refused as refused:
-        result.append(failed_outcome(refused.failure, message.partial(assembler)))
+            if finished is None:
+                raise Refused(_ended_without_result())
+            output = [assembler.message(message.id)] if message.opened else []
+            calls_output = [item for item in assembler.output_items(calls) if item["type"] == "function_call"]
+            self._generated = finished_outcome(finished, output + calls_output)
+        except GenerationCancelled:
+            self._generated = Outcome(status=Status.CANCELLED, output=message.partial())
+        except Refused as refused:
+            self._generated = failed_outcome(refused.failure, message.partial())
 
 
 class _StreamedMessage:
     """The assistant message item of a stream: opened at its first text, closed once the generation ends."""
 
-    def __init__(self, emit: EventWriter, output_index: int) -> None:
+    def __init__(self, emit: EventWriter, output_index: int, assembler: OutputAssembler) -> None:
         self._emit = emit
         self._index = output_index
+        self.assembler = assembler
         self.id = new_id("msg")
         self.opened = False
 
@@ -156,9 +252,9 @@ class _StreamedMessage:
         )
         return chunks
 
-    def partial(self, assembler: OutputAssembler) -> list[JsonObject]:
-        """The message cut short by a cancellation or a failure (nothing if no text was streamed)."""
-        return [assembler.message(self.id, status="incomplete")] if self.opened else []
+    def partial(self) -> list[JsonObject]:
+        """The message cut short by a cancellation, a failure or a disconnect (nothing if no text was streamed)."""
+        return [self.assembler.message(self.id, status="incomplete")] if self.opened else []
 
     def close(self, item: JsonObject) -> list[bytes]:
         part = item["content"][0]

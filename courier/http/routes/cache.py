@@ -6,6 +6,7 @@ from typing import Any
 
 from quart import Blueprint
 
+from courier.http.auth import require_admin
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.messages.asking import call
@@ -52,6 +53,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/cache/reset")
     async def reset() -> dict[str, Any]:
         outbox = context.outboxes.snapshot_store
+        require_admin(context.caller())
         context.require_ready()
         if outbox is None:
             raise ApiError.invalid("the prompt cache is disabled (--no-prompt-cache)")

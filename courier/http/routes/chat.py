@@ -35,10 +35,13 @@ def blueprint(context: AppContext) -> Blueprint:
         tool_format = context.state.tool_format if request.tools else None
         header = Header(completion_id=f"chatcmpl-{request_id}", created=int(time.time()), model=context.state.model_id)
         if request.stream:
-            return event_stream_response(_stream(context, request, admitted, header, tool_format))
+            tenant = context.caller().tenant  # read now: the stream runs after this view has returned
+            return event_stream_response(
+                _stream(context, request, admitted=admitted, header=header, tool_format=tool_format, tenant=tenant)
+            )
         collected = await collect(admitted, context.settings.request_timeout)
         content, calls = _split_tool_calls(collected.text, request, tool_format)
-        _warm_up_next_turn(context, request, content, calls)
+        _warm_up_next_turn(context, request, content, calls, context.caller().tenant)
         return openai_format.chat_completion(
             header,
             content=content,
@@ -54,9 +57,11 @@ def blueprint(context: AppContext) -> Blueprint:
 async def _stream(
     context: AppContext,
     request: GenerationRequest,
+    *,
     admitted: Admitted,
     header: Header,
     tool_format: ToolCallFormat | None,
+    tenant: str,
 ) -> AsyncIterator[bytes]:
     usage_field = request.include_usage
     splitter = ToolCallSplitter(tool_format.start, tool_format.end) if tool_format else None
@@ -76,7 +81,7 @@ async def _stream(
                 if rest.content:
                     yield chunk({"content": rest.content})
             calls = parse_tool_calls(raw_calls, tool_format, request.tools)
-            _warm_up_next_turn(context, request, "".join(streamed), calls)
+            _warm_up_next_turn(context, request, "".join(streamed), calls, tenant)
             if calls:
                 yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)})
             yield chunk({}, finish_reason=_finish_reason(event, calls))
@@ -94,13 +99,16 @@ async def _stream(
             yield chunk({"content": text}, logprobs=logprobs)
 
 
-def _warm_up_next_turn(context: AppContext, request: GenerationRequest, content: str, calls: list[ToolCall]) -> None:
+def _warm_up_next_turn(
+    context: AppContext, request: GenerationRequest, content: str, calls: list[ToolCall], tenant: str
+) -> None:
     """Ask for the conversation, reply included, to be prefilled while the server is idle (a tell; may be dropped)."""
     if not request.cache_prompt or not context.settings.prompt_cache or not isinstance(request.prompt, ChatPrompt):
         return
     reply = assistant_message(content, [template_tool_call(call.id, call.name, call.arguments) for call in calls])
     prompt = request.prompt
-    warm_up_next_turn(context.outboxes.ingress, request.session, [*prompt.messages, reply], prompt.tools)
+    messages = [*prompt.messages, reply]
+    warm_up_next_turn(context.outboxes.ingress, request.session, messages, prompt.tools, tenant)
 
 
 def _split_tool_calls(

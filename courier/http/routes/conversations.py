@@ -46,7 +46,9 @@ def blueprint(context: AppContext) -> Blueprint:
         )
         await call(
             storage,
-            lambda reply: CreateConversation(conversation=conversation, items=items, reply=reply),
+            lambda reply: CreateConversation(
+                tenant=context.caller().tenant, conversation=conversation, items=items, reply=reply
+            ),
         )
         return _conversation_object(conversation)
 
@@ -64,7 +66,9 @@ def blueprint(context: AppContext) -> Blueprint:
         metadata = parse_metadata(body["metadata"])
         updated = await call(
             storage,
-            lambda reply: UpdateConversation(conversation_id=conversation_id, metadata=metadata, reply=reply),
+            lambda reply: UpdateConversation(
+                tenant=context.caller().tenant, conversation_id=conversation_id, metadata=metadata, reply=reply
+            ),
         )
         if updated is None:
             raise Refused(conversation_not_found(conversation_id))
@@ -73,7 +77,12 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.delete("/v1/conversations/<conversation_id>")
     @routes.delete("/conversations/<conversation_id>")
     async def delete_conversation(conversation_id: str) -> JsonObject:
-        if not await call(storage, lambda reply: DeleteConversation(conversation_id=conversation_id, reply=reply)):
+        if not await call(
+            storage,
+            lambda reply: DeleteConversation(
+                tenant=context.caller().tenant, conversation_id=conversation_id, reply=reply
+            ),
+        ):
             raise Refused(conversation_not_found(conversation_id))
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
@@ -83,7 +92,9 @@ def blueprint(context: AppContext) -> Blueprint:
         query = page_query(request.args)
         page = await call(
             storage,
-            lambda reply: ListConversationItems(conversation_id=conversation_id, page=query, reply=reply),
+            lambda reply: ListConversationItems(
+                tenant=context.caller().tenant, conversation_id=conversation_id, page=query, reply=reply
+            ),
         )
         if page is None:
             raise Refused(conversation_not_found(conversation_id))
@@ -95,7 +106,9 @@ def blueprint(context: AppContext) -> Blueprint:
         items = _items((await read_json_object()).get("items"), required=True)
         if not await call(
             storage,
-            lambda reply: AppendConversationItems(conversation_id=conversation_id, items=items, reply=reply),
+            lambda reply: AppendConversationItems(
+                tenant=context.caller().tenant, conversation_id=conversation_id, items=items, reply=reply
+            ),
         ):
             raise Refused(conversation_not_found(conversation_id))
         return list_object(ItemPage(items=tuple(items), has_more=False))
@@ -105,7 +118,9 @@ def blueprint(context: AppContext) -> Blueprint:
     async def retrieve_item(conversation_id: str, item_id: str) -> JsonObject:
         item = await call(
             storage,
-            lambda reply: LoadConversationItem(conversation_id=conversation_id, item_id=item_id, reply=reply),
+            lambda reply: LoadConversationItem(
+                tenant=context.caller().tenant, conversation_id=conversation_id, item_id=item_id, reply=reply
+            ),
         )
         if item is None:
             await _conversation(context, conversation_id)  # an unknown conversation is named as such
@@ -117,7 +132,9 @@ def blueprint(context: AppContext) -> Blueprint:
     async def delete_item(conversation_id: str, item_id: str) -> JsonObject:
         deleted = await call(
             storage,
-            lambda reply: DeleteConversationItem(conversation_id=conversation_id, item_id=item_id, reply=reply),
+            lambda reply: DeleteConversationItem(
+                tenant=context.caller().tenant, conversation_id=conversation_id, item_id=item_id, reply=reply
+            ),
         )
         if deleted is None:
             raise Refused(conversation_not_found(conversation_id))
@@ -130,7 +147,8 @@ def blueprint(context: AppContext) -> Blueprint:
 
 async def _conversation(context: AppContext, conversation_id: str) -> StoredConversation:
     conversation = await call(
-        context.outboxes.storage, lambda reply: LoadConversation(conversation_id=conversation_id, reply=reply)
+        context.outboxes.storage,
+        lambda reply: LoadConversation(tenant=context.caller().tenant, conversation_id=conversation_id, reply=reply),
     )
     if conversation is None:
         raise Refused(conversation_not_found(conversation_id))

@@ -28,6 +28,7 @@ def blueprint(context: AppContext) -> Blueprint:
             "weight_format": model.weight_format if model else None,
             "model_info": model.as_dict() if model else None,
             "scheduler": state.scheduler_view(),
+            "connections": state.connections.as_dict(),
             "memory": mlx_memory().as_dict(),
             "malloc": malloc_usage(),
             "uptime_s": round(time.time() - state.started_at, 3),

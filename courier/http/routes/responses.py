@@ -77,6 +77,7 @@ def blueprint(context: AppContext) -> Blueprint:
                 max_output_tokens=parsed.max_output_tokens,
                 session=parsed.session,
                 reply=reply,
+                tenant=context.caller().tenant,
             ),
         )
         return {
@@ -90,7 +91,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.get("/v1/responses/<response_id>")
     @routes.get("/responses/<response_id>")
     async def retrieve_response(response_id: str) -> JsonObject:
-        running = context.responses.get(response_id)
+        running = context.responses.get(response_id, context.caller().tenant)
         if running is not None:
             return running.snapshot
         return (await _stored(context, response_id)).response
@@ -98,16 +99,19 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.delete("/v1/responses/<response_id>")
     @routes.delete("/responses/<response_id>")
     async def delete_response(response_id: str) -> JsonObject:
-        if context.responses.get(response_id) is not None:
+        if context.responses.get(response_id, context.caller().tenant) is not None:
             raise ApiError.invalid("the response is still in progress; cancel it first", param="response_id")
-        if not await call(context.outboxes.storage, lambda reply: DeleteResponse(response_id=response_id, reply=reply)):
+        if not await call(
+            context.outboxes.storage,
+            lambda reply: DeleteResponse(response_id=response_id, tenant=context.caller().tenant, reply=reply),
+        ):
             raise _not_found(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @routes.post("/v1/responses/<response_id>/cancel")
     @routes.post("/responses/<response_id>/cancel")
     async def cancel_response(response_id: str) -> JsonObject:
-        running = context.responses.get(response_id)
+        running = context.responses.get(response_id, context.caller().tenant)
         if running is None:
             stored = await _stored(context, response_id)
             if stored.response.get("status") == "cancelled":
@@ -133,7 +137,10 @@ def blueprint(context: AppContext) -> Blueprint:
 
 
 async def _stored(context: AppContext, response_id: str) -> StoredResponse:
-    stored = await call(context.outboxes.storage, lambda reply: LoadResponse(response_id=response_id, reply=reply))
+    stored = await call(
+        context.outboxes.storage,
+        lambda reply: LoadResponse(response_id=response_id, tenant=context.caller().tenant, reply=reply),
+    )
     if stored is None:
         raise _not_found(response_id)
     return stored

@@ -30,7 +30,7 @@ def blueprint(context: AppContext) -> Blueprint:
         body = await read_json_object()
         context.require_ready()
         context.require_model(optional_str(body, "model"))
-        build = _tokenize_message(body)
+        build = _tokenize_message(body, context.context_length)
         result = await call(outbox, build)
         model = context.state.model
         return {
@@ -54,8 +54,9 @@ def blueprint(context: AppContext) -> Blueprint:
 TokenizeBuilder = Callable[[ReplyStream[TokenizeResult | RequestFailed]], Request[TokenizeResult]]
 
 
-def _tokenize_message(body: dict[str, Any]) -> TokenizeBuilder:
-    """Validate a /tokenize body; return a builder of the message for the token counter."""
+def _tokenize_message(body: dict[str, Any], max_tokens: int) -> TokenizeBuilder:
+    """Validate a /tokenize body; return a builder of the message for the token counter (a text too big for
+    `max_tokens`, by its size alone, is refused before it is tokenized)."""
     messages = object_list(body, "messages", required=False)
     prompt = optional_str(body, "prompt")
     if (messages is None) == (prompt is None):
@@ -66,8 +67,14 @@ def _tokenize_message(body: dict[str, Any]) -> TokenizeBuilder:
         tools = object_list(body, "tools", required=False)
         add_generation_prompt = optional_bool(body, "add_generation_prompt", True)
         return lambda reply: TokenizeChat(
-            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, reply=reply
+            messages=messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            max_tokens=max_tokens,
+            reply=reply,
         )
     text = prompt or ""
     add_special_tokens = optional_bool(body, "add_special_tokens", True)
-    return lambda reply: TokenizeText(text=text, add_special_tokens=add_special_tokens, reply=reply)
+    return lambda reply: TokenizeText(
+        text=text, add_special_tokens=add_special_tokens, max_tokens=max_tokens, reply=reply
+    )

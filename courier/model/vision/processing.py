@@ -1,19 +1,19 @@
 """Images into the prompt: the model's processor expands each image placeholder and prepares the pixels.
 
 Runs in the token counter's worker thread (decoding, resizing and normalizing are
-CPU work that must not stall the event loop). The arrays it returns go to the
-engine, which feeds them to the vision tower on the MLX thread.
+CPU work that must not stall the event loop). The images are decoded here a
+second time (the fetcher decoded them once, to refuse what does not decode) and
+held, under the image memory budget (`media/memory_budget.py`), until the
+processor has built its arrays; then they are dropped. The arrays it returns go
+to the engine, which feeds them to the vision tower on the MLX thread.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from typing import Any
 
-from PIL import Image
-
-from courier.media.images import FetchedImage
+from courier.media.images import FetchedImage, decoded_pixels
 
 # What the processor returns besides the tokens; everything else is a keyword of `get_input_embeddings`.
 _TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
@@ -32,16 +32,11 @@ class ImageProcessor:
         found = text.count(self.placeholder)
         if found != len(images):
             raise ValueError(f"the chat template wrote {found} image placeholders for {len(images)} images")
-        pictures = [_rgb(image) for image in images]
-        inputs = self._processor(text=[text], images=[pictures], add_special_tokens=False)
+        with decoded_pixels(images) as pictures:
+            inputs = self._processor(text=[text], images=[pictures], add_special_tokens=False)
         tokens = [int(token) for token in _first_row(inputs["input_ids"])]
         arrays = {key: value for key, value in inputs.items() if key not in _TEXT_KEYS}
         return tokens, arrays
-
-
-def _rgb(image: FetchedImage) -> Image.Image:
-    with Image.open(io.BytesIO(image.data)) as opened:
-        return opened.convert("RGB")
 
 
 def _first_row(ids: Any) -> list[Any]:

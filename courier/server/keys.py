@@ -1,0 +1,68 @@
+"""The secrets read at start-up: the compaction capsule key and the API keys.
+
+An unreadable or too-short key file stops start-up with a message naming the flag:
+a server that was told to authenticate must never start without its keys. A server
+that listens beyond loopback without API keys says so in the log.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+from courier.conversation.capsule import CapsuleCodec
+from courier.http.auth import ApiKeys, keys_in_file, parse_keys
+from courier.server.errors import ServerFailed
+from courier.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+MIN_COMPACTION_KEY_BYTES = 16
+
+
+def load_capsule_codec(settings: Settings) -> CapsuleCodec:
+    """Compaction capsules, authenticated with the key in `--compaction-key-file` when one is given."""
+    key = None
+    if settings.compaction_key_file is not None:
+        try:
+            key = settings.compaction_key_file.read_bytes().strip()
+        except OSError as error:
+            raise ServerFailed(f"cannot read --compaction-key-file {settings.compaction_key_file}: {error}") from None
+        if len(key) < MIN_COMPACTION_KEY_BYTES:
+            raise ServerFailed(
+                f"--compaction-key-file {settings.compaction_key_file} holds {len(key)} bytes; "
+                f"use at least {MIN_COMPACTION_KEY_BYTES} random bytes (e.g. `openssl rand -hex 32`)"
+            )
+        logger.info(
+            "compaction capsules are authenticated (HMAC-SHA256) with the key in %s", settings.compaction_key_file
+        )
+    return CapsuleCodec(key, settings.max_body_bytes)
+
+
+def load_api_keys(settings: Settings) -> ApiKeys:
+    """`--api-key`, `--api-key-file` and `--admin-api-key`, as the HTTP layer checks them."""
+    client_keys = parse_keys(settings.api_key)
+    if settings.api_key_file is not None:
+        try:
+            client_keys += keys_in_file(settings.api_key_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeError) as error:
+            raise ServerFailed(f"cannot read --api-key-file {settings.api_key_file}: {error}") from None
+    keys = ApiKeys(client_keys, parse_keys(settings.admin_api_key))
+    if keys.enabled:
+        logger.info("API keys: %d accepted; every route but /health needs one", len(keys))
+    elif not is_loopback(settings.host):
+        logger.warning(
+            "WARNING: listening on %s without API keys: anyone who can reach it may use the model, read stored "
+            "responses and share the prompt cache. Set --api-key (or --api-key-file).",
+            settings.host,
+        )
+    return keys
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,134 @@
+"""Slow and many connections: a body must arrive within --body-timeout, and open connections are capped.
+
+Raw sockets, because the point is what a client that misbehaves at the connection
+level gets: a trickled body is cut with a 408 however steadily it trickles, and a
+connection past --max-connections hears 503 at once and is closed, while the ones
+already open keep working and a freed slot is taken again.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.support.server import RunningServer, serving
+
+MODEL = "tiny-llama"
+MAX_CONNECTIONS = 3
+TIMEOUT_S = 30.0
+
+
+@pytest.fixture
+def capped(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
+    with serving(tiny_llama_dir, cache_dir, MODEL, "--max-connections", str(MAX_CONNECTIONS)) as running:
+        yield running
+
+
+@pytest.fixture
+def impatient(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
+    with serving(tiny_llama_dir, cache_dir, MODEL, "--body-timeout", "1") as running:
+        yield running
+
+
+def connect(server: RunningServer) -> socket.socket:
+    host, port = server.base_url.removeprefix("http://").rsplit(":", 1)
+    connection = socket.create_connection((host, int(port)), timeout=TIMEOUT_S)
+    return connection
+
+
+def get_health(connection: socket.socket) -> tuple[bytes, dict[str, object]]:
+    """One keep-alive request on `connection`: its status line and JSON body."""
+    connection.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\n\r\n")
+    head, body = read_response(connection)
+    return head.split(b"\r\n", 1)[0], orjson.loads(body)
+
+
+def read_response(connection: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")),
+        0,
+    )
+    while len(body) < length:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head, body
+
+
+def test_connections_past_the_cap_hear_503_and_a_freed_slot_is_taken_again(capped: RunningServer) -> None:
+    server = capped
+    held = [connect(server) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for connection in held:
+            status, health = get_health(connection)
+            assert status.startswith(b"HTTP/1.1 200")
+        assert health["connections"] == {"limit": MAX_CONNECTIONS, "open": MAX_CONNECTIONS, "refused": 0}
+        with connect(server) as extra:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\n\r\n")
+            head, body = read_response(extra)
+            assert head.startswith(b"HTTP/1.1 503")
+            assert b"connection: close" in head.lower() and b"retry-after" in head.lower()
+            assert orjson.loads(body)["error"]["code"] == "overloaded"
+            assert extra.recv(1) == b""  # and it is closed
+        # One connection ends (the server closes it after answering `Connection: close`): its slot is free again.
+        leaving = held.pop()
+        leaving.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\nConnection: close\r\n\r\n")
+        read_response(leaving)
+        assert leaving.recv(1) == b""
+        leaving.close()
+        watcher = held[0]
+        for _ in range(100):  # the server counts the connection out as it finishes closing it: a request or two
+            _, health = get_health(watcher)
+            if health["connections"] == {"limit": MAX_CONNECTIONS, "open": MAX_CONNECTIONS - 1, "refused": 1}:
+                break
+        assert health["connections"] == {"limit": MAX_CONNECTIONS, "open": MAX_CONNECTIONS - 1, "refused": 1}
+        with connect(server) as again:
+            status, _ = get_health(again)
+            assert status.startswith(b"HTTP/1.1 200")
+    finally:
+        for connection in held:
+            connection.close()
+
+
+def test_a_trickled_body_is_cut_at_the_body_timeout(impatient: RunningServer) -> None:
+    server = impatient
+    body_length = 1000  # at a byte per 0.2 s the whole body would take 200 s
+    with connect(server) as slow:
+        slow.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: courier\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {body_length}\r\n\r\n".encode()
+        )
+        answered = threading.Event()
+
+        def trickle() -> None:
+            for _ in range(body_length):
+                if answered.wait(0.2):  # the slow client's own pace
+                    return
+                try:
+                    slow.sendall(b" ")
+                except OSError:
+                    return
+
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        head, body = read_response(slow)
+        answered.set()
+        sender.join(TIMEOUT_S)
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert b"connection: close" in head.lower()
+    error = orjson.loads(body)["error"]
+    assert error["code"] == "body_timeout"
+    assert "--body-timeout" in error["message"]

@@ -1,0 +1,58 @@
+"""Tenants' key spaces: a record stored for one tenant is not there for another, nor for an id naming its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from courier.messages.storage import LoadChain, LoadResponse, SaveResponse
+from courier.storage.records import StorageLimits, StoredResponse
+from courier.storage.sqlite import SqliteStorage
+from courier.storage.tenancy import scoped, unscoped
+from tests.support.records import response
+
+ONE, TWO = "a1b2c3d4e5f60718", "0f1e2d3c4b5a6978"
+# `apply` runs a message against the backend directly (the storage actor's part): its reply stream goes unused.
+NO_REPLY, _UNUSED = anyio.create_memory_object_stream[Any](1)
+NO_REPLY.close()
+_UNUSED.close()
+
+
+@pytest.mark.parametrize(
+    ("tenant", "record_id", "key"),
+    [
+        ("", "resp_1", "resp_1"),  # no keys: ids as they are
+        (ONE, "resp_1", f"{ONE}/resp_1"),
+        (ONE, f"{TWO}/resp_1", f"\x00{TWO}/resp_1"),  # naming another tenant's key reaches nothing
+        ("", f"{TWO}/resp_1", f"\x00{TWO}/resp_1"),
+    ],
+)
+def test_scoped_keys(tenant: str, record_id: str, key: str) -> None:
+    assert scoped(tenant, record_id) == key
+    if "/" not in record_id:
+        assert unscoped(tenant, key) == record_id
+
+
+def test_a_tenants_records_are_its_own(tmp_path: Path) -> None:
+    storage = SqliteStorage(tmp_path, StorageLimits(max_bytes=1 << 20, max_entries=100, ttl_s=3600.0))
+    try:
+        SaveResponse(response=response("resp_1"), tenant=ONE, reply=NO_REPLY).apply(storage)
+        SaveResponse(response=response("resp_2", previous="resp_1"), tenant=ONE, reply=NO_REPLY).apply(storage)
+
+        def load(record_id: str, tenant: str) -> StoredResponse | None:
+            return LoadResponse(response_id=record_id, tenant=tenant, reply=NO_REPLY).apply(storage)
+
+        mine = load("resp_1", ONE)
+        assert mine is not None and mine.id == "resp_1"
+        assert load("resp_1", TWO) is None
+        assert load("resp_1", "") is None
+        assert load(f"{ONE}/resp_1", "") is None  # the stored key, named outright, is not an id anyone has
+        chain = LoadChain(response_id="resp_2", tenant=ONE, reply=NO_REPLY).apply(storage)
+        assert chain is not None and [r.id for r in chain.responses] == ["resp_1", "resp_2"]
+        assert chain.responses[1].previous_response_id == "resp_1"
+        assert LoadChain(response_id="resp_2", tenant=TWO, reply=None).apply(storage) is None  # type: ignore[arg-type]
+    finally:
+        storage.close()
