@@ -1,23 +1,48 @@
-"""Fuzz every route of a real server with schemathesis, against its own `/openapi.json`, bounded in time.
+"""Fuzz every route of a real server, in two phases, checking that nothing answers 5xx, hangs or stops the server.
 
 A server on a tiny random-weight llama (built on the fly, tokenizer from the embedded SmolLM2) is started on a
-free port; schemathesis generates requests from the OpenAPI document for every operation (valid and invalid
-bodies, query and path parameters) and checks that none is answered with a 5xx (`not_a_server_error`), that
-every response stays within its documented status codes and content types, and that nothing hangs past
-`--request-timeout`. After the run, `/health` must answer 200 with nothing running or waiting. From the
-repository root:
+free port. Phases (`--phases`, both by default):
 
-    .venv/bin/python -m bench.fuzz [--max-examples 25] [--time-limit 900] [--json PATH]
+- `schema`: schemathesis generates requests from the server's own `/openapi.json` for every operation (valid and
+  invalid bodies, query and path parameters, stateful sequences along the document's links) and checks that none
+  is answered with a 5xx (`not_a_server_error`), that every response stays within its documented status codes,
+  content types and headers, and that nothing hangs past `--request-timeout`.
+- `hostile`: the hand-made generators of `bench/hostile.py` send what no schema describes, through the real HTTP
+  API of the same server: JSON inside every string field, compaction capsules, image URLs, and bodies of hostile
+  shapes (deep nesting, huge strings, numbers out of range, a wrong type in every field, unknown roles, empty
+  arrays, duplicate keys, bodies that are not UTF-8, hostile ids). Then, on a second server with a tiny
+  random-weight SmolVLM (`tests/support/tiny_vision_model.py`; skipped without mlx-vlm or with `--no-vision`),
+  image URLs again, now past admission, and image bytes. At most `--hostile-cases` cases per family, chosen
+  with `--seed`. Each answer must be a 4xx in OpenAI's error envelope (`{"error": {"message", "type", "param",
+  "code"}}`) or a 2xx where the input is legitimately acceptable; a 2xx stream must carry no error event; a
+  stored response or conversation that was accepted is replayed by a next turn and read back. Never a 5xx
+  (except the documented 502 `compaction_failed`: random weights never end a summary), never a request past
+  `--request-timeout` (client side), never an ERROR line in the server's log. A 2xx where a 4xx was expected,
+  or the reverse, is reported as a surprise, not a failure.
+
+After each hostile family, and after the schema phase, the server must be alive, `/health` must answer 200
+with nothing running or waiting, and a normal chat request must succeed; at the end each server must stop with
+exit code 0. The report is Markdown on stdout (`--json PATH` for all of it, `--log PATH` for schemathesis's
+output, with the servers' logs beside it). The exit code is 0 only if every check held. From the repository
+root:
+
+    .venv/bin/python -m bench.fuzz [--phases schema,hostile] [--max-examples 25] [--time-limit 900] [--seed 1]
+        [--hostile-cases 300] [--no-vision] [--json PATH] [--log PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,44 +52,228 @@ from courier.platform.blas import load_optimized_blas
 
 load_optimized_blas()
 
+from bench import hostile  # noqa: E402
+from bench.hostile import Case, Expect, FollowUp  # noqa: E402
 from courier.model.gguf_convert import ensure_converted  # noqa: E402
 from courier.model.progress import Progress  # noqa: E402
 from courier.model.source import embedded_gguf_path  # noqa: E402
-from tests.support.server import running_server  # noqa: E402
+from tests.support.server import RunningServer, running_server  # noqa: E402
 from tests.support.tiny_models import build_llama  # noqa: E402
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance"
+PHASES = ("schema", "hostile")
+TEXT_MODEL = "tiny"
+VISION_MODEL = "tiny-vision"
+SHOWN_CHARS = 600
+LOG_HEAD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (\w+) ")
+TRACE = re.compile(r"\(trace ([0-9a-f]{32})\)")
+DOCUMENTED_5XX = {(502, "compaction_failed")}  # a summary cut by max_output_tokens: random weights never end one
+SETTLE_S = 30.0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-examples", type=int, default=25, help="examples per operation")
-    parser.add_argument("--time-limit", type=float, default=900.0, help="seconds the whole schemathesis run may take")
-    parser.add_argument("--request-timeout", type=float, default=60.0, help="seconds one request may take")
-    parser.add_argument("--seed", type=int, default=1, help="schemathesis's seed, for a reproducible run")
-    parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--log", type=Path, default=None, help="write schemathesis's whole output here")
-    args = parser.parse_args()
+# ---------------------------------------------------------------- results
+
+
+@dataclass(slots=True, kw_only=True)
+class Answer:
+    """One request sent and what came back; `problem` is a failed check, `surprise` an unexpected but sound
+    answer."""
+
+    case: str
+    method: str
+    path: str
+    request: str  # the body's start: with the case's name and the seed, enough to find the generator's input
+    request_bytes: int
+    expect: str
+    status: int | None = None
+    code: str | None = None
+    response: str = ""
+    seconds: float = 0.0
+    problem: str | None = None
+    surprise: str | None = None
+    trace: str = ""  # sent as traceparent: the server's log names it beside each error
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        if self.status is None:
+            return "timeout" if self.problem and self.problem.startswith("timeout") else "connection error"
+        return str(self.status)
+
+
+@dataclass(slots=True, kw_only=True)
+class Health:
+    alive: bool
+    status: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    chat_status: int | None = None
+    image_chat_status: int | None = None
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        idle = self.running == 0 and self.waiting == 0
+        image_ok = self.image_chat_status in (None, 200)
+        return self.alive and self.status == 200 and idle and self.chat_status == 200 and image_ok
+
+
+@dataclass(slots=True, kw_only=True)
+class FamilyRun:
+    server: str
+    family: str
+    generated: int
+    selected: int
+    sent: int = 0  # follow-ups included
+    statuses: dict[str, int] = field(default_factory=dict)
+    documented_5xx: int = 0
+    problems: list[Answer] = field(default_factory=list)
+    surprises: list[Answer] = field(default_factory=list)
+    faults_counted: int = 0  # growth of courier_request_faults_total
+    unattributed_log_errors: list[str] = field(default_factory=list)  # no request's trace: each is a problem
+    seconds: float = 0.0
+    health_after: Health | None = None
+
+    def count(self, kind: str) -> int:
+        return sum(1 for answer in self.problems if answer.outcome == kind or (kind == "5xx" and is_5xx(answer)))
+
+
+@dataclass(slots=True, kw_only=True)
+class ServerRun:
+    name: str
+    command: str
+    schema: dict[str, Any] | None = None
+    schema_health: Health | None = None  # right after the schema phase
+    families: list[FamilyRun] = field(default_factory=list)
+    health_after: Health | None = None
+    exit_code: int | None = None
+    log_errors: list[str] = field(default_factory=list)
+    log_path: str | None = None
+
+
+def is_5xx(answer: Answer) -> bool:
+    return answer.status is not None and answer.status >= 500
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--phases", type=phase_list, default=list(PHASES), help="phases to run, comma-separated (schema,hostile)")
+    add("--max-examples", type=int, default=25, help="schema: examples per operation (25)")
+    add("--time-limit", type=float, default=900.0, help="schema: seconds the whole schemathesis run may take (900)")
+    add("--request-timeout", type=float, default=60.0, help="seconds one request may take, server and client (60)")
+    add("--seed", type=int, default=1, help="seed of schemathesis and of the hostile generators (1)")
+    add("--hostile-cases", type=int, default=300, help="hostile: most cases per family, follow-ups aside (300)")
+    add("--no-vision", dest="vision", action="store_false", help="hostile: skip the vision model's server")
+    add("--cache-dir", type=Path, default=None)
+    add("--json", type=Path, default=None, help="write the whole report here")
+    add("--log", type=Path, default=None, help="write schemathesis's output here, and each server's log beside it")
+    return parser.parse_args(argv)
+
+
+def phase_list(text: str) -> list[str]:
+    phases = [phase.strip() for phase in text.split(",") if phase.strip()]
+    unknown = [phase for phase in phases if phase not in PHASES]
+    if unknown or not phases:
+        raise argparse.ArgumentTypeError(f"phases are {', '.join(PHASES)}; not {', '.join(unknown) or 'none'}")
+    return phases
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="courier-fuzz-") as scratch:
         cache_dir = args.cache_dir or Path(scratch) / "cache"
         smollm2 = ensure_converted(embedded_gguf_path(), cache_dir, Progress(enabled=False))
         model = build_llama(smollm2, Path(scratch) / "tiny-llama", quantized=False)
-        server_args = ["--model", str(model), "--cache-dir", str(cache_dir), "--served-model-name", "tiny"]
-        with running_server([*server_args, "--request-timeout", str(args.request_timeout)]) as server:
-            report = fuzz(server.base_url, args)
-            with httpx.Client(base_url=server.base_url, timeout=30) as http:
-                health = http.get("/health")
-                report["health_after"] = {"status": health.status_code, "scheduler": health.json()["scheduler"]}
-            report["server_exit_code"] = server.stop()
-    print_report(report)
+        servers = [run_server("text", TEXT_MODEL, model, cache_dir=cache_dir, args=args, phases=args.phases)]
+        if "hostile" in args.phases and args.vision:
+            vision_model = build_vision_model(Path(scratch) / "tiny-vision")
+            if vision_model is not None:
+                servers.append(
+                    run_server("vision", VISION_MODEL, vision_model, cache_dir=cache_dir, args=args, phases=["hostile"])
+                )
+    report = {
+        "phases": args.phases,
+        "seed": args.seed,
+        "hostile_cases_per_family": args.hostile_cases,
+        "request_timeout_s": args.request_timeout,
+        "seconds": round(time.monotonic() - started, 1),
+        "passed": passed(servers),
+        "servers": [asdict(server) for server in servers],
+    }
+    print_report(servers, args, report["seconds"])
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2))
-    healthy = report["health_after"]["status"] == 200 and report["health_after"]["scheduler"]["running"] == 0
-    return 0 if report["exit_code"] == 0 and healthy and report["server_exit_code"] == 0 else 1
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["passed"] else 1
 
 
-def fuzz(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
+def build_vision_model(directory: Path) -> Path | None:
+    """The tiny SmolVLM, or None when mlx-vlm (the `vision` extra) is not installed."""
+    try:
+        from tests.support.tiny_vision_model import build_tiny_vision_model
+    except ImportError:
+        print("mlx-vlm is not installed: no vision server", file=sys.stderr)
+        return None
+    return build_tiny_vision_model(directory)
+
+
+def server_flags(name: str, model: Path, cache_dir: Path, args: argparse.Namespace) -> list[str]:
+    flags = ["--model", str(model), "--cache-dir", str(cache_dir), "--served-model-name", name]
+    return [*flags, "--request-timeout", str(args.request_timeout)]
+
+
+def run_server(
+    name: str, served: str, model: Path, *, cache_dir: Path, args: argparse.Namespace, phases: Sequence[str]
+) -> ServerRun:
+    """Start a server for `model`, run `phases` against it, check its health, and stop it."""
+    flags = server_flags(served, model, cache_dir, args)
+    run = ServerRun(name=name, command="courier serve --port 0 " + " ".join(flags))
+    with running_server(flags) as server:
+        prober = Prober(server, served, args.request_timeout, vision=name == "vision")
+        if "schema" in phases:
+            run.schema = schema_phase(server.base_url, args)
+            run.schema_health = prober.health()
+        if "hostile" in phases:
+            run.families = prober.run_families(name, args)
+        run.health_after = prober.health()
+        prober.close()
+        run.exit_code = server.stop() if server.process.poll() is None else server.process.returncode
+        run.log_errors = [record[0] for record in log_records(server.lines) if is_error(record)]
+        run.log_path = write_server_log(server, name, args.log)
+    return run
+
+
+def write_server_log(server: RunningServer, name: str, log: Path | None) -> str | None:
+    if log is None:
+        return None
+    path = log.with_name(f"{log.stem}.server-{name}.log")
+    path.write_text(server.log())
+    return str(path)
+
+
+def passed(servers: Sequence[ServerRun]) -> bool:
+    for server in servers:
+        if server.schema is not None and (server.schema["exit_code"] != 0 or not healthy(server.schema_health)):
+            return False
+        if any(family.problems or family.unattributed_log_errors for family in server.families) or server.log_errors:
+            return False
+        if not healthy(server.health_after) or server.exit_code != 0:
+            return False
+    return True
+
+
+def healthy(health: Health | None) -> bool:
+    return health is not None and health.ok
+
+
+# ---------------------------------------------------------------- phase 1: schema
+
+
+def schema_phase(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [
         sys.executable,
         "-m",
@@ -106,16 +315,504 @@ def fuzz(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
         "exit_code": exit_code,
         "timed_out": timed_out,
         "seconds": round(time.monotonic() - started, 1),
+        "figures": schema_figures(output),
+        "failures": failure_section(output),
         "summary": [line for line in output.splitlines() if line.strip()][-40:],
     }
 
 
-def print_report(report: dict[str, Any]) -> None:
-    print(
-        f"schemathesis exit code {report['exit_code']} after {report['seconds']} s (timed out: {report['timed_out']})"
+def schema_figures(output: str) -> dict[str, str]:
+    """The summary's figures: operations tested, test phases, test cases, failures by check."""
+
+    def first(pattern: str) -> str:
+        match = re.search(pattern, output, re.MULTILINE)
+        return match.group(1).strip() if match else "?"
+
+    phases = re.findall(r"^\s*(✅|❌|⏭|🚫)\s+(\w+)\s*$", output, re.MULTILINE)
+    failures = re.findall(r"^\s*❌ (ST\d+ [^:\n]+: \d+)\s*$", output, re.MULTILINE)
+    server_errors = re.search(r"ST101 Server error: (\d+)", output)
+    tested, selected = first(r"^\s*Tested: (\d+)"), first(r"^\s*Selected: (\S+)")
+    return {
+        "operations": f"{tested} of {selected}",
+        "phases": ", ".join(f"{name} {mark}" for mark, name in phases) or "?",
+        "test_cases": first(r"^Test cases:\s*\n\s*(.+)$"),
+        "server_errors": server_errors.group(1) if server_errors else "0",
+        "failures": "; ".join(failures) or "none",
+    }
+
+
+def failure_section(output: str, most: int = 200) -> list[str]:
+    """The FAILURES section (each failure with its curl reproduction), at most `most` lines."""
+    lines = output.splitlines()
+    start = next((index for index, line in enumerate(lines) if re.match(r"=+ FAILURES =+", line)), None)
+    if start is None:
+        return []
+    end = next((index for index in range(start + 1, len(lines)) if re.match(r"=+ \w", lines[index])), len(lines))
+    return lines[start + 1 : end][:most]
+
+
+# ---------------------------------------------------------------- phase 2: hostile
+
+
+class Hung(Exception):
+    """The answer did not arrive whole within the request timeout."""
+
+
+class Prober:
+    """Sends hostile cases to one server and judges each answer; keeps the ids of the records cases refer to."""
+
+    def __init__(self, server: RunningServer, model: str, timeout: float, *, vision: bool) -> None:
+        self.server = server
+        self.model = model
+        self.timeout = timeout
+        self.vision = vision
+        self.http = httpx.Client(base_url=server.base_url, timeout=timeout)
+        self.fixtures: dict[str, str] = {}
+
+    def close(self) -> None:
+        self.http.close()
+
+    def run_families(self, server_name: str, args: argparse.Namespace) -> list[FamilyRun]:
+        self.prepare_fixtures()
+        runs = []
+        for family, generate in hostile.all_families(self.model, args.seed, vision=self.vision).items():
+            generated = generate()
+            chosen = hostile.select(generated, args.hostile_cases, hostile.family_rng(args.seed, family))
+            run = FamilyRun(server=server_name, family=family, generated=len(generated), selected=len(chosen))
+            runs.append(run)
+            self.run_family(run, chosen)
+            print(family_line(run), file=sys.stderr, flush=True)
+            if not run.health_after or not run.health_after.alive:
+                break  # a dead server answers nothing more
+        return runs
+
+    def prepare_fixtures(self) -> None:
+        """A stored conversation (with an item) and a stored response, for the cases whose paths name one."""
+        conversation = self.http.post("/v1/conversations", json={"items": [hostile.user("Hello.")]}).json()
+        items = self.http.get(f"/v1/conversations/{conversation['id']}/items").json()
+        response = self.http.post("/v1/responses", json=hostile.responses_body(self.model, "Hello.")).json()
+        self.fixtures = {"conversation": conversation["id"], "item": items["data"][0]["id"], "response": response["id"]}
+
+    def run_family(self, run: FamilyRun, cases: Sequence[Case]) -> None:
+        started = time.monotonic()
+        faults_before = self.faults()
+        log_start = len(self.server.lines)
+        answers: list[Answer] = []
+        for case in cases:
+            answers += self.send(case)
+            if self.server.process.poll() is not None:
+                break
+        run.faults_counted = self.faults() - faults_before
+        run.health_after = self.health()  # which also gives the last answers' log lines time to arrive
+        run.unattributed_log_errors = attribute_log(answers, self.server.lines[log_start:])
+        for answer in answers:
+            record(run, answer)
+        run.seconds = round(time.monotonic() - started, 1)
+
+    def send(self, case: Case) -> list[Answer]:
+        """The case's answer, then those of its follow-ups (when it was accepted)."""
+        path = self.resolve(case.path)
+        answer, body = self.exchange(
+            case.name, case.method, path, case.body, expect=case.expect, content_type=case.content_type
+        )
+        answers = [answer]
+        if case.follow_up is not None and answer.status is not None and 200 <= answer.status < 300:
+            record_id = json_id(body)
+            if record_id is not None:
+                answers += self.follow_up(case, case.follow_up, record_id)
+        return answers
+
+    def resolve(self, path: str) -> str:
+        for name, value in self.fixtures.items():
+            path = path.replace("{" + name + "}", value)
+        return path
+
+    def follow_up(self, case: Case, kind: FollowUp, record_id: str) -> list[Answer]:
+        turn: dict[str, Any] = {"model": self.model, "input": "And?", "max_output_tokens": 2, "temperature": 0}
+        if kind is FollowUp.CHAIN:
+            turn["previous_response_id"] = record_id
+            read_back = f"/v1/responses/{record_id}"
+        else:
+            turn["conversation"] = record_id
+            read_back = f"/v1/conversations/{record_id}/items?limit=100"
+        body = hostile.encode(turn)
+        next_turn, _ = self.exchange(f"{case.name} -> next turn", "POST", "/v1/responses", body, expect=Expect.EITHER)
+        read, _ = self.exchange(f"{case.name} -> read back", "GET", read_back, None, expect=Expect.OK)
+        return [next_turn, read]
+
+    def exchange(
+        self,
+        name: str,
+        method: str,
+        path: str,
+        body: bytes | None,
+        *,
+        expect: Expect,
+        content_type: str = "application/json",
+    ) -> tuple[Answer, bytes]:
+        """Send one request, read the whole answer within the timeout, and judge it."""
+        answer = Answer(
+            case=name,
+            method=method,
+            path=shorten(path, 200),
+            request=shorten((body or b"").decode("utf-8", "replace"), SHOWN_CHARS),
+            request_bytes=len(body or b""),
+            expect=str(expect),
+            trace=uuid.uuid4().hex,
+        )
+        log_start = len(self.server.lines)
+        started = time.monotonic()
+        content = b""
+        try:
+            content, content_kind = self.read_answer(answer, method, path, body, content_type)
+            judge(answer, content, content_kind, expect)
+        except Hung:
+            answer.problem = f"timeout: no whole answer within {self.timeout:g} s"
+        except httpx.TimeoutException as error:
+            answer.problem = f"timeout: {type(error).__name__}"
+        except httpx.HTTPError as error:
+            answer.problem = f"connection error: {type(error).__name__}: {error}"
+        answer.seconds = round(time.monotonic() - started, 3)
+        self.attach_log(answer, log_start)
+        return answer, content
+
+    def read_answer(
+        self, answer: Answer, method: str, path: str, body: bytes | None, content_type: str
+    ) -> tuple[bytes, str]:
+        deadline = time.monotonic() + self.timeout
+        headers = {"traceparent": f"00-{answer.trace}-{uuid.uuid4().hex[:16]}-01"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        with self.http.stream(method, path, content=body, headers=headers) as response:
+            answer.status = response.status_code
+            chunks = []
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise Hung
+            return b"".join(chunks), response.headers.get("content-type", "")
+
+    def attach_log(self, answer: Answer, start: int) -> None:
+        """A failed request keeps the server's log lines written while it ran (its errors come later, by trace)."""
+        if answer.problem is not None:
+            answer.log = [line.rstrip() for line in self.server.lines[start:]][-60:]
+        if self.server.process.poll() is not None:
+            answer.problem = f"the server exited with code {self.server.process.returncode}: " + (answer.problem or "")
+
+    def faults(self) -> int:
+        """courier_request_faults_total, all actors: unexpected exceptions, each failing one request."""
+        try:
+            text = self.http.get("/metrics").text
+        except httpx.HTTPError:
+            return 0
+        values = re.findall(r"^courier_request_faults_total\{[^}]*\} (\S+)$", text, re.MULTILINE)
+        return int(sum(float(value) for value in values))
+
+    def health(self) -> Health:
+        """Alive, /health 200 with nothing running or waiting (given time to settle), and a plain chat served."""
+        if self.server.process.poll() is not None:
+            return Health(alive=False, detail=f"exited with code {self.server.process.returncode}")
+        try:
+            status, scheduler = self.settled_health()
+            chat = self.http.post("/v1/chat/completions", json=hostile.chat_body(self.model, [hostile.user("Hi.")]))
+            image_status = self.image_chat() if self.vision else None
+        except httpx.HTTPError as error:
+            return Health(alive=self.server.process.poll() is None, detail=f"{type(error).__name__}: {error}")
+        return Health(
+            alive=self.server.process.poll() is None,
+            status=status,
+            running=scheduler.get("running"),
+            waiting=scheduler.get("waiting"),
+            chat_status=chat.status_code,
+            image_chat_status=image_status,
+            detail="" if chat.status_code == 200 else shorten(chat.text, SHOWN_CHARS),
+        )
+
+    def settled_health(self) -> tuple[int, dict[str, Any]]:
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            reply = self.http.get("/health")
+            scheduler = reply.json().get("scheduler", {}) if reply.status_code in (200, 503) else {}
+            idle = scheduler.get("running") == 0 and scheduler.get("waiting") == 0
+            if idle or time.monotonic() > deadline:
+                return reply.status_code, scheduler
+            time.sleep(0.5)
+
+    def image_chat(self) -> int:
+        image = hostile.data_url(hostile.saved_image("PNG", (8, 8)), "image/png")
+        content = [{"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": image}}]
+        body = hostile.chat_body(self.model, [hostile.user(content)])
+        return self.http.post("/v1/chat/completions", json=body).status_code
+
+
+def log_records(lines: Sequence[str]) -> list[list[str]]:
+    """The log as records: a timestamped line and the lines under it (a traceback)."""
+    records: list[list[str]] = []
+    for line in lines:
+        if LOG_HEAD.match(line) or not records:
+            records.append([line.rstrip()])
+        else:
+            records[-1].append(line.rstrip())
+    return records
+
+
+def is_error(record: Sequence[str]) -> bool:
+    head = LOG_HEAD.match(record[0])
+    level_error = head is not None and head.group(1) in ("ERROR", "CRITICAL")
+    return level_error or any(line.startswith("Traceback (most recent call last)") for line in record)
+
+
+def attribute_log(answers: Sequence[Answer], lines: Sequence[str]) -> list[str]:
+    """Give each error record in `lines` to the answer whose trace it names (a problem, if it had none); return
+    the records that name no answer's trace."""
+    by_trace = {answer.trace: answer for answer in answers}
+    unattributed: list[str] = []
+    for log_record in filter(is_error, log_records(lines)):
+        match = TRACE.search(log_record[0])
+        answer = by_trace.get(match.group(1)) if match else None
+        if answer is None:
+            unattributed += log_record[:40]
+            continue
+        answer.log = [*log_record[:1], *log_record[1:][-40:]]
+        if answer.problem is None:
+            answer.problem = f"the server logged an error: {shorten(log_record[0], 300)}"
+    return unattributed
+
+
+def record(run: FamilyRun, answer: Answer) -> None:
+    run.sent += 1
+    run.statuses[answer.outcome] = run.statuses.get(answer.outcome, 0) + 1
+    if answer.problem is not None:
+        run.problems.append(answer)
+    elif answer.surprise is not None:
+        run.surprises.append(answer)
+    if answer.status is not None and (answer.status, answer.code) in DOCUMENTED_5XX:
+        run.documented_5xx += 1
+
+
+def judge(answer: Answer, content: bytes, content_type: str, expect: Expect) -> None:
+    """Set the answer's problem (a failed check) or surprise (sound, but not what the generator expected)."""
+    status = answer.status
+    assert status is not None
+    answer.response = shorten(content.decode("utf-8", "replace"), SHOWN_CHARS)
+    answer.code = error_code(content)
+    if (status, answer.code) in DOCUMENTED_5XX:
+        return
+    if status >= 500:
+        answer.problem = f"{status} {answer.code or ''}".strip()
+    elif not 200 <= status < 500:
+        answer.problem = f"status {status} is neither 2xx nor 4xx"
+    elif status >= 400 and not is_envelope(content):
+        answer.problem = f"{status} without OpenAI's error envelope"
+    elif status < 300:
+        answer.problem = success_problem(content, content_type)
+    if answer.problem is None:
+        answer.surprise = surprise(status, expect)
+
+
+def surprise(status: int, expect: Expect) -> str | None:
+    if expect is Expect.REFUSED and status < 300:
+        return f"{status} for input the generator expected to be refused"
+    if expect is Expect.OK and status >= 400:
+        return f"{status} for input the generator expected to be accepted"
+    return None
+
+
+def is_envelope(content: bytes) -> bool:
+    try:
+        error = json.loads(content)["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    keys_ok = isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}
+    return keys_ok and isinstance(error["message"], str) and bool(error["message"]) and isinstance(error["type"], str)
+
+
+def error_code(content: bytes) -> str | None:
+    try:
+        error = json.loads(content).get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return str(code) if code is not None else None
+
+
+def success_problem(content: bytes, content_type: str) -> str | None:
+    """A 2xx can still carry a failure: an error event in a stream, or a stored response that failed."""
+    if content_type.startswith("text/event-stream"):
+        for event in sse_events(content):
+            failed = isinstance(event, dict) and (
+                ("error" in event and event["error"] is not None) or event.get("type") in ("error", "response.failed")
+            )
+            if failed:
+                return f"a 2xx stream carried an error event: {shorten(json.dumps(event), 300)}"
+        return None
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return None if content_type.startswith("text/") else "a 2xx whose body is not JSON"
+    if isinstance(body, dict) and body.get("object") == "response" and body.get("status") == "failed":
+        return f"a 2xx response with status failed: {shorten(json.dumps(body.get('error')), 300)}"
+    return None
+
+
+def sse_events(content: bytes) -> Iterator[Any]:
+    for line in content.decode("utf-8", "replace").splitlines():
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            try:
+                yield json.loads(line[5:])
+            except ValueError:
+                yield {"error": f"not JSON: {line[:200]}"}
+
+
+def json_id(content: bytes) -> str | None:
+    try:
+        body = json.loads(content)
+    except ValueError:
+        return None
+    record_id = body.get("id") if isinstance(body, dict) else None
+    return record_id if isinstance(record_id, str) and body.get("store", True) is not False else None
+
+
+def shorten(text: str, most: int) -> str:
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
+
+
+# ---------------------------------------------------------------- report
+
+
+def family_line(run: FamilyRun) -> str:
+    return (
+        f"hostile {run.server}/{run.family}: {run.sent} sent in {run.seconds} s, {statuses_text(run.statuses)}; "
+        f"problems {len(run.problems)}, surprises {len(run.surprises)}"
     )
-    print("\n".join(report["summary"]))
-    print(f"/health after: {report['health_after']}; server exit code {report['server_exit_code']}")
+
+
+def statuses_text(statuses: dict[str, int]) -> str:
+    return ", ".join(f"{status} x{count}" for status, count in sorted(statuses.items()))
+
+
+def health_text(health: Health | None) -> str:
+    if health is None:
+        return "not checked"
+    if not health.alive:
+        return f"**dead** ({health.detail})"
+    image = f", image chat {health.image_chat_status}" if health.image_chat_status is not None else ""
+    verdict = "ok" if health.ok else "**not ok**"
+    return (
+        f"{verdict}: /health {health.status}, running {health.running}, waiting {health.waiting}, "
+        f"chat {health.chat_status}{image}" + (f" ({health.detail})" if health.detail else "")
+    )
+
+
+def print_report(servers: Sequence[ServerRun], args: argparse.Namespace, seconds: float) -> None:
+    print("## Courier fuzz bench\n")
+    print(f"- phases: {', '.join(args.phases)}; seed {args.seed}; request timeout {args.request_timeout:g} s")
+    print(f"- {'PASS' if passed(servers) else 'FAIL'} after {seconds:g} s")
+    for server in servers:
+        print(f"- {server.name} server: `{server.command}`")
+    print()
+    for server in servers:
+        if server.schema is not None:
+            print_schema(server)
+    if any(server.families for server in servers):
+        print_hostile(servers, args)
+    print_servers(servers)
+
+
+def print_schema(server: ServerRun) -> None:
+    schema = server.schema
+    assert schema is not None
+    figures = schema["figures"]
+    print(f"### Phase 1: schema (schemathesis, {server.name} server)\n")
+    print("| figure | value |")
+    print("|---|---|")
+    print(f"| operations | {figures['operations']} tested (phases: {figures['phases']}) |")
+    print(f"| test cases | {figures['test_cases']} |")
+    print(f"| 5xx (ST101 server errors) | {figures['server_errors']} |")
+    print(f"| failures | {figures['failures']} |")
+    print(f"| time | {schema['seconds']:g} s; exit code {schema['exit_code']}, timed out: {schema['timed_out']} |")
+    print(f"| after | {health_text(server.schema_health)} |\n")
+    if schema["failures"]:
+        print("Failures (schemathesis's words, with the curl to reproduce each):\n")
+        print("```")
+        print("\n".join(shorten(line, 2000) for line in schema["failures"]))
+        print("```\n")
+
+
+def print_hostile(servers: Sequence[ServerRun], args: argparse.Namespace) -> None:
+    print(f"### Phase 2: hostile (seed {args.seed}, at most {args.hostile_cases} cases per family)\n")
+    print(
+        "| server | family | cases (generated) | sent | statuses | 5xx | timeouts | connection errors | "
+        "other problems | surprises | faults | health after |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for server in servers:
+        for run in server.families:
+            other = len(run.problems) - run.count("5xx") - run.count("timeout") - run.count("connection error")
+            other += len([line for line in run.unattributed_log_errors if LOG_HEAD.match(line)])
+            documented = f" (502 compaction_failed x{run.documented_5xx}: documented)" if run.documented_5xx else ""
+            print(
+                f"| {run.server} | {run.family} | {run.selected} ({run.generated}) | {run.sent} | "
+                f"{statuses_text(run.statuses)}{documented} | {run.count('5xx')} | {run.count('timeout')} | "
+                f"{run.count('connection error')} | {other} | {len(run.surprises)} | {run.faults_counted} | "
+                f"{health_text(run.health_after)} |"
+            )
+    print()
+    problems = [answer for server in servers for run in server.families for answer in run.problems]
+    print_answers("Problems", problems, with_log=True)
+    for server in servers:
+        for run in server.families:
+            if run.unattributed_log_errors:
+                print(f"Errors in the {run.server} server's log during {run.family}, naming no request's trace:\n")
+                print("```\n" + "\n".join(shorten(line, 400) for line in run.unattributed_log_errors[:80]) + "\n```\n")
+    surprises = [(run, answer) for server in servers for run in server.families for answer in run.surprises]
+    print_surprises(surprises)
+
+
+def print_answers(title: str, answers: Sequence[Answer], *, with_log: bool) -> None:
+    print(f"#### {title}: {len(answers)}\n")
+    for index, answer in enumerate(answers, 1):
+        print(f"{index}. `{answer.case}`: {answer.method} {answer.path} -> **{answer.problem}** ({answer.seconds} s)")
+        print(f"   - request ({answer.request_bytes} bytes): `{answer.request}`")
+        print(f"   - response: `{answer.response}`")
+        if with_log and answer.log:
+            print("   - server log:\n\n```")
+            print("\n".join(shorten(line, 400) for line in answer.log[-30:]))
+            print("```")
+    print()
+
+
+def print_surprises(surprises: Sequence[tuple[FamilyRun, Answer]]) -> None:
+    """Grouped by what surprised: the generator's expectation was wrong, or the server is lenient or strict."""
+    print(f"#### Surprises (sound answers, not the expected kind): {len(surprises)}\n")
+    by_kind: Counter[tuple[str, str, str]] = Counter()
+    examples: dict[tuple[str, str, str], Answer] = {}
+    for run, answer in surprises:
+        kind = (f"{run.server}/{run.family}", answer.surprise or "", answer.code or "")
+        by_kind[kind] += 1
+        examples.setdefault(kind, answer)
+    for kind, count in by_kind.most_common():
+        example = examples[kind]
+        code = f" `{kind[2]}`" if kind[2] else ""
+        print(f"- {kind[0]}: {kind[1]}{code} x{count}, e.g. `{example.case}`: `{shorten(example.response, 240)}`")
+    print()
+
+
+def print_servers(servers: Sequence[ServerRun]) -> None:
+    print("### Servers\n")
+    print("| server | health at the end | exit code | ERROR lines in its log | log |")
+    print("|---|---|---|---|---|")
+    for server in servers:
+        print(
+            f"| {server.name} | {health_text(server.health_after)} | {server.exit_code} | "
+            f"{len(server.log_errors)} | {server.log_path or '-'} |"
+        )
+    print()
+    for server in servers:
+        if server.log_errors:
+            print(f"ERROR lines in the {server.name} server's log (first 20):\n\n```")
+            print("\n".join(shorten(line, 400) for line in server.log_errors[:20]))
+            print("```\n")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ import orjson
 from courier.conversation.items import image_urls, message_text
 
 CAPSULE_VERSION = 1
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+={0,2}")
 _DIGEST_LENGTH = 32
 
 
@@ -74,6 +76,8 @@ class CapsuleCodec:
             raise CapsuleError("encrypted_content must be a non-empty string")
         if len(text) > self._max_bytes:
             raise CapsuleError(f"the capsule is over the body limit of {self._max_bytes} bytes")
+        if not _BASE64URL.fullmatch(text):  # the decoder would skip stray characters; a capsule has none
+            raise CapsuleError("encrypted_content is not base64url")
         try:
             raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         except (binascii.Error, ValueError):

@@ -42,11 +42,7 @@ class GenerationRequest:
 
 
 def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError.invalid("'messages' must be a non-empty list of message objects", param="messages")
-    images: list[ImageRef] = []
-    normalized = [_chat_message(message, index, images) for index, message in enumerate(messages)]
+    normalized, images = parse_chat_messages(body.get("messages"))
     tools = _tools(body.get("tools"))
     if tool_choice(body.get("tool_choice")) == "none":
         tools = None
@@ -58,7 +54,7 @@ def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
     sampling = _sampling(body, max_tokens_key, logprobs=logprobs, top_logprobs=top_logprobs)
     return GenerationRequest(
         model=model_name(body),
-        prompt=ChatPrompt(messages=normalized, tools=tools, images=tuple(images)),
+        prompt=ChatPrompt(messages=normalized, tools=tools, images=images),
         sampling=sampling,
         stream=optional_bool(body, "stream", False),
         include_usage=_include_usage(body),
@@ -138,6 +134,15 @@ def model_name(body: dict[str, Any]) -> str | None:
     if model is not None and not isinstance(model, str):
         raise ApiError.invalid("'model' must be a string", param="model")
     return model
+
+
+def parse_chat_messages(messages: Any) -> tuple[list[dict[str, Any]], tuple[ImageRef, ...]]:
+    """Chat `messages` checked and normalised (each part of each message), with the images they refer to."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError.invalid("'messages' must be a non-empty list of message objects", param="messages")
+    images: list[ImageRef] = []
+    normalized = [_chat_message(message, index, images) for index, message in enumerate(messages)]
+    return normalized, tuple(images)
 
 
 def _chat_message(message: Any, index: int, images: list[ImageRef]) -> dict[str, Any]:

@@ -47,6 +47,8 @@ def altered(encoded: str) -> str:
 SIGNED = CapsuleCodec(KEY, 10_000).encode(CAPSULE)
 REFUSED: list[tuple[str, Any, str]] = [
     ("not base64url", "!!!not base64!!!", "base64url"),
+    ("whitespace inside", " ".join(raw({"v": 1, "summary": "s", "retained": []})), "base64url"),
+    ("the standard alphabet", base64.b64encode(b"\xfb\xff" + orjson.dumps({"v": 1})).decode(), "base64url"),
     ("not JSON", base64.urlsafe_b64encode(b"hello there").decode(), "JSON"),
     ("not an object", raw([1, 2]), "object"),
     ("version 2", raw({"v": 2, "summary": "s", "retained": []}), "version"),

@@ -14,6 +14,7 @@ from quart import Blueprint
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
+from courier.http.openai_requests import parse_chat_messages
 from courier.http.validation import object_list, optional_bool, optional_str, token_list
 from courier.messages.asking import call
 from courier.messages.base import Request, RequestFailed
@@ -57,13 +58,14 @@ TokenizeBuilder = Callable[[ReplyStream[TokenizeResult | RequestFailed]], Reques
 def _tokenize_message(body: dict[str, Any], max_tokens: int) -> TokenizeBuilder:
     """Validate a /tokenize body; return a builder of the message for the token counter (a text too big for
     `max_tokens`, by its size alone, is refused before it is tokenized)."""
-    messages = object_list(body, "messages", required=False)
+    raw_messages = body.get("messages")
     prompt = optional_str(body, "prompt")
-    if (messages is None) == (prompt is None):
+    if (raw_messages is None) == (prompt is None):
         raise ApiError.invalid(
             "send exactly one of 'prompt' (a string) or 'messages' (a list of objects)", param="prompt"
         )
-    if messages is not None:
+    if raw_messages is not None:
+        messages, _ = parse_chat_messages(raw_messages)  # images count as their placeholder tokens
         tools = object_list(body, "tools", required=False)
         add_generation_prompt = optional_bool(body, "add_generation_prompt", True)
         return lambda reply: TokenizeChat(
