@@ -24,7 +24,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"engine"}),
     frozenset({"model"}),
     frozenset({"core"}),
-    frozenset({"runtime", "platform", "media", "storage", "settings", "__init__"}),
+    frozenset({"runtime", "platform", "media", "storage", "grammar", "settings", "__init__"}),
 )
 LAYER_OF = {package: depth for depth, layer in enumerate(LAYERS) for package in layer}
 

@@ -21,6 +21,7 @@ from jinja2 import TemplateError
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.conversation.chat_content import as_parts
+from courier.core import generic_tools
 from courier.core.failure_codes import FailureCode
 from courier.core.token_prefix import common_prefix_length
 from courier.engine.generation import VisionInputs
@@ -46,6 +47,7 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
     def __init__(self, tokenizer: TokenizerWrapper, images: ImageProcessor | None = None) -> None:
         self._tokenizer = tokenizer
         self._images = images
+        self._native_tools = bool(getattr(tokenizer, "has_tool_calling", False))
         vocabulary = tokenizer.get_vocab()
         self._vocabulary_size = len(vocabulary)
         # At least as many bytes as any one token stands for (a vocabulary entry is never shorter than its bytes).
@@ -151,6 +153,8 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         add_generation_prompt: bool,
         thinking: bool = True,
     ) -> str:
+        if not self._native_tools and generic_tools.needs_rendering(messages, tools):
+            messages, tools = generic_tools.render(messages, tools), None  # the template knows no tools
         rendered = self._tokenizer.apply_chat_template(
             [self._for_template(item) for item in messages],
             tools=[dict(tool) for tool in tools] if tools else None,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from courier.conversation.chat_render import chat_tools
 from courier.engine.generation import SamplingParams
+from courier.grammar.output_spec import OutputSpec
 from courier.storage.records import JsonObject
 
 
@@ -19,8 +20,7 @@ class ResponsesRequest:
     input_items: tuple[JsonObject, ...]
     instructions: str | None
     tools: tuple[JsonObject, ...]  # as given, echoed in the response object
-    tool_choice: str
-    parallel_tool_calls: bool
+    output: OutputSpec  # text.format, tool_choice, parallel_tool_calls
     sampling: SamplingParams
     max_output_tokens: int | None
     metadata: dict[str, str]
@@ -38,7 +38,7 @@ class ResponsesRequest:
     @property
     def template_tools(self) -> list[JsonObject] | None:
         """The tools the chat template renders: none when there are none or `tool_choice` is "none"."""
-        if not self.tools or self.tool_choice == "none":
+        if not self.tools or self.output.tool_choice.mode == "none":
             return None
         return chat_tools(self.tools)
 

@@ -17,17 +17,26 @@ from typing import Any
 
 from courier.core.json_text import json_object
 from courier.core.stop_text import held_back_length
+from courier.grammar.constraint import ToolGrammar
 
 ToolParser = Callable[[str, Any], Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolCallFormat:
-    """How the served model marks tool calls, and mlx-lm's parser for what is between the marks."""
+    """How the served model marks tool calls, and the parser for what is between the marks.
+
+    `mode` is "native" (the chat template's own format, parsed by mlx-lm) or "generic" (the template has none:
+    `core/generic_tools.py` describes the tools and renders the history). `grammar` writes calls in this format
+    for constrained decoding; None for a native format it cannot write (then only `tool_choice: "auto"` without
+    `strict` functions is served).
+    """
 
     start: str
     end: str
     parser: ToolParser
+    mode: str = "native"
+    grammar: ToolGrammar | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,11 +53,19 @@ class SplitText:
 
 
 class ToolCallSplitter:
+    """Splits streamed text into content and the raw text of each call.
+
+    Whitespace next to a call (the newlines a format puts around its markers) is held back: it becomes content
+    only if content that is not whitespace follows it, so a reply that is only calls has no content at all.
+    """
+
     def __init__(self, start: str, end: str) -> None:
         self._start = start
         self._end = end
         self._buffer = ""
         self._inside = False
+        self._pending = ""  # whitespace not yet known to be content
+        self._called = False
 
     def feed(self, text: str) -> SplitText:
         self._buffer += text
@@ -61,13 +78,14 @@ class ToolCallSplitter:
                 break
             if self._inside:
                 calls.append(self._buffer[:index])
+                self._called = True
             else:
-                content.append(self._buffer[:index])
+                content.append(self._content(self._buffer[:index]))
             self._buffer = self._buffer[index + len(marker) :]
             self._inside = not self._inside
         if not self._inside:
             keep = held_back_length(self._buffer, (self._start,))
-            content.append(self._buffer[: len(self._buffer) - keep])
+            content.append(self._content(self._buffer[: len(self._buffer) - keep]))
             self._buffer = self._buffer[len(self._buffer) - keep :]
         return SplitText("".join(content), tuple(calls))
 
@@ -77,7 +95,17 @@ class ToolCallSplitter:
         if self._inside:
             self._inside = False
             return SplitText("", (rest,))
-        return SplitText(rest, ())
+        text = self._content(rest)
+        if not self._called:  # no call: trailing whitespace is the content's own
+            text, self._pending = text + self._pending, ""
+        return SplitText(text, ())
+
+    def _content(self, text: str) -> str:
+        """`text` with the whitespace held before it; its own trailing whitespace held in turn."""
+        text = self._pending + text
+        visible = text.rstrip()
+        self._pending = text[len(visible) :]
+        return visible
 
 
 def parse_tool_call(text: str, parser: ToolParser, tools: Sequence[Mapping[str, Any]] | None) -> ToolCall | None:

@@ -35,6 +35,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from courier.core.snapshot_store import Origin
 from courier.core.stop_text import StopTextMatcher
 from courier.engine import shared_prefix
+from courier.engine.constrained import ConstrainedSequence, MaskFiller
 from courier.engine.generation import (
     FinishReason,
     GenerationEvent,
@@ -48,6 +49,8 @@ from courier.engine.generation import (
 )
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill, prefill_embedded, resume
 from courier.engine.sampling import build_sampler
+from courier.grammar.compiler import GrammarCompiler
+from courier.grammar.constraint import GrammarError
 from courier.model.vision.embedder import ImageEmbedder
 
 logger = logging.getLogger(__name__)
@@ -117,13 +120,21 @@ class _Sequence:
     shared: _SharedState | None = None
     token_ids: list[int] = field(default_factory=list)  # generated so far, for a replay after a fault
     sampler: Any = None  # kept for a replay, so a seeded request's random stream carries on
+    constrained: ConstrainedSequence | None = None  # its grammar state, kept for a replay too
 
 
 class BatchEngine:
     def __init__(
-        self, model: Any, tokenizer: TokenizerWrapper, limits: BatchLimits, embedder: ImageEmbedder | None = None
+        self,
+        model: Any,
+        tokenizer: TokenizerWrapper,
+        limits: BatchLimits,
+        embedder: ImageEmbedder | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self._model = model
+        self._grammars = grammars
+        self.masks = MaskFiller(grammars.vocab_size, limits.max_batch) if grammars is not None else None
         self._embedder = embedder
         self._tokenizer = tokenizer
         self._limits = limits
@@ -240,7 +251,10 @@ class BatchEngine:
         return _SharedState(key=key, state=state, anchor=anchor)
 
     def _release(self, sequence: _Sequence) -> None:
-        """A sequence left: a shared state no sequence in flight started from is dropped."""
+        """A sequence left: its mask row is freed; a shared state no sequence in flight started from is dropped."""
+        if sequence.constrained is not None:
+            sequence.constrained.release()
+            sequence.constrained = None
         shared = sequence.shared
         if shared is not None:
             shared.users.discard(sequence.uid)
@@ -277,16 +291,21 @@ class BatchEngine:
                 cut_boundary = request.boundary
             else:
                 segments = [prompt[start : request.boundary], prompt[request.boundary :]]
+        constrained: ConstrainedSequence | None = None
         try:
             sampler = build_sampler(sampling.temperature, sampling.top_p, sampling.seed)
+            constrained = self._constrain(request, sampler)
             (uid,) = self._generator.insert_segments(
                 [segments],
                 max_tokens=[sampling.max_tokens],
                 caches=[cache] if cache is not None else None,
                 all_tokens=[prompt[:start]] if cache is not None else None,
-                samplers=[sampler],
+                samplers=[constrained.sample if constrained is not None else sampler],
+                logits_processors=[constrained.processors] if constrained is not None else None,
             )
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError) as error:  # GrammarError included
+            if constrained is not None:
+                constrained.release()
             return [EngineOutput(request.request_id, GenerationFailed(message=f"cannot start generation: {error}"))]
         self._by_uid[uid] = _Sequence(
             request=request,
@@ -296,7 +315,8 @@ class BatchEngine:
             cached_tokens=cached,
             cut_boundary=cut_boundary,
             shared=shared,
-            sampler=sampler,
+            sampler=constrained.sample if constrained is not None else sampler,
+            constrained=constrained,
         )
         if shared is not None:
             shared.users.add(uid)
@@ -307,6 +327,23 @@ class BatchEngine:
             # would find nothing of its own to extend.
             return [EngineOutput(request.request_id, _snapshot(Origin.BOUNDARY, prompt[:start], cache))]
         return []
+
+    def _constrain(self, request: EngineRequest, sampler: Any) -> ConstrainedSequence | None:
+        """The grammar state of a constrained request (None for a free one). Raises `GrammarError`."""
+        constraint = request.sampling.constraint
+        if constraint is None:
+            return None
+        if self._grammars is None or self.masks is None:
+            raise GrammarError("this server was started without constrained decoding", "")
+        return ConstrainedSequence(
+            constraint,
+            compiler=self._grammars,
+            filler=self.masks,
+            decode=self._tokenizer.decode,
+            prompt_length=len(request.prompt_tokens),
+            sampler=sampler,
+            eos_tokens=sorted(self._eos),
+        )
 
     def _prefill_images(self, request: EngineRequest, start: int, cache: Any) -> tuple[int, Any]:
         """Prefill through the prompt's last image token from input embeddings (the vision tower's features in
@@ -451,6 +488,7 @@ class BatchEngine:
             except Exception as replay_error:  # this one faults on its own: the culprit
                 logger.warning("request %s fails on its own: %s", sequence.request.request_id, replay_error)
                 message = f"generation failed: {type(replay_error).__name__}: {replay_error}"
+                self._release(sequence)
                 outputs.append(EngineOutput(sequence.request.request_id, GenerationFailed(message=message)))
         self._just_recovered = bool(self._by_uid)  # nothing replayed: the next batch starts afresh
         return outputs
@@ -474,6 +512,7 @@ class BatchEngine:
             caches=[cache] if cache is not None else None,
             all_tokens=[tokens[:-1]] if cache is not None else None,
             samplers=[sequence.sampler or build_sampler(sampling.temperature, sampling.top_p, sampling.seed)],
+            logits_processors=[sequence.constrained.processors] if sequence.constrained is not None else None,
         )
         sequence.uid = uid
         sequence.cut_boundary = 0
@@ -482,6 +521,8 @@ class BatchEngine:
 
     def _fail_all(self, message: str) -> list[EngineOutput]:
         failed = [EngineOutput(s.request.request_id, GenerationFailed(message=message)) for s in self._by_uid.values()]
+        for sequence in self._by_uid.values():
+            self._release(sequence)
         self._by_uid.clear()
         self._uid_by_request.clear()
         self._shared.clear()

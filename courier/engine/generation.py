@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any, NewType, TypeAlias
 
 from courier.core.failure_codes import FailureCode
+from courier.grammar.constraint import Constraint
 
 RequestId = NewType("RequestId", str)
 
@@ -28,6 +29,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    constraint: Constraint | None = None  # a grammar the output follows (JSON schema, tool call)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,6 +12,7 @@ import uuid
 import orjson
 
 from courier.engine.generation import RequestId
+from courier.http.constrained import constrain
 from courier.http.context import AppContext
 from courier.http.openai_requests import GenerationRequest
 from courier.messages.asking import call
@@ -27,12 +28,13 @@ def new_request_id() -> RequestId:
 async def admit(context: AppContext, request: GenerationRequest, request_id: RequestId) -> Admitted:
     context.require_ready()
     context.require_model(request.model)
+    sampling = await constrain(context, request.sampling, request.output)
     return await call(
         context.outboxes.ingress,
         lambda reply: AdmitGeneration(
             request_id=request_id,
             prompt=request.prompt,
-            sampling=request.sampling,
+            sampling=sampling,
             reply=reply,
             session=request.session,
             cache_prompt=request.cache_prompt,

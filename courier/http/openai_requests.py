@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from courier.conversation.chat_content import IMAGE_PART, chat_content, text_part
 from courier.conversation.chat_render import template_tool_call
 from courier.engine.generation import SamplingParams
+from courier.grammar import output_spec
+from courier.grammar.output_spec import OutputSpec
+from courier.http.constrained import refusing
 from courier.http.errors import ApiError
 from courier.http.validation import optional_bool
 from courier.media.address_policy import MediaRefused
@@ -37,6 +40,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     tools: tuple[Mapping[str, Any], ...] | None = None
+    output: OutputSpec = field(default_factory=OutputSpec)  # response format, tool choice
     session: str = ""
     cache_prompt: bool = True
 
@@ -44,7 +48,8 @@ class GenerationRequest:
 def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
     normalized, images = parse_chat_messages(body.get("messages"))
     tools = _tools(body.get("tools"))
-    if tool_choice(body.get("tool_choice")) == "none":
+    output = refusing(lambda: _chat_output(body, tools))
+    if output.tool_choice.mode == "none":
         tools = None
     logprobs = optional_bool(body, "logprobs", False)
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
@@ -59,6 +64,7 @@ def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
         stream=optional_bool(body, "stream", False),
         include_usage=_include_usage(body),
         tools=tools,
+        output=output,
         session=session_key(body),
         cache_prompt=optional_bool(body, "cache_prompt", True),
     )
@@ -87,6 +93,7 @@ def parse_completion_request(body: dict[str, Any]) -> GenerationRequest:
         sampling=sampling,
         stream=optional_bool(body, "stream", False),
         include_usage=_include_usage(body),
+        output=refusing(lambda: OutputSpec(format=output_spec.chat_response_format(body.get("response_format")))),
         session=session_key(body),
         cache_prompt=optional_bool(body, "cache_prompt", True),
     )
@@ -236,13 +243,13 @@ def _tools(tools: Any) -> tuple[Mapping[str, Any], ...] | None:
     return tuple(tools) or None
 
 
-def tool_choice(choice: Any) -> str:
-    if choice is None or choice == "auto":
-        return "auto"
-    if choice == "none":
-        return "none"
-    message = "'tool_choice' must be 'auto' or 'none': this engine cannot force a tool call"
-    raise ApiError.invalid(message, param="tool_choice")
+def _chat_output(body: dict[str, Any], tools: tuple[Mapping[str, Any], ...] | None) -> OutputSpec:
+    return output_spec.spec(
+        output_spec.chat_response_format(body.get("response_format")),
+        output_spec.tool_choice(body.get("tool_choice"), responses=False),
+        optional_bool(body, "parallel_tool_calls", True),
+        tools,
+    )
 
 
 def _completion_prompt(prompt: Any) -> Prompt:

@@ -42,6 +42,80 @@ _METADATA = _nullable(
         "additionalProperties": {"type": "string", "maxLength": 512},
     }
 )
+_FUNCTION_NAME: Schema = {"type": "string", "minLength": 1}
+_FORMAT_NAME: Schema = {"type": "string", "minLength": 1, "maxLength": 64}
+_JSON_SCHEMA_BODY: Schema = {
+    "name": _FORMAT_NAME,
+    "schema": _OBJECT,
+    "strict": _nullable({"type": "boolean"}),
+    "description": _nullable(_TEXT),
+}
+_RESPONSE_FORMAT = _nullable(
+    {
+        "oneOf": [
+            {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+            {
+                "type": "object",
+                "required": ["type", "json_schema"],
+                "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": {"type": "object", "required": ["schema"], "properties": _JSON_SCHEMA_BODY},
+                },
+            },
+        ]
+    }
+)
+_TEXT_FORMAT = _nullable(
+    {
+        "type": "object",
+        "properties": {
+            "verbosity": _nullable({"const": "medium"}),
+            "format": _nullable(
+                {
+                    "oneOf": [
+                        {
+                            "type": "object",
+                            "required": ["type"],
+                            "properties": {"type": {"enum": ["text", "json_object"]}},
+                        },
+                        {
+                            "type": "object",
+                            "required": ["type", "schema"],
+                            "properties": {"type": {"const": "json_schema"}, **_JSON_SCHEMA_BODY},
+                        },
+                    ]
+                }
+            ),
+        },
+    }
+)
+_CHAT_TOOL_CHOICE = _nullable(
+    {
+        "anyOf": [
+            {"enum": ["auto", "none", "required"]},
+            {
+                "type": "object",
+                "required": ["type", "function"],
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {"type": "object", "required": ["name"], "properties": {"name": _FUNCTION_NAME}},
+                },
+            },
+        ]
+    }
+)
+_RESPONSES_TOOL_CHOICE = _nullable(
+    {
+        "anyOf": [
+            {"enum": ["auto", "none", "required"]},
+            {
+                "type": "object",
+                "required": ["type", "name"],
+                "properties": {"type": {"const": "function"}, "name": _FUNCTION_NAME},
+            },
+        ]
+    }
+)
 _CHAT_TOOL = {
     "type": "object",
     "required": ["type", "function"],
@@ -107,7 +181,9 @@ _CHAT_REQUEST = {
         "logprobs": _BOOL,
         "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS_CHAT}),
         "tools": _nullable({"type": "array", "items": _CHAT_TOOL}),
-        "tool_choice": _nullable({"enum": ["auto", "none"]}),
+        "tool_choice": _CHAT_TOOL_CHOICE,
+        "parallel_tool_calls": _BOOL,
+        "response_format": _RESPONSE_FORMAT,
     },
 }
 _COMPLETION_REQUEST = {
@@ -120,6 +196,7 @@ _COMPLETION_REQUEST = {
         "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 5}),
         "echo": _nullable({"const": False}),
         "best_of": _nullable({"const": 1}),
+        "response_format": _RESPONSE_FORMAT,
     },
 }
 _INPUT_PART = {
@@ -163,7 +240,7 @@ _RESPONSES_REQUEST = {
         "input": _INPUT,
         "instructions": _nullable(_TEXT),
         "tools": _nullable({"type": "array", "items": _RESPONSES_TOOL}),
-        "tool_choice": _nullable({"enum": ["auto", "none"]}),
+        "tool_choice": _RESPONSES_TOOL_CHOICE,
         "parallel_tool_calls": _BOOL,
         "max_output_tokens": _POSITIVE,
         "temperature": _TEMPERATURE,
@@ -179,9 +256,7 @@ _RESPONSES_REQUEST = {
         "safety_identifier": _SESSION,
         "background": _nullable({"const": False}),
         "truncation": _nullable({"const": "disabled"}),
-        "text": _nullable(
-            {"type": "object", "properties": {"format": {"type": "object", "properties": {"type": {"const": "text"}}}}}
-        ),
+        "text": _TEXT_FORMAT,
         "context_management": _nullable(
             {
                 "type": "array",

@@ -7,6 +7,7 @@ and warm up with one short forward pass.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,10 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from courier.core import generic_tools
 from courier.core.tool_calls import ToolCallFormat
+from courier.grammar.compiler import GrammarCompiler, build_tokenizer
+from courier.grammar.constraint import ToolGrammar
 from courier.model.device import active_device, serving_dtype
 from courier.model.gguf_convert import GGUFConversionError, ensure_converted
 from courier.model.gguf_tokenizer import UnsupportedTokenizer
@@ -29,6 +33,7 @@ from courier.model.vision.loader import LoadedVision, VisionLoadError, load_visi
 from courier.model.vision.model_dir import is_vision_model, read_config
 from courier.model.weight_format import describe_weights, dtype_name, to_dense_dtype
 
+logger = logging.getLogger(__name__)
 _WARMUP_TEXT = "Hello"
 
 
@@ -138,9 +143,46 @@ def _context_length(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int 
     return limit if isinstance(limit, int) and 0 < limit < 10**8 else None
 
 
-def tool_call_format(tokenizer: TokenizerWrapper) -> ToolCallFormat | None:
-    """The model's tool-call markers and parser, when its chat template supports tools."""
+def tool_call_format(tokenizer: TokenizerWrapper) -> ToolCallFormat:
+    """How the model calls tools: its chat template's own format ("native"), or, when the template has none, the
+    generic one Courier describes in the prompt (`core/generic_tools.py`)."""
     start, end, parser = tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
     if not (tokenizer.has_tool_calling and start and end and parser is not None):
+        return ToolCallFormat(
+            start=generic_tools.START,
+            end=generic_tools.END,
+            parser=generic_tools.parse_call,
+            mode="generic",
+            grammar=ToolGrammar(start=generic_tools.START, end=generic_tools.END),
+        )
+    start, end = str(start), str(end)
+    grammar: ToolGrammar | None = None
+    if getattr(parser, "__module__", "").endswith(".json_tools"):  # a JSON object between the markers
+        grammar = ToolGrammar(
+            start=start, end=end, start_token=_special_token(tokenizer, start), end_token=_special_token(tokenizer, end)
+        )
+    return ToolCallFormat(start=start, end=end, parser=parser, grammar=grammar)
+
+
+def _special_token(tokenizer: TokenizerWrapper, marker: str) -> int | None:
+    """The id of `marker` when it is one special (added) token, which a grammar must match as that token."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    for token_id, token in added.items():
+        if str(getattr(token, "content", token)) == marker:
+            return int(token_id)
+    return None
+
+
+def grammar_compiler(loaded: LoadedModel) -> GrammarCompiler | None:
+    """The model's grammar compiler (about half a second for a 49k vocabulary), or None when its tokenizer cannot
+    serve one (then a constrained request is a 400 saying so)."""
+    tokenizer = loaded.tokenizer
+    vocabulary = len(tokenizer.get_vocab())
+    width = getattr(getattr(loaded.model, "args", None), "vocab_size", None)
+    vocab_size = max(vocabulary, width if isinstance(width, int) else 0)
+    try:
+        ll_tokenizer = build_tokenizer(getattr(tokenizer, "_tokenizer", tokenizer), vocab_size, tokenizer.eos_token_ids)
+    except Exception as error:  # llguidance refuses some tokenizers (not fast, odd byte mappings): serve without
+        logger.warning("constrained decoding is off: no grammar tokenizer (%s: %s)", type(error).__name__, error)
         return None
-    return ToolCallFormat(start=str(start), end=str(end), parser=parser)
+    return GrammarCompiler(ll_tokenizer)

@@ -43,6 +43,7 @@ from courier.conversation.images import ImageAdmission
 from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
 from courier.engine.batch_engine import BatchEngine, BatchLimits
 from courier.engine.snapshot_budget import available_memory, default_budget, measure_footprint
+from courier.grammar.compiler import GrammarCompiler
 from courier.http.app import create_app
 from courier.http.auth import ApiKeys
 from courier.http.context import AppContext, Outboxes
@@ -54,7 +55,7 @@ from courier.messages.scheduler import SchedulerMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
-from courier.model.loader import LoadedModel, ModelLoadError, load_model, tool_call_format
+from courier.model.loader import LoadedModel, ModelLoadError, grammar_compiler, load_model, tool_call_format
 from courier.model.progress import Progress
 from courier.model.source import ModelSource
 from courier.platform.blas import BlasReport
@@ -222,9 +223,10 @@ class Supervisor:
             self._failure = str(error)
             self._stop.set()
             return
-        await self._start_actors(task_group, loaded)
+        grammars = await anyio.to_thread.run_sync(grammar_compiler, loaded)
+        await self._start_actors(task_group, loaded, grammars)
         info = loaded.info
-        self._state.mark_ready(info, tool_call_format(loaded.tokenizer))
+        self._state.mark_ready(info, tool_call_format(loaded.tokenizer), grammars)
         logger.info(
             "ready: model %s (%s) on %s, weights %s, BLAS %s, context %s tokens",
             info.model_id,
@@ -265,7 +267,7 @@ class Supervisor:
         )
         return True
 
-    async def _start_actors(self, task_group: TaskGroup, loaded: LoadedModel) -> None:
+    async def _start_actors(self, task_group: TaskGroup, loaded: LoadedModel, grammars: GrammarCompiler | None) -> None:
         """In dependency order: the ingress needs the token counter and the scheduler."""
         settings = self._settings
         limits = BatchLimits(
@@ -281,7 +283,9 @@ class Supervisor:
         caching = await self._start_snapshot_store(task_group, loaded) if settings.prompt_cache else None
         scheduler = SchedulerActor(
             self._mlx,
-            lambda: BatchEngine(loaded.model, loaded.tokenizer, limits, vision.embedder if vision else None),
+            lambda: BatchEngine(
+                loaded.model, loaded.tokenizer, limits, vision.embedder if vision else None, grammars=grammars
+            ),
             self._state.scheduler,
             admission_window_s=settings.admission_window_ms / 1000,
             caching=caching,

@@ -9,8 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from courier.core.tool_calls import ToolCallFormat
+from courier.grammar.compiler import GrammarCompiler
 from courier.model.info import ModelInfo
 from courier.platform.blas import BlasReport
 from courier.runtime.faults import FaultCounter
@@ -37,6 +39,7 @@ class ServiceState:
     phase: Phase = Phase.LOADING
     model: ModelInfo | None = None
     tool_format: ToolCallFormat | None = None
+    grammars: GrammarCompiler | None = None  # constrained decoding (None: the tokenizer cannot serve it)
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -48,11 +51,26 @@ class ServiceState:
         """The scheduler's counters as `/health` shows them, `rejected` counting every refusal at capacity."""
         return {**self.scheduler.as_dict(), "rejected": self.rejected}
 
-    def mark_ready(self, model: ModelInfo, tool_format: ToolCallFormat | None) -> None:
+    def mark_ready(
+        self, model: ModelInfo, tool_format: ToolCallFormat | None, grammars: GrammarCompiler | None = None
+    ) -> None:
         self.model = model
         self.tool_format = tool_format
+        self.grammars = grammars
         self.model_id = model.model_id
         self.phase = Phase.READY
+
+    def capabilities(self) -> dict[str, Any]:
+        """What the served model can be asked for beyond text: how it calls tools, and constrained outputs."""
+        tools = self.tool_format
+        constrained = self.grammars is not None
+        return {
+            "tool_calling": tools.mode if tools is not None else None,  # "native" or "generic"
+            "tool_choice": ["auto", "none", "required", "function"]
+            if constrained and tools is not None and tools.grammar is not None
+            else ["auto", "none"],
+            "structured_outputs": ["text", "json_object", "json_schema"] if constrained else ["text"],
+        }
 
     def mark_draining(self) -> None:
         self.phase = Phase.DRAINING

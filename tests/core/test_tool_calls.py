@@ -21,6 +21,10 @@ def json_parser(text: str, tools: Any) -> Any:
         (["<tool_call>a</tool_call><tool_call>b</tool_call>"], "", ["a", "b"]),
         (["a <", "b"], "a <b", []),
         (["<tool_call>unclosed"], "", ["unclosed"]),
+        # the newlines a format writes around and between calls are markup, not content
+        (["<tool_call>\na\n</tool_call>\n<tool_call>\nb\n</tool_call>"], "", ["\na\n", "\nb\n"]),
+        (["Hi\n", "<tool_call>a</tool_call>\n"], "Hi", ["a"]),
+        (["Line one\n\n", "line two\n"], "Line one\n\nline two\n", []),
     ],
 )
 def test_splitter_separates_content_from_calls(pieces: list[str], content: str, calls: list[str]) -> None:

@@ -236,8 +236,16 @@ ERRORS: list[tuple[str, str, dict[str, Any] | None, int, str | None]] = [
     ("POST", "/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     ("POST", "/v1/responses", {"input": "hi", "tools": [{"type": "file_search"}]}, 400, "tools[0].type"),
     ("POST", "/v1/responses", {"input": "hi", "truncation": "auto"}, 400, "truncation"),
-    ("POST", "/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema"}}}, 400, "text.format"),
-    ("POST", "/v1/responses", {"input": "hi", "tool_choice": "required"}, 400, "tool_choice"),
+    ("POST", "/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema"}}}, 400, "text.format.schema"),
+    ("POST", "/v1/responses", {"input": "hi", "text": {"format": {"type": "xml"}}}, 400, "text.format.type"),
+    ("POST", "/v1/responses", {"input": "hi", "tool_choice": "required"}, 400, "tool_choice"),  # no tools
+    (
+        "POST",
+        "/v1/responses",
+        {"input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
+        400,
+        "tool_choice",
+    ),
     ("POST", "/v1/responses", {"input": "hi", "max_output_tokens": 0}, 400, "max_output_tokens"),
     ("POST", "/v1/responses", {"input": "hi", "metadata": {str(i): "v" for i in range(17)}}, 400, "metadata"),
     ("POST", "/v1/responses", {"input": "hi", "model": "gpt-9"}, 404, "model"),

@@ -125,3 +125,70 @@ def test_responses_stream_function_call_events(client: openai.OpenAI) -> None:
     assert "response.function_call_arguments.delta" in kinds
     calls = [item for item in final.output if item.type == "function_call"]
     assert [call.name for call in calls] == [tool_model.TOOL_NAME]
+
+
+GREETING: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello! How are you today?"}]
+TIME_TOOL: Any = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+TIME_RESPONSES_TOOL: Any = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 24}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+STRICT_TOOL: Any = {"type": "function", "function": {**tool_model.TOOL["function"], "parameters": CITY, "strict": True}}
+
+
+def test_required_always_makes_a_valid_call_even_at_temperature_one(client: openai.OpenAI) -> None:
+    for _ in range(3):
+        forced = client.chat.completions.create(
+            model=MODEL, messages=GREETING, tools=[STRICT_TOOL], tool_choice="required", temperature=1.0, max_tokens=96
+        )
+        choice = forced.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        calls = choice.message.tool_calls or []
+        assert calls and all(call.type == "function" for call in calls)
+        for call in calls:
+            assert call.type == "function" and call.function.name == tool_model.TOOL_NAME
+            arguments = json.loads(call.function.arguments)  # strict: valid against the parameters
+            assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+
+
+def test_a_named_function_is_the_one_called_once(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=QUESTION,
+        tools=[*TOOLS, TIME_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=96,
+    )
+    calls = reply.choices[0].message.tool_calls or []
+    assert len(calls) == 1
+    assert calls[0].type == "function" and calls[0].function.name == "get_time"
+    assert isinstance(json.loads(calls[0].function.arguments), dict)
+    responses = client.responses.create(
+        model=MODEL,
+        input=tool_model.USER_QUESTION,
+        tools=[*RESPONSES_TOOLS, TIME_RESPONSES_TOOL],
+        tool_choice={"type": "function", "name": "get_time"},
+        temperature=0,
+        max_output_tokens=96,
+    )
+    assert [(item.type, getattr(item, "name", None)) for item in responses.output] == [("function_call", "get_time")]
+
+
+def test_auto_with_a_strict_function_leaves_the_trained_call_as_it_was(client: openai.OpenAI) -> None:
+    trained: Any = {"type": "function", "function": {**tool_model.TOOL["function"], "strict": True}}
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[trained], temperature=0)
+    calls = reply.choices[0].message.tool_calls or []
+    assert len(calls) == 1 and calls[0].type == "function"
+    assert json.loads(calls[0].function.arguments) == tool_model.TOOL_ARGUMENTS
+
+
+def test_the_model_says_its_tools_are_native(client: openai.OpenAI) -> None:
+    model = client.models.retrieve(MODEL)
+    capabilities = (model.model_extra or {})["capabilities"]
+    assert capabilities["tool_calling"] == "native"
+    assert capabilities["tool_choice"] == ["auto", "none", "required", "function"]

@@ -12,8 +12,11 @@ from courier.storage.records import JsonObject
 
 
 class OutputAssembler:
-    def __init__(self, tool_format: ToolCallFormat | None, tools: Sequence[Mapping[str, Any]] | None) -> None:
+    def __init__(
+        self, tool_format: ToolCallFormat | None, tools: Sequence[Mapping[str, Any]] | None, parallel: bool = True
+    ) -> None:
         self._format = tool_format if tools else None
+        self._parallel = parallel  # False: at most one call (enforced here where no grammar did)
         self._tools = tools
         self._splitter = ToolCallSplitter(self._format.start, self._format.end) if self._format else None
         self._raw_calls: list[str] = []
@@ -43,7 +46,8 @@ class OutputAssembler:
             self._raw_calls.extend(split.calls)
             rest = split.content
             self._text.append(rest)
-        return rest, parse_tool_calls(self._raw_calls, self._format, self._tools)
+        calls = parse_tool_calls(self._raw_calls, self._format, self._tools)
+        return rest, calls if self._parallel else calls[:1]
 
     def message(self, message_id: str | None = None, status: str = "completed") -> JsonObject:
         item = message_item("assistant", [text_part("output_text", self.text, logprob_objects(self._logprobs))], status)

@@ -2,8 +2,7 @@
 
 Each refusal is a 400 naming the offending `param`. Unknown fields are ignored;
 known features this server cannot honour (background mode, built-in tools,
-structured output, `truncation: auto`, forced tool choice) are refused, never
-silently dropped.
+`truncation: auto`) are refused, never silently dropped.
 """
 
 from __future__ import annotations
@@ -13,6 +12,9 @@ from typing import Any
 
 from courier.conversation.request import CompactRequest, ResponsesRequest
 from courier.engine.generation import SamplingParams
+from courier.grammar import output_spec
+from courier.grammar.output_spec import OutputSpec
+from courier.http.constrained import refusing
 from courier.http.errors import ApiError
 from courier.http.openai_requests import (
     MAX_TEMPERATURE,
@@ -21,7 +23,6 @@ from courier.http.openai_requests import (
     model_name,
     number_in,
     session_key,
-    tool_choice,
 )
 from courier.http.responses.items import input_items
 from courier.http.validation import optional_bool, optional_str
@@ -59,8 +60,7 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
         input_items=tuple(items),
         instructions=instructions,
         tools=_tools(body.get("tools")),
-        tool_choice=tool_choice(body.get("tool_choice")),
-        parallel_tool_calls=optional_bool(body, "parallel_tool_calls", True),
+        output=refusing(lambda: _output(body)),
         sampling=sampling,
         max_output_tokens=max_output_tokens,
         metadata=parse_metadata(body.get("metadata")),
@@ -130,17 +130,17 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
     if truncation not in (None, "disabled"):
         message = f"'truncation': {truncation!r} is not supported; only 'disabled' (too long an input is a 400)"
         raise ApiError.invalid(message, param="truncation")
-    text = body.get("text")
-    if text is not None:
-        if not isinstance(text, dict):
-            raise ApiError.invalid("'text' must be an object", param="text")
-        text_format = text.get("format")
-        kind = text_format.get("type") if isinstance(text_format, dict) else text_format
-        if text_format is not None and kind != "text":
-            message = f"'text.format' of type {kind!r} is not supported: this engine cannot constrain generation"
-            raise ApiError.invalid(message, param="text.format")
     if body.get("n") not in (None, 1):
         raise ApiError.invalid("only one output per response is supported", param="n")
+
+
+def _output(body: Mapping[str, Any]) -> OutputSpec:
+    return output_spec.spec(
+        output_spec.responses_text_format(body.get("text")),
+        output_spec.tool_choice(body.get("tool_choice"), responses=True),
+        optional_bool(dict(body), "parallel_tool_calls", True),
+        body.get("tools") if isinstance(body.get("tools"), list) else None,
+    )
 
 
 def _compact_threshold(value: Any) -> int | None:

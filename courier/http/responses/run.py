@@ -61,7 +61,9 @@ async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> 
     so does a failed store."""
     in_progress = response_object(turn.draft, Outcome(status=Status.IN_PROGRESS))
     with context.responses.running(turn.draft.id, in_progress, services.tenant) as entry:
-        assembler = OutputAssembler(context.state.tool_format, turn.request.template_tools)
+        assembler = OutputAssembler(
+            context.state.tool_format, turn.request.template_tools, turn.request.output.parallel_tool_calls
+        )
         failure: Refused | None = None
         prefix = [turn.compaction_item] if turn.compaction_item else []
         try:
@@ -141,7 +143,9 @@ class _Stream:
             assert turn.compaction_item is not None
             self._prefix = [turn.compaction_item]
             yield emit("response.output_item.done", output_index=0, item=turn.compaction_item)
-        assembler = OutputAssembler(self._context.state.tool_format, turn.request.template_tools)
+        assembler = OutputAssembler(
+            self._context.state.tool_format, turn.request.template_tools, turn.request.output.parallel_tool_calls
+        )
         message = self._message = _StreamedMessage(emit, len(self._prefix), assembler)
         async with aclosing(self._generation(turn, message)) as chunks:
             async for chunk in chunks:

@@ -27,6 +27,7 @@ def blueprint(context: AppContext) -> Blueprint:
             "blas": state.blas.as_dict(),
             "weight_format": model.weight_format if model else None,
             "model_info": model.as_dict() if model else None,
+            "capabilities": state.capabilities() if model else None,
             "scheduler": state.scheduler_view(),
             "connections": state.connections.as_dict(),
             "memory": mlx_memory().as_dict(),

@@ -17,7 +17,10 @@ def blueprint(context: AppContext) -> Blueprint:
     def model_object() -> dict[str, Any]:
         info = context.state.model
         created = info.created if info else int(context.state.started_at)
-        return {"id": context.state.model_id, "object": "model", "created": created, "owned_by": OWNER}
+        shown: dict[str, Any] = {"id": context.state.model_id, "object": "model", "created": created, "owned_by": OWNER}
+        if info is not None:
+            shown["capabilities"] = context.state.capabilities()
+        return shown
 
     @routes.get("/v1/models")
     async def list_models() -> dict[str, Any]:

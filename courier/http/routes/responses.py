@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import anyio
 from quart import Blueprint, Response, request
@@ -10,6 +11,7 @@ from quart import Blueprint, Response, request
 from courier.conversation.items import new_id
 from courier.conversation.turn import count_tokens, history_items, plan_turn, render, replayed, start_turn
 from courier.core.failure_codes import FailureCode
+from courier.http.constrained import constrain
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
@@ -37,6 +39,7 @@ def blueprint(context: AppContext) -> Blueprint:
         parsed = parse_responses_request(await read_json_object())
         context.require_ready()
         context.require_model(parsed.model)
+        parsed = replace(parsed, sampling=await constrain(context, parsed.sampling, parsed.output))
         services = context.turn_services()
         plan = await plan_turn(services, parsed)
         if parsed.stream:

@@ -1,0 +1,88 @@
+"""Tool calling for a model whose chat template knows no tools ("generic" mode, as llama.cpp has).
+
+The tools are described in the system message, in the words of the Hermes / Qwen2.5 templates, and the model is
+asked to write each call as `<tool_call>` + a JSON object {"name", "arguments"} + `</tool_call>`: the same
+`json_tools` format a native template uses, so the same splitter, parser and call grammar serve both. History the
+template cannot render becomes text it can: an assistant message's tool calls join its content in that format, and
+tool results become a user message of `<tool_response>` blocks (roles every template accepts). The rendering is a
+pure function of the messages, so a conversation's prompt stays an exact prefix of its next turn's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from courier.core.json_text import json_object
+
+START = "<tool_call>"
+END = "</tool_call>"
+
+_INTRO = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+_OUTRO = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
+
+
+def parse_call(text: str, tools: Any = None) -> Any:
+    """A generic call's JSON (the signature of mlx-lm's tool parsers)."""
+    return json.loads(text.strip())
+
+
+def needs_rendering(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> bool:
+    return bool(tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+
+
+def render(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """`messages` as a template without tool support renders them: tools described, calls and results as text."""
+    rendered: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            block = f"<tool_response>\n{_text(message.get('content'))}\n</tool_response>"
+            last = rendered[-1] if rendered else None
+            if last is not None and last.get("_tool_results"):
+                last["content"] = f"{last['content']}\n{block}"
+            else:
+                rendered.append({"role": "user", "content": block, "_tool_results": True})
+        elif role == "assistant" and message.get("tool_calls"):
+            calls = "\n".join(_call_text(call) for call in message["tool_calls"])
+            content = _text(message.get("content"))
+            rendered.append({"role": "assistant", "content": f"{content}\n{calls}" if content else calls})
+        else:
+            rendered.append(dict(message))
+    for message in rendered:
+        message.pop("_tool_results", None)
+    if tools:
+        described = _INTRO + "\n".join(json.dumps(dict(tool), ensure_ascii=False) for tool in tools) + _OUTRO
+        if rendered and rendered[0].get("role") == "system" and isinstance(rendered[0].get("content"), str):
+            rendered[0] = {**rendered[0], "content": f"{rendered[0]['content']}\n\n{described}"}
+        else:
+            rendered.insert(0, {"role": "system", "content": described})
+    return rendered
+
+
+def _call_text(call: Mapping[str, Any]) -> str:
+    function = call.get("function", call)
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        parsed = json_object(arguments)  # within the depth limit, else the string as it came
+        arguments = parsed if parsed is not None else arguments
+    body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
+    return f"{START}\n{body}\n{END}"
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    return str(content)

@@ -1,0 +1,175 @@
+"""Constrained sequences in the batch: grammar masks on the logits, filled for the whole batch at once.
+
+mlx-lm's generation batch calls, each step, every sequence's logits processors (with the tokens so far) and then
+every sequence's sampler. A constrained sequence gets one of each from a `ConstrainedSequence`: the processor reads
+the token it generated last step and advances its grammar matcher (host side, no mask yet); the first sampler
+called in the step fills the masks of every sequence that advanced, in one llguidance call (`MaskFiller`), and
+each sampler then keeps its row's allowed tokens, renormalises and samples as the request asked (temperature,
+top_p, seed). An unconstrained sequence has neither, so a batch without constraints runs exactly as before.
+
+A triggered constraint (a tool call in `auto` mode) leaves text free until the trigger (the call's start marker)
+appears in the output; from there the grammar holds until the call is complete, then text is free again, or, when
+only one call is allowed, the output ends. A matcher that reaches an error (it cannot: the mask allows only what
+it accepts; but a grammar bug must not loop) ends the output.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import Any, cast
+
+import mlx.core as mx
+import numpy as np
+from llguidance import LLExecutor, LLMatcher
+from llguidance.numpy import fill_next_token_bitmask_par
+
+from courier.grammar.compiler import GrammarCompiler
+from courier.grammar.constraint import Constraint
+
+logger = logging.getLogger(__name__)
+
+Sampler = Callable[[mx.array], mx.array]
+RECENT_FILLS = 4096
+
+
+class MaskFiller:
+    """One bitmask row per constrained sequence; rows that are due are filled together, once per step."""
+
+    def __init__(self, vocab_size: int, rows: int) -> None:
+        self.vocab_size = vocab_size
+        self._words = (vocab_size + 31) // 32
+        self._bitmask = np.full((max(1, rows), self._words), -1, dtype=np.int32)
+        self._free = list(range(max(1, rows)))
+        self._due: dict[int, LLMatcher] = {}
+        self._executor = LLExecutor()
+        # Seconds per fill and rows per fill, most recent last (bench/structured.py reads them).
+        self.fill_seconds: deque[float] = deque(maxlen=RECENT_FILLS)
+        self.fill_rows: deque[int] = deque(maxlen=RECENT_FILLS)
+
+    def acquire(self) -> int:
+        if not self._free:  # more constrained sequences than rows (a replay after a fault): grow
+            start = len(self._bitmask)
+            self._bitmask = np.concatenate([self._bitmask, np.full_like(self._bitmask, -1)])
+            self._free.extend(range(start, len(self._bitmask)))
+        return self._free.pop()
+
+    def release(self, row: int) -> None:
+        self._due.pop(row, None)
+        self._free.append(row)
+
+    def due(self, row: int, matcher: LLMatcher) -> None:
+        self._due[row] = matcher
+
+    def row(self, row: int) -> np.ndarray[Any, np.dtype[np.int32]]:
+        if self._due:
+            started = time.perf_counter()
+            fill_next_token_bitmask_par(self._executor, [(m, r) for r, m in self._due.items()], self._bitmask)
+            self.fill_seconds.append(time.perf_counter() - started)
+            self.fill_rows.append(len(self._due))
+            self._due.clear()
+        mask: np.ndarray[Any, np.dtype[np.int32]] = self._bitmask[row]
+        return mask
+
+
+class _Phase(Enum):
+    FREE = "free"  # before a trigger, or between triggered calls
+    CONSTRAINED = "constrained"
+    DONE = "done"  # only an end-of-sequence token may follow
+
+
+class ConstrainedSequence:
+    """A sequence's grammar state, with the logits processor and the sampler that carry it."""
+
+    def __init__(
+        self,
+        constraint: Constraint,
+        *,
+        compiler: GrammarCompiler,
+        filler: MaskFiller,
+        decode: Callable[[Sequence[int]], str],
+        prompt_length: int,
+        sampler: Sampler,
+        eos_tokens: Sequence[int],
+    ) -> None:
+        self.constraint = constraint
+        self._compiler = compiler
+        self._filler = filler
+        self._decode = decode
+        self._position = prompt_length  # the next token of the context to read
+        self._inner = sampler
+        # Built here, on the MLX thread (an array made on another thread's stream cannot be used on this one).
+        self._eos = mx.array(sorted(set(eos_tokens)), dtype=mx.int32)
+        self._bits = mx.arange(32, dtype=mx.int32)
+        self._row = filler.acquire()
+        self._tail = ""  # the end of the free text, to spot the trigger
+        self._matcher: LLMatcher | None = None
+        self.phase = _Phase.FREE
+        if not constraint.trigger:
+            self._start_matching()
+
+    @property
+    def processors(self) -> list[Callable[[mx.array, mx.array], mx.array]]:
+        return [self.process]
+
+    def release(self) -> None:
+        self._filler.release(self._row)
+
+    def process(self, context: mx.array, logits: mx.array) -> mx.array:
+        """The logits processor: advance the matcher over the tokens generated since the last step."""
+        new = cast("list[int]", context[self._position :].tolist()) if context.size > self._position else []
+        self._position += len(new)
+        for token in new:
+            self._advance(token)
+        if self.phase is _Phase.CONSTRAINED and self._matcher is not None:
+            self._filler.due(self._row, self._matcher)
+        return logits
+
+    def sample(self, logprobs: mx.array) -> mx.array:
+        """The sampler: the request's own, over the tokens the grammar allows."""
+        if self.phase is _Phase.FREE:
+            return self._inner(logprobs)
+        width = logprobs.shape[-1]
+        if self.phase is _Phase.DONE:
+            allowed = self._eos_mask(width)
+        else:
+            allowed = self._allowed(self._filler.row(self._row), width)
+        masked = mx.where(allowed, logprobs, -mx.inf)
+        return self._inner(masked - mx.logsumexp(masked, axis=-1, keepdims=True))
+
+    def _allowed(self, row: np.ndarray[Any, np.dtype[np.int32]], width: int) -> mx.array:
+        words = mx.array(row)
+        bits = ((words[:, None] >> self._bits) & 1).reshape(-1)
+        if bits.size < width:
+            bits = mx.concatenate([bits, mx.zeros((width - bits.size,), dtype=bits.dtype)])
+        return bits[:width] != 0
+
+    def _eos_mask(self, width: int) -> mx.array:
+        return (mx.arange(width)[:, None] == self._eos[None, :]).any(axis=-1)
+
+    def _advance(self, token: int) -> None:
+        if self.phase is _Phase.FREE:
+            trigger = self.constraint.trigger
+            self._tail = (self._tail + self._decode([token]))[-(len(trigger) + 32) :]
+            if trigger and self._tail.endswith(trigger):
+                self._tail = ""
+                self._start_matching()
+            return
+        if self.phase is _Phase.DONE or self._matcher is None:
+            return
+        if not self._matcher.consume_token(token):
+            logger.warning(
+                "%s: token %d refused by the grammar (%s)", self.constraint.label, token, self._matcher.get_error()
+            )
+            self.phase = _Phase.DONE
+            return
+        if self._matcher.is_stopped():
+            self._matcher = None
+            self.phase = _Phase.FREE if self.constraint.trigger and self.constraint.repeat else _Phase.DONE
+
+    def _start_matching(self) -> None:
+        self._matcher = self._compiler.matcher(self.constraint)
+        self.phase = _Phase.CONSTRAINED
