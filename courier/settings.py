@@ -254,6 +254,12 @@ class Settings:
         "deadline in seconds for one generation request, queueing included (504 beyond)",
         metavar="SECONDS",
     )
+    grammar_cache: int = setting(
+        256,
+        parse_positive_int,
+        "compiled grammars (JSON schemas, tool calls) kept for reuse, least recently used first out",
+        metavar="N",
+    )
     max_images: int = setting(
         16,
         parse_positive_int,

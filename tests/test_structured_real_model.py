@@ -255,8 +255,17 @@ def test_the_tool_loop_through_responses_and_a_conversation(client: openai.OpenA
     assert then.output_text
 
 
-def test_the_model_and_health_say_tools_are_generic(http: httpx.Client) -> None:
+def test_the_model_and_health_say_tools_are_generic_and_metrics_count_grammars(http: httpx.Client) -> None:
     model = http.get(f"/v1/models/{MODEL}").json()
     assert model["capabilities"]["tool_calling"] == "generic"
     assert "required" in model["capabilities"]["tool_choice"]
     assert http.get("/health").json()["capabilities"] == model["capabilities"]
+    metrics = {
+        line.split()[0]: float(line.split()[1])
+        for line in http.get("/metrics").text.splitlines()
+        if line.startswith("courier_grammar_")
+    }
+    # The tests before this one compiled each schema once (before admission) and found it cached in the engine.
+    assert metrics["courier_grammar_compiles_total"] >= len(SCHEMAS)
+    assert metrics["courier_grammar_cache_hits_total"] >= metrics["courier_grammar_compiles_total"]
+    assert 0 < metrics["courier_grammar_cache_entries"] <= 256

@@ -102,9 +102,10 @@ class ConstrainedSequence:
         self._position = prompt_length  # the next token of the context to read
         self._inner = sampler
         # Built here, on the MLX thread (an array made on another thread's stream cannot be used on this one).
-        self._eos = mx.array(sorted(set(eos_tokens)), dtype=mx.int32)
-        self._bits = mx.arange(32, dtype=mx.int32)
+        self._eos = sorted(set(eos_tokens))
+        self._eos_bias: mx.array | None = None
         self._row = filler.acquire()
+        self._read: list[int] = []  # the tokens generated so far, as read (a replay may take the last ones back)
         self._tail = ""  # the end of the free text, to spot the trigger
         self._matcher: LLMatcher | None = None
         self.phase = _Phase.FREE
@@ -119,10 +120,18 @@ class ConstrainedSequence:
         self._filler.release(self._row)
 
     def process(self, context: mx.array, logits: mx.array) -> mx.array:
-        """The logits processor: advance the matcher over the tokens generated since the last step."""
+        """The logits processor: advance the matcher over the tokens generated since the last step.
+
+        The forward pass is set computing first, so the host-side grammar work overlaps it. A context shorter
+        than what was read is a replay after a fault that lost the last step: the matcher gives those back.
+        """
+        mx.async_eval(logits)  # type: ignore[no-untyped-call]
+        if context.size < self._position:
+            self._rewind(self._position - context.size)
         new = cast("list[int]", context[self._position :].tolist()) if context.size > self._position else []
         self._position += len(new)
         for token in new:
+            self._read.append(token)
             self._advance(token)
         if self.phase is _Phase.CONSTRAINED and self._matcher is not None:
             self._filler.due(self._row, self._matcher)
@@ -133,34 +142,51 @@ class ConstrainedSequence:
         if self.phase is _Phase.FREE:
             return self._inner(logprobs)
         width = logprobs.shape[-1]
-        if self.phase is _Phase.DONE:
-            allowed = self._eos_mask(width)
-        else:
-            allowed = self._allowed(self._filler.row(self._row), width)
-        masked = mx.where(allowed, logprobs, -mx.inf)
+        bias = self._end_bias(width) if self.phase is _Phase.DONE else self._bias(self._filler.row(self._row), width)
+        masked = logprobs + bias
         return self._inner(masked - mx.logsumexp(masked, axis=-1, keepdims=True))
 
-    def _allowed(self, row: np.ndarray[Any, np.dtype[np.int32]], width: int) -> mx.array:
-        words = mx.array(row)
-        bits = ((words[:, None] >> self._bits) & 1).reshape(-1)
-        if bits.size < width:
-            bits = mx.concatenate([bits, mx.zeros((width - bits.size,), dtype=bits.dtype)])
-        return bits[:width] != 0
+    @staticmethod
+    def _bias(row: np.ndarray[Any, np.dtype[np.int32]], width: int) -> mx.array:
+        """0 for the tokens the row allows, -inf for the others (built on the host: one array, one transfer)."""
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:width]  # bit i of word w: token 32 w + i
+        bias = np.full(width, -np.inf, dtype=np.float32)
+        bias[: bits.size][bits.astype(bool)] = 0.0
+        return mx.array(bias)
 
-    def _eos_mask(self, width: int) -> mx.array:
-        return (mx.arange(width)[:, None] == self._eos[None, :]).any(axis=-1)
+    def _end_bias(self, width: int) -> mx.array:
+        if self._eos_bias is None or self._eos_bias.size != width:
+            bias = np.full(width, -np.inf, dtype=np.float32)
+            bias[[token for token in self._eos if token < width]] = 0.0
+            self._eos_bias = mx.array(bias)
+        return self._eos_bias
+
+    def _rewind(self, count: int) -> None:
+        """Forget the last `count` tokens read: the grammar state is rebuilt from the ones kept."""
+        kept = self._read[: max(0, len(self._read) - count)]
+        self._read, self._position = [], self._position - count
+        self._tail, self._matcher, self.phase = "", None, _Phase.FREE
+        if not self.constraint.trigger:
+            self._start_matching()
+        for token in kept:
+            self._read.append(token)
+            self._advance(token)
 
     def _advance(self, token: int) -> None:
         if self.phase is _Phase.FREE:
             trigger = self.constraint.trigger
             self._tail = (self._tail + self._decode([token]))[-(len(trigger) + 32) :]
-            if trigger and self._tail.endswith(trigger):
+            at = self._tail.find(trigger) if trigger else -1
+            if at >= 0:
+                rest = self._tail[at + len(trigger) :]  # the token went on past the marker: the call's start
                 self._tail = ""
                 self._start_matching()
+                for piece in self._compiler.tokenizer.tokenize_str(rest) if rest else ():
+                    self._advance(piece)
             return
         if self.phase is _Phase.DONE or self._matcher is None:
             return
-        if not self._matcher.consume_token(token):
+        if not self._matcher.consume_token(token):  # cannot happen: the mask allowed only what it accepts
             logger.warning(
                 "%s: token %d refused by the grammar (%s)", self.constraint.label, token, self._matcher.get_error()
             )

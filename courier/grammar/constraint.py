@@ -207,13 +207,16 @@ def _check_size(schema: Any, param: str) -> None:
 
 
 def _depth(value: Any) -> int:
-    deepest, level, stack = 0, 0, [(value, 1)]
+    """How many objects and arrays deep `value` nests (as `core/json_text.py` counts)."""
+    deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
         deepest = max(deepest, level)
         if deepest > MAX_SCHEMA_DEPTH:
             return deepest
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        children = item.values() if isinstance(item, dict) else item
         stack.extend((child, level + 1) for child in children)
     return deepest
 

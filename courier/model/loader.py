@@ -173,7 +173,7 @@ def _special_token(tokenizer: TokenizerWrapper, marker: str) -> int | None:
     return None
 
 
-def grammar_compiler(loaded: LoadedModel) -> GrammarCompiler | None:
+def grammar_compiler(loaded: LoadedModel, capacity: int) -> GrammarCompiler | None:
     """The model's grammar compiler (about half a second for a 49k vocabulary), or None when its tokenizer cannot
     serve one (then a constrained request is a 400 saying so)."""
     tokenizer = loaded.tokenizer
@@ -185,4 +185,4 @@ def grammar_compiler(loaded: LoadedModel) -> GrammarCompiler | None:
     except Exception as error:  # llguidance refuses some tokenizers (not fast, odd byte mappings): serve without
         logger.warning("constrained decoding is off: no grammar tokenizer (%s: %s)", type(error).__name__, error)
         return None
-    return GrammarCompiler(ll_tokenizer)
+    return GrammarCompiler(ll_tokenizer, capacity=capacity)

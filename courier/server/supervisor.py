@@ -223,7 +223,7 @@ class Supervisor:
             self._failure = str(error)
             self._stop.set()
             return
-        grammars = await anyio.to_thread.run_sync(grammar_compiler, loaded)
+        grammars = await anyio.to_thread.run_sync(grammar_compiler, loaded, self._settings.grammar_cache)
         await self._start_actors(task_group, loaded, grammars)
         info = loaded.info
         self._state.mark_ready(info, tool_call_format(loaded.tokenizer), grammars)

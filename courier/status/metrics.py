@@ -53,7 +53,20 @@ class _StateCollector(Collector):
         yield from self._faults()
         yield from self._connections()
         yield from self._prompt_cache()
+        yield from self._grammars()
         yield from self._mlx_memory()
+
+    def _grammars(self) -> Iterator[Metric]:
+        grammars = self._state.grammars
+        if grammars is None:
+            return
+        stats = grammars.stats()
+        yield GaugeMetricFamily("courier_grammar_cache_entries", "Compiled grammars kept", value=stats.entries)
+        yield CounterMetricFamily("courier_grammar_cache_hits", "Constraints served a cached grammar", value=stats.hits)
+        yield CounterMetricFamily("courier_grammar_compiles", "Grammars compiled (cache misses)", value=stats.misses)
+        yield CounterMetricFamily(
+            "courier_grammar_compile_seconds", "Seconds spent compiling grammars", value=stats.compile_seconds
+        )
 
     def _scheduler(self) -> Iterator[Metric]:
         stats = self._state.scheduler

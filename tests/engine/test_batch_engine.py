@@ -22,25 +22,9 @@ from courier.engine.generation import (
     TokensGenerated,
 )
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill
+from tests.support.faulty_model import FailingModel
 
 LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
-
-
-class Failing:
-    """Wraps a real model; once armed, its next `failures` forward passes raise, as a fault inside MLX would."""
-
-    def __init__(self, model: Any) -> None:
-        self._model = model
-        self.failures = 0
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.failures > 0:
-            self.failures -= 1
-            raise RuntimeError("simulated kernel fault")
-        return self._model(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +84,7 @@ def texts(outputs: list[EngineOutput]) -> dict[str, str]:
 def test_a_transient_fault_replays_the_batch_and_loses_nothing(loaded: tuple[Any, Any]) -> None:
     model, tokenizer = loaded
     undisturbed = run_until_done(engine := BatchEngine(model, tokenizer, LIMITS), engine.step([request("x", 30)], []))
-    flaky = Failing(model)
+    flaky = FailingModel(model)
     engine = BatchEngine(flaky, tokenizer, LIMITS)
     outputs = engine.step([request("x", 30), request("y", 30, (9, 8, 7))], [])
     outputs += engine.step([], [])
@@ -117,7 +101,7 @@ def test_a_transient_fault_replays_the_batch_and_loses_nothing(loaded: tuple[Any
 def test_a_fault_that_follows_a_request_fails_it_alone(loaded: tuple[Any, Any]) -> None:
     """The batch step fails, then the replay of the first request fails too: that one is the culprit."""
     model, tokenizer = loaded
-    flaky = Failing(model)
+    flaky = FailingModel(model)
     engine = BatchEngine(flaky, tokenizer, LIMITS)
     outputs = engine.step([request("x", 20), request("y", 20)], [])
     flaky.failures = 2  # the batched step, then x's replay
@@ -130,7 +114,7 @@ def test_a_fault_that_follows_a_request_fails_it_alone(loaded: tuple[Any, Any]) 
 
 def test_a_fault_right_after_a_recovery_fails_the_batch_and_the_engine_keeps_serving(loaded: tuple[Any, Any]) -> None:
     model, tokenizer = loaded
-    flaky = Failing(model)
+    flaky = FailingModel(model)
     engine = BatchEngine(flaky, tokenizer, LIMITS)
     outputs = engine.step([request("x", 50), request("y", 50)], [])
     flaky.failures = 1
@@ -312,7 +296,7 @@ def test_requests_arriving_later_start_from_the_shared_prefix_still_in_flight(fa
 
 def test_a_failing_shared_prefill_fails_only_the_requests_sharing_it(loaded: tuple[Any, Any]) -> None:
     model, tokenizer = loaded
-    flaky = Failing(model)
+    flaky = FailingModel(model)
     engine = BatchEngine(flaky, tokenizer, CHAT_LIMITS)
     sharing = burst(tokenizer, "s", "Describe {} in two sentences.")
     flaky.failures = 1  # the first forward pass of the step is the shared prefill

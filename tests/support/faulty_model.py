@@ -7,6 +7,7 @@ custom architectures ship, so the fault happens inside the real engine's batched
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -37,3 +38,20 @@ def build_faulty_llama(tokenizer_dir: Path, out_dir: Path) -> Path:
     (out_dir / "config.json").write_bytes(orjson.dumps(config))
     (out_dir / MODEL_FILE).write_text(_SOURCE)
     return out_dir
+
+
+class FailingModel:
+    """Wraps a real model; once armed, its next `failures` forward passes raise, as a fault inside MLX would."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.failures = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures > 0:
+            self.failures -= 1
+            raise RuntimeError("simulated kernel fault")
+        return self._model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
