@@ -30,7 +30,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {
             "person": {
                 "type": "object",
-                "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
+                "properties": {
+                    "name": {"type": "string", "maxLength": 24},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                },
                 "required": ["name", "age"],
                 "additionalProperties": False,
             }
@@ -48,7 +51,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "enum": {
         "type": "object",
-        "properties": {"mood": {"enum": ["happy", "sad", "calm"]}, "score": {"type": "integer", "minimum": 0}},
+        "properties": {
+            "mood": {"enum": ["happy", "sad", "calm"]},
+            "score": {"type": "integer", "minimum": 0, "maximum": 10},
+        },
         "required": ["mood", "score"],
     },
     "pattern": {
@@ -59,7 +65,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "anyOf": {
         "type": "object",
-        "properties": {"value": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}},
+        "properties": {"value": {"anyOf": [{"type": "integer", "minimum": -999, "maximum": 999}, {"type": "boolean"}]}},
         "required": ["value"],
         "additionalProperties": False,
     },
@@ -79,7 +85,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "required subset": {
         "type": "object",
-        "properties": {"title": {"type": "string", "maxLength": 30}, "year": {"type": "integer"}},
+        "properties": {
+            "title": {"type": "string", "maxLength": 30},
+            "year": {"type": "integer", "minimum": 1000, "maximum": 2100},
+        },
         "required": ["title"],
         "additionalProperties": False,
     },
@@ -184,7 +193,13 @@ def test_the_sdk_parse_helpers_return_the_model_whole_and_streamed(client: opena
 def test_a_forced_call_then_its_result_then_an_answer_through_chat(client: openai.OpenAI) -> None:
     question: Any = [{"role": "user", "content": QUESTION}]
     forced = client.chat.completions.create(
-        model=MODEL, messages=question, tools=[CHAT_TOOL], tool_choice="required", temperature=1.0, max_tokens=80
+        model=MODEL,
+        messages=question,
+        tools=[CHAT_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,  # else the model may go on calling until max_tokens cuts it ("length")
+        temperature=1.0,
+        max_tokens=80,
     )
     choice = forced.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -224,7 +239,12 @@ def test_a_named_function_and_no_parallel_calls_give_exactly_that_one_call(clien
 
 def test_the_tool_loop_through_responses_and_a_conversation(client: openai.OpenAI) -> None:
     first = client.responses.create(
-        model=MODEL, input=QUESTION, tools=[RESPONSES_TOOL], tool_choice="required", max_output_tokens=80
+        model=MODEL,
+        input=QUESTION,
+        tools=[RESPONSES_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=80,
     )
     calls = [item for item in first.output if item.type == "function_call"]
     assert calls and [item.type for item in first.output] == ["function_call"] * len(calls)

@@ -343,6 +343,7 @@ class BatchEngine:
             prompt_length=len(request.prompt_tokens),
             sampler=sampler,
             eos_tokens=sorted(self._eos),
+            renormalize=0 < request.sampling.top_p < 1,
         )
 
     def _prefill_images(self, request: EngineRequest, start: int, cache: Any) -> tuple[int, Any]:
