@@ -183,7 +183,8 @@ class IngressActor(Actor[IngressMessage]):
         return Admitted(request_id=message.request_id, prompt_tokens=len(tokens), max_tokens=max_tokens, events=receive)
 
     def _refused_early(self, message: AdmitGeneration) -> RequestFailed | None:
-        """Refusals that need no render, for every request alike: a scheduler at capacity, then image parts."""
+        """Refusals that need no render, for every request alike: a scheduler at capacity, a logit_bias past the
+        vocabulary, then image parts."""
         scheduler = self._scheduler_stats
         if scheduler.at_capacity:
             # In a burst, tokenizing every prompt first made each refusal wait for the renders queued ahead of it.
@@ -194,6 +195,10 @@ class IngressActor(Actor[IngressMessage]):
                 "retry shortly"
             )
             return RequestFailed(kind=FailureKind.OVERLOADED, message=full, code=FailureCode.QUEUE_FULL)
+        outside = [token for token, _ in message.sampling.logit_bias if token >= self._vocabulary_size]
+        if outside:
+            text = f"logit_bias names token {outside[0]}, outside the vocabulary (0..{self._vocabulary_size - 1})"
+            return _invalid(text, "logit_bias")
         if isinstance(message.prompt, ChatPrompt):
             return self._images.refusal(message.prompt.images, generating=True)
         return None

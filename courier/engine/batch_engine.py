@@ -48,6 +48,7 @@ from courier.engine.generation import (
     VisionInputs,
 )
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill, prefill_embedded, resume
+from courier.engine.penalties import Penalties
 from courier.engine.sampling import build_sampler
 from courier.grammar.compiler import GrammarCompiler
 from courier.grammar.constraint import GrammarError
@@ -121,6 +122,7 @@ class _Sequence:
     token_ids: list[int] = field(default_factory=list)  # generated so far, for a replay after a fault
     sampler: Any = None  # kept for a replay, so a seeded request's random stream carries on
     constrained: ConstrainedSequence | None = None  # its grammar state, kept for a replay too
+    processors: list[Any] = field(default_factory=list)  # penalties, bias, grammar: kept for a replay too
 
 
 class BatchEngine:
@@ -293,15 +295,18 @@ class BatchEngine:
                 segments = [prompt[start : request.boundary], prompt[request.boundary :]]
         constrained: ConstrainedSequence | None = None
         try:
-            sampler = build_sampler(sampling.temperature, sampling.top_p, sampling.seed)
+            sampler = build_sampler(
+                sampling.temperature, sampling.top_p, sampling.seed, top_k=sampling.top_k, min_p=sampling.min_p
+            )
             constrained = self._constrain(request, sampler)
+            processors = _processors(request, constrained)
             (uid,) = self._generator.insert_segments(
                 [segments],
                 max_tokens=[sampling.max_tokens],
                 caches=[cache] if cache is not None else None,
                 all_tokens=[prompt[:start]] if cache is not None else None,
                 samplers=[constrained.sample if constrained is not None else sampler],
-                logits_processors=[constrained.processors] if constrained is not None else None,
+                logits_processors=[processors] if processors else None,
             )
         except (ValueError, TypeError) as error:  # GrammarError included
             if constrained is not None:
@@ -317,6 +322,7 @@ class BatchEngine:
             shared=shared,
             sampler=constrained.sample if constrained is not None else sampler,
             constrained=constrained,
+            processors=processors,
         )
         if shared is not None:
             shared.users.add(uid)
@@ -513,7 +519,7 @@ class BatchEngine:
             caches=[cache] if cache is not None else None,
             all_tokens=[tokens[:-1]] if cache is not None else None,
             samplers=[sequence.sampler or build_sampler(sampling.temperature, sampling.top_p, sampling.seed)],
-            logits_processors=[sequence.constrained.processors] if sequence.constrained is not None else None,
+            logits_processors=[sequence.processors] if sequence.processors else None,
         )
         sequence.uid = uid
         sequence.cut_boundary = 0
@@ -529,6 +535,16 @@ class BatchEngine:
         self._shared.clear()
         self._generator = self._new_generator()
         return failed
+
+
+def _processors(request: EngineRequest, constrained: ConstrainedSequence | None) -> list[Any]:
+    """A sequence's logits processors: its penalties and bias, then its grammar's (which reads, never changes)."""
+    processors: list[Any] = []
+    if request.sampling.penalised:
+        processors.append(Penalties(request.sampling, request.prompt_tokens))
+    if constrained is not None:
+        processors.extend(constrained.processors)
+    return processors
 
 
 def _candidate(request: EngineRequest) -> shared_prefix.Candidate:

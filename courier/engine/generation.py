@@ -30,6 +30,19 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     constraint: Constraint | None = None  # a grammar the output follows (JSON schema, tool call)
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    presence_penalty: float = 0.0  # OpenAI's: over the generated tokens
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # vLLM's and HF's: over the prompt and the generated tokens; 1: off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+
+    @property
+    def penalised(self) -> bool:
+        """Whether the logits are changed before sampling (penalties, bias): a logits processor per sequence."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.logit_bias
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,16 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_p, greedy_sampler, make_sampler
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler, make_sampler
 
 Sampler = Callable[[mx.array], mx.array]
 
 
-def build_sampler(temperature: float, top_p: float, seed: int | None) -> Sampler:
+def build_sampler(temperature: float, top_p: float, seed: int | None, top_k: int = 0, min_p: float = 0.0) -> Sampler:
+    """Greedy at temperature 0 (top_k and min_p then change nothing); else top_p, min_p and top_k filter the
+    distribution, in mlx-lm's order, before a categorical draw."""
     if temperature == 0:
         return greedy_sampler  # type: ignore[no-any-return]
     if seed is None:
-        return make_sampler(temp=temperature, top_p=top_p)  # type: ignore[no-any-return]
+        return make_sampler(temp=temperature, top_p=top_p, min_p=min_p, top_k=top_k)  # type: ignore[no-any-return]
     key = mx.random.key(seed)
     inverse_temperature = 1.0 / temperature
 
@@ -28,6 +30,10 @@ def build_sampler(temperature: float, top_p: float, seed: int | None) -> Sampler
         key, step_key = mx.random.split(key)
         if 0 < top_p < 1:
             logprobs = apply_top_p(logprobs, top_p)
+        if min_p > 0:
+            logprobs = apply_min_p(logprobs, min_p)
+        if top_k > 0:
+            logprobs = apply_top_k(logprobs, top_k)
         return mx.random.categorical(logprobs * inverse_temperature, key=step_key)
 
     return sample

@@ -30,6 +30,9 @@ MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
 MAX_TEMPERATURE = 2.0
+MAX_TOP_K = 1_000_000
+MAX_REPETITION_PENALTY = 10.0
+MAX_LOGIT_BIAS = 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,7 +136,32 @@ def _sampling(
         stop=_stop(body.get("stop")),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        top_k=max(0, int_in(body, "top_k", -1, MAX_TOP_K, 0)),  # -1 or 0: off (vLLM's -1 too)
+        min_p=number_in(body, "min_p", 0.0, 1.0, 0.0),
+        presence_penalty=number_in(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=number_in(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        repetition_penalty=number_in(body, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, 1.0, open_low=True),
+        logit_bias=_logit_bias(body.get("logit_bias")),
     )
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: token ids (as strings) to a bias in [-100, 100]; ids past the vocabulary are refused
+    by the ingress, which knows its size."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ApiError.invalid("'logit_bias' must be an object of token ids to numbers", param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ApiError.invalid(f"'logit_bias' holds at most {MAX_LOGIT_BIAS} entries", param="logit_bias")
+    bias: list[tuple[int, float]] = []
+    for key, entry in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 12):
+            raise ApiError.invalid(f"'logit_bias' keys must be token ids, not {key[:20]!r}", param="logit_bias")
+        if isinstance(entry, bool) or not isinstance(entry, int | float) or not -100 <= entry <= 100:
+            raise ApiError.invalid(f"'logit_bias' values must be numbers in [-100, 100] ({key})", param="logit_bias")
+        bias.append((int(key), float(entry)))
+    return tuple(bias)
 
 
 def model_name(body: dict[str, Any]) -> str | None:

@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from courier.http.listing import MAX_LIMIT
-from courier.http.openai_requests import MAX_STOP_SEQUENCES, MAX_TEMPERATURE, MAX_TOP_LOGPROBS_CHAT
+from courier.http.openai_requests import (
+    MAX_LOGIT_BIAS,
+    MAX_REPETITION_PENALTY,
+    MAX_STOP_SEQUENCES,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MAX_TOP_LOGPROBS_CHAT,
+)
 from courier.http.responses.request import MAX_METADATA_ENTRIES, MAX_SUMMARY_TOKENS
 
 Schema = dict[str, Any]
@@ -169,6 +176,19 @@ _SAMPLING = {
     "user": _SESSION,
     "prompt_cache_key": _SESSION,
     "cache_prompt": _BOOL,
+    "top_k": _nullable({"type": "integer", "minimum": -1, "maximum": MAX_TOP_K}),
+    "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+    "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+    "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+    "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_REPETITION_PENALTY}),
+    "logit_bias": _nullable(
+        {
+            "type": "object",
+            "maxProperties": MAX_LOGIT_BIAS,
+            "propertyNames": {"pattern": "^[0-9]{1,12}$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        }
+    ),
 }
 _CHAT_REQUEST = {
     "type": "object",
