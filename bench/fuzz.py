@@ -15,8 +15,8 @@ free port. Phases (`--phases`, both by default):
   image URLs again, now past admission, and image bytes. At most `--hostile-cases` cases per family, chosen
   with `--seed`. Each answer must be a 4xx in OpenAI's error envelope (`{"error": {"message", "type", "param",
   "code"}}`) or a 2xx where the input is legitimately acceptable; a 2xx stream must carry no error event; a
-  stored response or conversation that was accepted is replayed by a next turn and read back. Never a 5xx
-  (except the documented 502 `compaction_failed`: random weights never end a summary), never a request past
+  stored response or conversation that was accepted is replayed by a next turn and read back. Never a 5xx, never
+  a request past
   `--request-timeout` (client side), never an ERROR line in the server's log. A 2xx where a 4xx was expected,
   or the reverse, is reported as a surprise, not a failure.
 
@@ -67,7 +67,9 @@ VISION_MODEL = "tiny-vision"
 SHOWN_CHARS = 600
 LOG_HEAD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (\w+) ")
 TRACE = re.compile(r"\(trace ([0-9a-f]{32})\)")
-DOCUMENTED_5XX = {(502, "compaction_failed")}  # a summary cut by max_output_tokens: random weights never end one
+# A summary cut by max_output_tokens: random weights never end one. A documented 4xx, counted apart and never a
+# surprise, even where the generator expected the compaction to be accepted.
+DOCUMENTED_FAILURES = {(422, "compaction_failed")}
 SETTLE_S = 30.0
 
 
@@ -126,7 +128,7 @@ class FamilyRun:
     selected: int
     sent: int = 0  # follow-ups included
     statuses: dict[str, int] = field(default_factory=dict)
-    documented_5xx: int = 0
+    documented_failures: int = 0
     problems: list[Answer] = field(default_factory=list)
     surprises: list[Answer] = field(default_factory=list)
     faults_counted: int = 0  # growth of courier_request_faults_total
@@ -586,8 +588,8 @@ def record(run: FamilyRun, answer: Answer) -> None:
         run.problems.append(answer)
     elif answer.surprise is not None:
         run.surprises.append(answer)
-    if answer.status is not None and (answer.status, answer.code) in DOCUMENTED_5XX:
-        run.documented_5xx += 1
+    if answer.status is not None and (answer.status, answer.code) in DOCUMENTED_FAILURES:
+        run.documented_failures += 1
 
 
 def judge(answer: Answer, content: bytes, content_type: str, expect: Expect) -> None:
@@ -596,8 +598,6 @@ def judge(answer: Answer, content: bytes, content_type: str, expect: Expect) -> 
     assert status is not None
     answer.response = shorten(content.decode("utf-8", "replace"), SHOWN_CHARS)
     answer.code = error_code(content)
-    if (status, answer.code) in DOCUMENTED_5XX:
-        return
     if status >= 500:
         answer.problem = f"{status} {answer.code or ''}".strip()
     elif not 200 <= status < 500:
@@ -606,7 +606,7 @@ def judge(answer: Answer, content: bytes, content_type: str, expect: Expect) -> 
         answer.problem = f"{status} without OpenAI's error envelope"
     elif status < 300:
         answer.problem = success_problem(content, content_type)
-    if answer.problem is None:
+    if answer.problem is None and (status, answer.code) not in DOCUMENTED_FAILURES:
         answer.surprise = surprise(status, expect)
 
 
@@ -750,7 +750,9 @@ def print_hostile(servers: Sequence[ServerRun], args: argparse.Namespace) -> Non
         for run in server.families:
             other = len(run.problems) - run.count("5xx") - run.count("timeout") - run.count("connection error")
             other += len([line for line in run.unattributed_log_errors if LOG_HEAD.match(line)])
-            documented = f" (502 compaction_failed x{run.documented_5xx}: documented)" if run.documented_5xx else ""
+            documented = (
+                f" (422 compaction_failed x{run.documented_failures}: documented)" if run.documented_failures else ""
+            )
             print(
                 f"| {run.server} | {run.family} | {run.selected} ({run.generated}) | {run.sent} | "
                 f"{statuses_text(run.statuses)}{documented} | {run.count('5xx')} | {run.count('timeout')} | "

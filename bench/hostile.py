@@ -160,7 +160,7 @@ def responses_body(model: str, items: Any, **extra: Any) -> dict[str, Any]:
 
 
 def compact_body(model: str, items: list[Any]) -> dict[str, Any]:
-    # A summary cut by max_output_tokens is a documented 502 compaction_failed (random weights never end one).
+    # A summary cut by max_output_tokens is a documented 422 compaction_failed (random weights never end one).
     return {"model": model, "input": items, "max_output_tokens": 8, "keep_tokens": 1}
 
 

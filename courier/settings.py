@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -105,6 +106,19 @@ def _path(text: str) -> Path:
 
 def _optional_text(text: str) -> str | None:
     return text or None
+
+
+def _optional_number(text: str, low: float, high: float, what: str, *, open_low: bool = False) -> float | None:
+    if not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected {what}, a number, not {text!r}") from None
+    if not low <= value <= high or (open_low and value == low) or math.isnan(value):
+        bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+        raise ValueError(f"expected {what} in {bounds}, not {text!r}")
+    return value
 
 
 def _optional_path(text: str) -> Path | None:
@@ -259,6 +273,25 @@ class Settings:
         parse_positive_int,
         "compiled grammars (JSON schemas, tool calls) kept for reuse, least recently used first out",
         metavar="N",
+    )
+    cors_allow_origins: str | None = setting(
+        None,
+        _optional_text,
+        "origins browser UIs may call from, comma-separated (https://ui.example,http://localhost:3000), or * for "
+        "any (unset: no CORS headers)",
+        metavar="ORIGINS",
+    )
+    default_temperature: float | None = setting(
+        None,
+        lambda text: _optional_number(text, 0.0, 2.0, "a temperature"),
+        "temperature for requests that send none (unset: the model's generation_config.json, else 1.0)",
+        metavar="T",
+    )
+    default_top_p: float | None = setting(
+        None,
+        lambda text: _optional_number(text, 0.0, 1.0, "a top_p", open_low=True),
+        "top_p for requests that send none (unset: the model's generation_config.json, else 1.0)",
+        metavar="P",
     )
     max_images: int = setting(
         16,

@@ -278,6 +278,8 @@ def test_the_tool_loop_through_responses_and_a_conversation(client: openai.OpenA
 def test_the_model_and_health_say_tools_are_generic_and_metrics_count_grammars(http: httpx.Client) -> None:
     model = http.get(f"/v1/models/{MODEL}").json()
     assert model["capabilities"]["tool_calling"] == "generic"
+    # The embedded model samples as its card recommends when a request sends no temperature or top_p.
+    assert model["sampling_defaults"] == {"temperature": 0.2, "top_p": 0.9, "source": "model card"}
     assert "required" in model["capabilities"]["tool_choice"]
     assert http.get("/health").json()["capabilities"] == model["capabilities"]
     metrics = {

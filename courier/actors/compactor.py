@@ -7,7 +7,8 @@ same render as `/v1/responses/input_tokens`), selects what to keep
 tools, thinking off) like any request, and replies `CompactionResult` with the
 capsule, or `RequestFailed`: 400 `context_length_exceeded` when the history or
 the summary prompt does not fit or the summary is not shorter than what it
-replaces, 502 when the summary is empty or cut by `max_output_tokens`. With a
+replaces, 422 `compaction_failed` when the summary is empty or cut by
+`max_output_tokens` (greedy, so a retry would fail alike). With a
 vision model the counts and the summary carry the images, read through the
 media fetcher once per compaction (one `FetchMemo` for all of it). The
 caller's context is never replaced on failure. After a success it asks for the
@@ -46,7 +47,7 @@ from courier.messages.compactor import CompactHistory, CompactionResult, Compact
 from courier.messages.generation_reader import collect
 from courier.messages.ingress import AdmitGeneration, ChatPrompt, IngressMessage
 from courier.messages.media import FetchMemo
-from courier.messages.token_counter import TokenCounterMessage, TokenizeChat
+from courier.messages.token_counter import MessageNames, TokenCounterMessage, TokenizeChat
 from courier.runtime.concurrent_actor import ConcurrentActor
 from courier.runtime.tracing import tracer
 from courier.storage.records import JsonObject
@@ -170,6 +171,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
                 reply=reply,
                 images=images,
                 max_tokens=self._limits.context_length,
+                names=MessageNames.BUILT,
             ),
         )
         return len(result.tokens)
@@ -179,7 +181,9 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
     ) -> tuple[str, GenerationFinished]:
         # The summarized part's images go with it: a text-only model refuses them at admission, naming the part.
         images = image_refs(items, message.request_items)
-        prompt = ChatPrompt(messages=summary_messages(items), tools=None, thinking=False, images=images)
+        prompt = ChatPrompt(
+            messages=summary_messages(items), tools=None, thinking=False, images=images, names=MessageNames.BUILT
+        )
         sampling = SamplingParams(max_tokens=message.max_output_tokens, temperature=0.0)
         request_id = RequestId(new_id("compaction"))
         try:
@@ -209,9 +213,9 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         collected = await collect(admitted, self._limits.timeout_s)
         summary = collected.text.strip()
         if collected.finished.reason is FinishReason.LENGTH:
-            raise Refused(_upstream(f"the summary was cut at max_output_tokens ({message.max_output_tokens})"))
+            raise Refused(_unusable(f"the summary was cut at max_output_tokens ({message.max_output_tokens})"))
         if not summary:
-            raise Refused(_upstream("the model wrote an empty summary"))
+            raise Refused(_unusable("the model wrote an empty summary"))
         return summary, collected.finished
 
 
@@ -219,5 +223,5 @@ def _invalid(text: str, param: str, code: FailureCode | None = None) -> RequestF
     return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=text, param=param, code=code)
 
 
-def _upstream(text: str) -> RequestFailed:
-    return RequestFailed(kind=FailureKind.UPSTREAM, message=text, code=FailureCode.COMPACTION_FAILED)
+def _unusable(text: str) -> RequestFailed:
+    return RequestFailed(kind=FailureKind.UNUSABLE_OUTPUT, message=text, code=FailureCode.COMPACTION_FAILED)

@@ -236,6 +236,7 @@ class IngressActor(Actor[IngressMessage]):
                 thinking=chat.thinking,
                 images=images,
                 max_tokens=self._context_length,
+                names=chat.names,
             ),
         )
         return result.tokens, result.history_boundary, result.vision

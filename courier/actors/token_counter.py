@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
-from jinja2 import TemplateError
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.conversation.chat_content import as_parts
+from courier.conversation.template_failure import TEMPLATE_ERRORS, TemplateFailure, template_failure
 from courier.core import generic_tools
 from courier.core.failure_codes import FailureCode
 from courier.core.token_prefix import common_prefix_length
@@ -30,6 +30,7 @@ from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.token_counter import (
     Detokenize,
     DetokenizeResult,
+    MessageNames,
     TokenCounterMessage,
     TokenizeChat,
     TokenizeResult,
@@ -82,7 +83,10 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             return
         try:
             result = await _off_loop(lambda: self._chat_tokens(message))
-        except (TemplateError, TypeError, ValueError, KeyError, RecursionError) as error:
+        except TemplateRefused as refused:
+            await message.reply.send(_template_refusal(refused.failure, message))
+            return
+        except (TypeError, ValueError, KeyError, RecursionError) as error:
             await message.reply.send(_invalid(f"the chat template rejected the messages: {error}", "messages"))
             return
         await message.reply.send(result)
@@ -153,15 +157,23 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         add_generation_prompt: bool,
         thinking: bool = True,
     ) -> str:
+        sources: Sequence[int | None] = range(len(messages))
         if not self._native_tools and generic_tools.needs_rendering(messages, tools):
-            messages, tools = generic_tools.render(messages, tools), None  # the template knows no tools
-        rendered = self._tokenizer.apply_chat_template(
-            [self._for_template(item) for item in messages],
-            tools=[dict(tool) for tool in tools] if tools else None,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-            **({} if thinking else {"enable_thinking": False}),
-        )
+            messages, sources = generic_tools.render_with_sources(messages, tools)  # the template knows no tools
+            tools = None
+        try:
+            rendered = self._tokenizer.apply_chat_template(
+                [self._for_template(item) for item in messages],
+                tools=[dict(tool) for tool in tools] if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **({} if thinking else {"enable_thinking": False}),
+            )
+        except TEMPLATE_ERRORS as error:
+            failure = template_failure(error)
+            index = failure.index
+            source = sources[index] if index is not None and 0 <= index < len(sources) else None
+            raise TemplateRefused(TemplateFailure(index=source, reason=failure.reason)) from error
         return str(rendered)
 
     def _for_template(self, message: Mapping[str, Any]) -> dict[str, Any]:
@@ -173,6 +185,32 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         if isinstance(content, list):
             return {**message, "content": "".join(part.get("text", "") for part in content)}
         return dict(message)
+
+
+class TemplateRefused(Exception):
+    """The chat template failed on the messages; `failure.index` counts in the messages the caller sent."""
+
+    def __init__(self, failure: TemplateFailure) -> None:
+        super().__init__(failure.reason)
+        self.failure = failure
+
+
+def _template_refusal(failure: TemplateFailure, message: TokenizeChat) -> RequestFailed:
+    """A 400 naming the message at fault: `messages[i]` for a request's own messages; for a Responses context
+    (rebuilt from items, instructions and history first) its position and role under `input`."""
+    index = failure.index
+    if index is None or not 0 <= index < len(message.messages) or message.names is MessageNames.BUILT:
+        param = "messages" if message.names is MessageNames.REQUEST else "input"
+        return _invalid(f"the model's chat template cannot render these messages ({failure.reason})", param)
+    if message.names is MessageNames.REQUEST:
+        param = f"messages[{index}]"
+        return _invalid(f"{param}: the model's chat template cannot render this message ({failure.reason})", param)
+    role = message.messages[index].get("role")
+    text = (
+        f"the model's chat template cannot render message {index} of the conversation (role {role}; counting from "
+        f"0, instructions and earlier turns included) ({failure.reason})"
+    )
+    return _invalid(text, "input")
 
 
 async def _off_loop(work: Callable[[], T]) -> T:

@@ -67,7 +67,7 @@ def response_object(draft: ResponseDraft, outcome: Outcome) -> JsonObject:
         "incomplete_details": {"reason": outcome.incomplete_reason} if outcome.incomplete_reason else None,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
-        "max_tool_calls": None,
+        "max_tool_calls": request.output.max_tool_calls,
         "model": draft.model,
         "output": list(outcome.output),
         "parallel_tool_calls": request.output.parallel_tool_calls,
@@ -92,9 +92,11 @@ def response_object(draft: ResponseDraft, outcome: Outcome) -> JsonObject:
 
 
 def usage_object(finished: GenerationFinished) -> JsonObject:
+    # `cache_write_tokens` (required by the openai SDK's types) is 0: how many prompt tokens a turn newly writes to
+    # the prompt cache is decided later, when the scheduler snapshots the state, and is not counted per request.
     return {
         "input_tokens": finished.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": finished.cached_tokens},
+        "input_tokens_details": {"cached_tokens": finished.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": finished.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,

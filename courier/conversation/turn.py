@@ -38,7 +38,7 @@ from courier.messages.compactor import CompactHistory, CompactionResult, Compact
 from courier.messages.ingress import AdmitGeneration, Admitted, ChatPrompt, IngressMessage
 from courier.messages.media import FetchMemo, ImageRef
 from courier.messages.storage import LoadChain, LoadConversationItems, StorageMessage
-from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeResult
+from courier.messages.token_counter import MessageNames, TokenCounterMessage, TokenizeChat, TokenizeResult
 from courier.storage.records import JsonObject
 
 # The summary budget of an automatic compaction (an explicit one takes the request's `max_output_tokens`).
@@ -174,6 +174,7 @@ async def _tokenized(
             with_history_boundary=for_admission and request.cache_prompt,
             images=images,
             max_tokens=services.context_length,
+            names=MessageNames.CONVERSATION,
         ),
     )
 
@@ -224,7 +225,11 @@ async def admit_turn(
         compaction_item = {**compaction.compaction_item, "id": compaction_id or compaction.compaction_item["id"]}
         rendered, tokens = rendered_from(request, compaction.context), None
     prompt = ChatPrompt(
-        messages=rendered.messages, tools=request.template_tools, images=rendered.images, rendered=tokens
+        messages=rendered.messages,
+        tools=request.template_tools,
+        images=rendered.images,
+        rendered=tokens,
+        names=MessageNames.CONVERSATION,
     )
     admitted = await call(
         services.ingress,

@@ -41,31 +41,44 @@ def needs_rendering(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappi
 
 def render(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
     """`messages` as a template without tool support renders them: tools described, calls and results as text."""
+    return render_with_sources(messages, tools)[0]
+
+
+def render_with_sources(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+) -> tuple[list[dict[str, Any]], list[int | None]]:
+    """`render`, and for each rendered message the index of the message it comes from (the first of merged tool
+    results; None for a system message added to describe the tools), so a failure can name the client's message."""
     rendered: list[dict[str, Any]] = []
-    for message in messages:
+    sources: list[int | None] = []
+    merging = False  # the last rendered message gathers tool results
+    for index, message in enumerate(messages):
         role = message.get("role")
         if role == "tool":
             block = f"<tool_response>\n{_text(message.get('content'))}\n</tool_response>"
-            last = rendered[-1] if rendered else None
-            if last is not None and last.get("_tool_results"):
-                last["content"] = f"{last['content']}\n{block}"
+            if merging:
+                rendered[-1]["content"] = f"{rendered[-1]['content']}\n{block}"
             else:
-                rendered.append({"role": "user", "content": block, "_tool_results": True})
-        elif role == "assistant" and message.get("tool_calls"):
+                rendered.append({"role": "user", "content": block})
+                sources.append(index)
+            merging = True
+            continue
+        merging = False
+        if role == "assistant" and message.get("tool_calls"):
             calls = "\n".join(_call_text(call) for call in message["tool_calls"])
             content = _text(message.get("content"))
             rendered.append({"role": "assistant", "content": f"{content}\n{calls}" if content else calls})
         else:
             rendered.append(dict(message))
-    for message in rendered:
-        message.pop("_tool_results", None)
+        sources.append(index)
     if tools:
         described = _INTRO + "\n".join(json.dumps(dict(tool), ensure_ascii=False) for tool in tools) + _OUTRO
         if rendered and rendered[0].get("role") == "system" and isinstance(rendered[0].get("content"), str):
             rendered[0] = {**rendered[0], "content": f"{rendered[0]['content']}\n\n{described}"}
         else:
             rendered.insert(0, {"role": "system", "content": described})
-    return rendered
+            sources.insert(0, None)
+    return rendered, sources
 
 
 def _call_text(call: Mapping[str, Any]) -> str:

@@ -56,7 +56,8 @@ class ToolCallSplitter:
     """Splits streamed text into content and the raw text of each call.
 
     Whitespace next to a call (the newlines a format puts around its markers) is held back: it becomes content
-    only if content that is not whitespace follows it, so a reply that is only calls has no content at all.
+    only if content that is not whitespace follows it, so a reply that is only calls has no content at all. A
+    format without an end marker (Mistral's `[TOOL_CALLS]`) holds everything after its start marker as one block.
     """
 
     def __init__(self, start: str, end: str) -> None:
@@ -72,6 +73,8 @@ class ToolCallSplitter:
         content: list[str] = []
         calls: list[str] = []
         while True:
+            if self._inside and not self._end:  # a format without an end marker: the call runs to the end
+                break
             marker = self._end if self._inside else self._start
             index = self._buffer.find(marker)
             if index < 0:
@@ -108,20 +111,24 @@ class ToolCallSplitter:
         return visible
 
 
-def parse_tool_call(text: str, parser: ToolParser, tools: Sequence[Mapping[str, Any]] | None) -> ToolCall | None:
-    """One tool call in OpenAI's shape, or None when the text is not a valid call."""
+def parse_tool_call(text: str, parser: ToolParser, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
+    """The tool calls in one call block, in OpenAI's shape (several for the formats that put parallel calls in
+    one block: pythonic, Mistral, Gemma, Kimi, MiniMax); none when the text is not a valid call. A block in which
+    one call does not parse yields the others."""
     try:
         parsed = parser(text, list(tools) if tools else None)
     except (ValueError, KeyError, TypeError, IndexError, RecursionError):  # the model's text is anything at all
-        return None
-    if isinstance(parsed, list):
-        parsed = parsed[0] if len(parsed) == 1 else None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
-        return None
-    arguments = parsed.get("arguments", {})
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=parsed["name"], arguments=arguments)
+        return []
+    entries = parsed if isinstance(parsed, list) else [parsed]
+    calls = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            continue
+        arguments = entry.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=entry["name"], arguments=arguments))
+    return calls
 
 
 def parse_tool_calls(
@@ -130,8 +137,7 @@ def parse_tool_calls(
     """The valid tool calls among `raw_calls` (what a `ToolCallSplitter` found); none without a format."""
     if tool_format is None:
         return []
-    parsed = (parse_tool_call(raw, tool_format.parser, tools) for raw in raw_calls)
-    return [call for call in parsed if call is not None]
+    return [call for raw in raw_calls for call in parse_tool_call(raw, tool_format.parser, tools)]
 
 
 def json_arguments(arguments: str | dict[str, Any]) -> str | dict[str, Any]:

@@ -58,8 +58,18 @@ class OutputSpec:
     format: OutputFormat = field(default_factory=OutputFormat)
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
+    max_tool_calls: int | None = None  # Responses' cap on the calls in one reply (1: as parallel_tool_calls false)
     # The request's functions, each {"name", "parameters", "strict"} (Chat's nested and Responses' flat tools alike).
     functions: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def single_call(self) -> bool:
+        return not self.parallel_tool_calls or self.max_tool_calls == 1
+
+    def kept_calls(self, calls: list[Any]) -> list[Any]:
+        """The calls a reply may keep: one without parallel calls, at most `max_tool_calls`."""
+        most = 1 if self.single_call else self.max_tool_calls
+        return calls if most is None else calls[:most]
 
     @property
     def constrained(self) -> bool:
@@ -158,7 +168,11 @@ def functions(tools: Sequence[Mapping[str, Any]] | None) -> tuple[Mapping[str, A
 
 
 def spec(
-    output_format: OutputFormat, choice: ToolChoice, parallel: bool, tools: Sequence[Mapping[str, Any]] | None
+    output_format: OutputFormat,
+    choice: ToolChoice,
+    parallel: bool,
+    tools: Sequence[Mapping[str, Any]] | None,
+    max_tool_calls: int | None = None,
 ) -> OutputSpec:
     """The request's output spec, checked for consistency (a named function must be one of the tools)."""
     offered = functions(tools)
@@ -169,7 +183,13 @@ def spec(
         raise GrammarError(
             f"'tool_choice' names {choice.name!r}, which is not one of the tools ({names})", "tool_choice"
         )
-    return OutputSpec(format=output_format, tool_choice=choice, parallel_tool_calls=parallel, functions=offered)
+    return OutputSpec(
+        format=output_format,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        max_tool_calls=max_tool_calls,
+        functions=offered,
+    )
 
 
 def constraint(output: OutputSpec, tool_grammar: ToolGrammar | None, tools_param: str = "tools") -> Constraint | None:
@@ -204,14 +224,12 @@ def constraint(output: OutputSpec, tool_grammar: ToolGrammar | None, tools_param
             called,
             tool_grammar,
             forced=True,
-            parallel=output.parallel_tool_calls,
+            parallel=not output.single_call,
             param=tools_param,
             answer_schema=schema,
             answer_param=output.format.param,
         )
-    return grammars.tool_calls(
-        called, tool_grammar, forced=forced, parallel=output.parallel_tool_calls, param=tools_param
-    )
+    return grammars.tool_calls(called, tool_grammar, forced=forced, parallel=not output.single_call, param=tools_param)
 
 
 def _answer(output_format: OutputFormat) -> Constraint | None:

@@ -10,6 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from courier.core.failure_codes import FailureCode
 from courier.http.context import AppContext
+from courier.http.cors import CorsMiddleware, CorsPolicy
 from courier.http.errors import ApiError
 from courier.http.routes import (
     cache,
@@ -30,8 +31,13 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(context: AppContext) -> Any:
-    """The ASGI application Hypercorn serves: the Quart app inside the request-span middleware."""
-    return TracingMiddleware(create_quart_app(context))
+    """The ASGI application Hypercorn serves: the Quart app inside the request-span middleware, and inside the CORS
+    layer when `--cors-allow-origins` lists any (so a preflight answered there has its span too)."""
+    app: Any = create_quart_app(context)
+    cors = CorsPolicy.from_setting(context.settings.cors_allow_origins)
+    if cors is not None:
+        app = CorsMiddleware(app, cors)
+    return TracingMiddleware(app)
 
 
 def create_quart_app(context: AppContext) -> Quart:

@@ -51,5 +51,6 @@ async def constrain(context: AppContext, sampling: SamplingParams, output: Outpu
 
 
 def first_call_only(calls: list[Any], output: OutputSpec) -> list[Any]:
-    """`parallel_tool_calls: false` where no grammar enforced it (a native format Courier cannot write)."""
-    return calls if output.parallel_tool_calls else calls[:1]
+    """`parallel_tool_calls: false` (and `max_tool_calls`) where no grammar enforced it (a native format Courier
+    cannot write, or more calls than `max_tool_calls` allows)."""
+    return output.kept_calls(calls)

@@ -24,14 +24,13 @@ _STATUS_BY_FAILURE = {
     FailureKind.OVERLOADED: 429,
     FailureKind.UNAVAILABLE: 503,
     FailureKind.INTERNAL: 500,
-    FailureKind.UPSTREAM: 502,
+    FailureKind.UNUSABLE_OUTPUT: 422,
     FailureKind.TIMEOUT: 504,
 }
 _TYPE_BY_STATUS = {
     404: NOT_FOUND,
     429: "rate_limit_error",
     500: SERVER_ERROR,
-    502: SERVER_ERROR,
     503: SERVER_ERROR,
     504: SERVER_ERROR,
 }

@@ -14,6 +14,7 @@ from typing import Any
 
 from courier.conversation.chat_content import IMAGE_PART, chat_content, text_part
 from courier.conversation.chat_render import template_tool_call
+from courier.core.sampling_defaults import OPENAI, SamplingDefaults
 from courier.engine.generation import SamplingParams
 from courier.grammar import output_spec
 from courier.grammar.output_spec import OutputSpec
@@ -48,7 +49,7 @@ class GenerationRequest:
     cache_prompt: bool = True
 
 
-def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
+def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI) -> GenerationRequest:
     normalized, images = parse_chat_messages(body.get("messages"))
     tools = _tools(body.get("tools"))
     output = refusing(lambda: _chat_output(body, tools))
@@ -59,7 +60,7 @@ def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
     if top_logprobs and not logprobs:
         raise ApiError.invalid("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
     max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    sampling = _sampling(body, max_tokens_key, logprobs=logprobs, top_logprobs=top_logprobs)
+    sampling = _sampling(body, max_tokens_key, logprobs=logprobs, top_logprobs=top_logprobs, defaults=defaults)
     return GenerationRequest(
         model=model_name(body),
         prompt=ChatPrompt(messages=normalized, tools=tools, images=images),
@@ -73,7 +74,7 @@ def parse_chat_request(body: dict[str, Any]) -> GenerationRequest:
     )
 
 
-def parse_completion_request(body: dict[str, Any]) -> GenerationRequest:
+def parse_completion_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI) -> GenerationRequest:
     if optional_bool(body, "echo", False):
         raise ApiError.invalid("'echo' is not supported", param="echo")
     if body.get("suffix"):
@@ -88,7 +89,12 @@ def parse_completion_request(body: dict[str, Any]) -> GenerationRequest:
     ):
         raise ApiError.invalid(f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS_COMPLETIONS}", param="logprobs")
     sampling = _sampling(
-        body, "max_tokens", logprobs=logprobs_count is not None, top_logprobs=logprobs_count or 0, default_max=16
+        body,
+        "max_tokens",
+        logprobs=logprobs_count is not None,
+        top_logprobs=logprobs_count or 0,
+        default_max=16,
+        defaults=defaults,
     )
     return GenerationRequest(
         model=model_name(body),
@@ -119,7 +125,13 @@ def session_key(body: dict[str, Any], fallback_field: str | None = None) -> str:
 
 
 def _sampling(
-    body: dict[str, Any], max_tokens_key: str, *, logprobs: bool, top_logprobs: int, default_max: int = 0
+    body: dict[str, Any],
+    max_tokens_key: str,
+    *,
+    logprobs: bool,
+    top_logprobs: int,
+    default_max: int = 0,
+    defaults: SamplingDefaults = OPENAI,
 ) -> SamplingParams:
     if body.get("n") not in (None, 1):
         raise ApiError.invalid("only 'n': 1 is supported", param="n")
@@ -130,8 +142,8 @@ def _sampling(
         raise ApiError.invalid(f"'{max_tokens_key}' must be a positive integer", param=max_tokens_key)
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
-        top_p=number_in(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
+        temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, defaults.temperature),
+        top_p=number_in(body, "top_p", 0.0, 1.0, defaults.top_p, open_low=True),
         seed=_seed(body),
         stop=_stop(body.get("stop")),
         logprobs=logprobs,

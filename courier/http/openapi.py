@@ -262,6 +262,7 @@ _RESPONSES_REQUEST = {
         "tools": _nullable({"type": "array", "items": _RESPONSES_TOOL}),
         "tool_choice": _RESPONSES_TOOL_CHOICE,
         "parallel_tool_calls": _BOOL,
+        "max_tool_calls": _POSITIVE,
         "max_output_tokens": _POSITIVE,
         "temperature": _TEMPERATURE,
         "top_p": _TOP_P,
@@ -423,7 +424,7 @@ def openapi_document(prefix: str = "") -> Schema:
                 "Create a response",
                 body=_RESPONSES_REQUEST,
                 content_types=_STREAMED,
-                errors=(*_GENERATION_ERRORS, 502),
+                errors=(*_GENERATION_ERRORS, 422),
             )
         },
         "/v1/responses/input_tokens": {
@@ -433,7 +434,7 @@ def openapi_document(prefix: str = "") -> Schema:
         },
         "/v1/responses/compact": {
             "post": _operation(
-                "compactResponse", "Compact a history", body=_COMPACT_REQUEST, errors=(400, 404, 502, 503)
+                "compactResponse", "Compact a history", body=_COMPACT_REQUEST, errors=(400, 404, 422, 503)
             )
         },
         "/v1/responses/{response_id}": {

@@ -25,7 +25,9 @@ class FailureKind(Enum):
     OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
-    UPSTREAM = "upstream"  # the model's own output was unusable (an empty or cut-off summary)
+    # The model's own output was unusable (an empty or cut-off summary). Greedy, so the same request fails alike:
+    # a 4xx, never a status the SDKs retry.
+    UNUSABLE_OUTPUT = "unusable_output"
     TIMEOUT = "timeout"  # the request ran past its deadline
 
 

@@ -11,7 +11,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from courier.engine.generation import GenerationEvent, RequestId, SamplingParams
 from courier.messages.base import Request, RequestFailed
 from courier.messages.media import FetchMemo, ImageRef
-from courier.messages.token_counter import TokenizeResult
+from courier.messages.token_counter import MessageNames, TokenizeResult
 from courier.runtime.message import Message
 
 
@@ -27,6 +27,7 @@ class ChatPrompt:
     # and images, the history boundary when the prompt is cached): admission checks and queues it without another
     # render. A Responses turn counted against its compaction threshold passes its count here.
     rendered: TokenizeResult | None = None
+    names: MessageNames = MessageNames.REQUEST  # what the messages are to the client, as `TokenizeChat.names`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

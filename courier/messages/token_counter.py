@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, TypeAlias
 
 from courier.engine.generation import VisionInputs
 from courier.media.images import FetchedImage
 from courier.messages.base import Request, RequestFailed
+
+
+class MessageNames(Enum):
+    """What chat messages are to the client, so a chat template's failure names the one at fault in its terms."""
+
+    REQUEST = "request"  # the request's own `messages` (chat, /tokenize): `messages[i]`
+    CONVERSATION = "conversation"  # a Responses context rebuilt from items: its position and role, under `input`
+    BUILT = "built"  # messages Courier wrote (a compaction's segments and summary prompt): under `input`, unnamed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +58,7 @@ class TokenizeChat(Request[TokenizeResult]):
     # The messages' images in order, fetched: a vision model's processor expands their placeholders.
     images: tuple[FetchedImage, ...] = ()
     max_tokens: int | None = None  # as for `TokenizeText`: refused by size alone, before any render, beyond it
+    names: MessageNames = MessageNames.REQUEST  # how a chat template's failure names the message at fault
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from courier.core.sampling_defaults import SamplingDefaults
+
 # When the model's config names no context length.
 DEFAULT_CONTEXT_LENGTH = 4096
 
@@ -22,6 +24,8 @@ class ModelInfo:
     prompt_cache_trimmable: bool
     created: int
     accepts_images: bool = False  # a vision-language model (mlx-vlm)
+    # The model's recommended sampling (generation_config.json, or the embedded model's card); None: none given.
+    sampling: SamplingDefaults | None = None
 
     @property
     def usable_context_length(self) -> int:

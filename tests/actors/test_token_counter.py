@@ -74,7 +74,8 @@ async def test_tokenize_chat_renders_the_template(outbox: Outbox, tokenizer: Tok
 async def test_template_failure_fails_only_that_request(outbox: Outbox) -> None:
     failed = await tokenize_chat(outbox, [{"role": "user"}])
     assert isinstance(failed, RequestFailed)
-    assert (failed.kind, failed.param) == (FailureKind.INVALID_REQUEST, "messages")
+    assert (failed.kind, failed.param) == (FailureKind.INVALID_REQUEST, "messages[0]")
+    assert failed.message.startswith("messages[0]: the model's chat template cannot render this message (")
     ok = await tokenize_chat(outbox, [{"role": "user", "content": "still serving?"}])
     assert isinstance(ok, TokenizeResult)
 

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from courier.core.tool_calls import ToolCallSplitter, parse_tool_call
+from courier.core.tool_calls import ToolCallFormat, ToolCallSplitter, parse_tool_call, parse_tool_calls
 
 
 def json_parser(text: str, tools: Any) -> Any:
@@ -35,8 +35,7 @@ def test_splitter_separates_content_from_calls(pieces: list[str], content: str, 
 
 
 def test_parse_tool_call_returns_openai_shape() -> None:
-    call = parse_tool_call('{"name": "get_weather", "arguments": {"city": "Paris"}}', json_parser, None)
-    assert call is not None
+    (call,) = parse_tool_call('{"name": "get_weather", "arguments": {"city": "Paris"}}', json_parser, None)
     assert call.name == "get_weather"
     assert json.loads(call.arguments) == {"city": "Paris"}
     assert call.id.startswith("call_")
@@ -44,4 +43,26 @@ def test_parse_tool_call_returns_openai_shape() -> None:
 
 @pytest.mark.parametrize("text", ["not json", '{"arguments": {}}', "[1, 2]"])
 def test_unparseable_calls_are_none(text: str) -> None:
-    assert parse_tool_call(text, json_parser, None) is None
+    assert parse_tool_call(text, json_parser, None) == []
+
+
+def test_every_call_of_a_block_holding_several_is_kept() -> None:
+    block = '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}, {"oops": 1}]'
+    calls = parse_tool_call(block, json_parser, None)
+    assert [(call.name, json.loads(call.arguments)) for call in calls] == [("a", {}), ("b", {"x": 1})]
+    assert len({call.id for call in calls}) == 2
+
+
+def test_mistral_calls_without_an_end_marker_are_all_parsed() -> None:
+    from mlx_lm.tool_parsers import mistral
+
+    form = ToolCallFormat(start=mistral.tool_call_start, end=mistral.tool_call_end, parser=mistral.parse_tool_call)
+    assert form.end == ""
+    splitter = ToolCallSplitter(form.start, form.end)
+    text = 'Sure. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+    parts = [splitter.feed(text), splitter.feed('{"name": "get_time", "arguments": {"zone": "CET"}}]')]
+    parts.append(splitter.finish())
+    assert "".join(part.content for part in parts) == "Sure."
+    calls = parse_tool_calls([raw for part in parts for raw in part.calls], form, None)
+    assert [call.name for call in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[1].arguments) == {"zone": "CET"}

@@ -2,7 +2,7 @@
 
 A random-weight model never ends a summary on its own, so the success paths run on SmolLM2
 (`tests/test_compaction_real_model.py`); here a capsule the server would accept is built with the
-server's key, and the 502 / 400 paths are reached for real.
+server's key, and the 422 / 400 paths are reached for real.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -118,14 +119,38 @@ def long_history(turns: int, words: int) -> list[dict[str, Any]]:
     return items
 
 
-def test_a_summary_cut_by_max_output_tokens_is_a_502_and_nothing_changes(http: httpx.Client) -> None:
+def test_a_summary_cut_by_max_output_tokens_is_a_422_and_nothing_changes(http: httpx.Client) -> None:
     body = {"model": MODEL, "input": long_history(4, 20), "max_output_tokens": 4, "keep_tokens": 16}
     reply = http.post("/v1/responses/compact", json=body)
-    assert reply.status_code == 502, reply.text
+    assert reply.status_code == 422, reply.text
     error = reply.json()["error"]
-    assert (error["type"], error["code"]) == ("server_error", "compaction_failed")
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", "compaction_failed", None)
     assert "max_output_tokens" in error["message"]
     assert http.get("/health").json()["scheduler"]["running"] == 0
+
+
+def test_the_openai_client_does_not_retry_a_failed_compaction(server: RunningServer) -> None:
+    """The same greedy summary would fail alike: a 4xx, which the SDK raises at once, however many retries it has."""
+    sent: list[object] = []
+    with (
+        openai.DefaultHttpxClient(event_hooks={"request": [sent.append]}) as transport,
+        openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=2, http_client=transport) as client,
+        pytest.raises(openai.UnprocessableEntityError) as raised,
+    ):
+        client.responses.compact(model=MODEL, input=long_history(4, 20), extra_body={"max_output_tokens": 4})  # type: ignore[arg-type]
+    assert raised.value.code == "compaction_failed"
+    assert len(sent) == 1
+
+
+def test_an_automatic_compaction_that_fails_is_a_422_too(http: httpx.Client) -> None:
+    body = {
+        "model": MODEL,
+        "input": long_history(4, 20),
+        "context_management": [{"type": "compaction", "compact_threshold": 32}],
+    }
+    reply = http.post("/v1/responses", json=body)
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["error"]["code"] == "compaction_failed"
 
 
 def test_a_history_that_does_not_fit_one_window_is_refused(http: httpx.Client) -> None:

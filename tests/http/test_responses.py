@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.responses import Response
 
 from tests.support.server import RunningServer, running_server, serving
 
@@ -57,6 +58,20 @@ def test_create_returns_a_stored_response_in_openai_shape(client: openai.OpenAI)
 
     stored = client.responses.retrieve(response.id)
     assert stored.model_dump() == response.model_dump()
+
+
+def test_usage_validates_against_the_sdk_types_strictly(client: openai.OpenAI, http: httpx.Client) -> None:
+    """`input_tokens_details.cache_write_tokens` is required by the SDK's types (0: not tracked, see docs/api.md)."""
+    body = {"model": MODEL, "input": "Which ships passed tonight?", "max_output_tokens": 4, "temperature": 0}
+    created = http.post("/v1/responses", json=body).json()
+    assert created["usage"]["input_tokens_details"]["cache_write_tokens"] == 0
+    Response.model_validate(created)  # every required field there, each of its type
+    stored = http.get(f"/v1/responses/{created['id']}").json()
+    assert Response.model_validate(stored).usage == Response.model_validate(created).usage
+    streamed = client.responses.create(model=MODEL, input="Hello", max_output_tokens=2, stream=True)
+    final = [event for event in streamed if event.type in ("response.completed", "response.incomplete")]
+    assert final[0].response.usage is not None
+    assert final[0].response.usage.input_tokens_details.cache_write_tokens == 0
 
 
 def test_stream_sends_the_full_event_sequence(client: openai.OpenAI) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +54,21 @@ def test_models_list_and_retrieve_with_the_openai_client(server: RunningServer) 
         with pytest.raises(openai.NotFoundError) as error:
             client.models.retrieve("gpt-9")
     assert error.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_models_are_served_without_the_v1_prefix_too(server: RunningServer) -> None:
+    with server.http() as http:
+        listed = http.get("/models")
+        one = http.get("/models/tiny")
+        missing = http.get("/models/gpt-9")
+        assert listed.json() == http.get("/v1/models").json()
+    assert listed.status_code == one.status_code == 200
+    assert [model["id"] for model in listed.json()["data"]] == ["tiny"]
+    assert one.json() == listed.json()["data"][0]
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    client = openai.OpenAI(base_url=server.base_url, api_key="not-needed", max_retries=0)  # a base URL without /v1
+    with client:
+        assert [model.id for model in client.models.list().data] == ["tiny"]
 
 
 def test_tokenize_and_detokenize_round_trip(server: RunningServer) -> None:
@@ -129,3 +145,27 @@ def test_chunked_body_over_the_limit_is_refused(server: RunningServer) -> None:
         response = http.post("/tokenize", content=chunks())
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_sampling_defaults_come_from_flags_then_the_models_generation_config(
+    tiny_llama_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    (model / "generation_config.json").write_text('{"temperature": 0.6, "top_p": 0.8, "do_sample": true}')
+    base = ["--model", str(model), "--cache-dir", str(cache_dir), "--served-model-name", "tiny"]
+    for flags, expected in (
+        ([], {"temperature": 0.6, "top_p": 0.8, "source": "generation_config.json"}),
+        (
+            ["--default-temperature", "0"],
+            {"temperature": 0.0, "top_p": 0.8, "source": "flags, then generation_config.json"},
+        ),
+    ):
+        with running_server([*base, *flags]) as server, server.http() as http:
+            assert http.get("/v1/models/tiny").json()["sampling_defaults"] == expected
+            response = http.post("/v1/responses", json={"model": "tiny", "input": "Hi", "max_output_tokens": 2}).json()
+            assert (response["temperature"], response["top_p"]) == (expected["temperature"], expected["top_p"])
+            sent = http.post(
+                "/v1/responses", json={"model": "tiny", "input": "Hi", "max_output_tokens": 2, "temperature": 1.5}
+            ).json()
+            assert sent["temperature"] == 1.5  # what the request sends wins

@@ -406,3 +406,19 @@ def test_the_model_shows_its_capabilities(http: httpx.Client) -> None:
     assert [m["id"] for m in listed] == [MODEL]
     health = http.get("/health").json()
     assert health["capabilities"] == EXPECTED_CAPABILITIES
+
+
+def test_max_tool_calls_caps_the_calls_and_is_echoed(http: httpx.Client) -> None:
+    body = {
+        "model": MODEL,
+        "input": "The weather in Lima and Oslo?",
+        "tools": [RESPONSES_TOOL],
+        "tool_choice": "required",
+        "max_tool_calls": 1,
+        "max_output_tokens": 64,
+    }
+    response = http.post("/v1/responses", json=body).json()
+    assert response["max_tool_calls"] == 1 and response["parallel_tool_calls"] is True
+    assert [item["type"] for item in response["output"]] == ["function_call"]
+    refused = http.post("/v1/responses", json=body | {"max_tool_calls": 0})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tool_calls"

@@ -8,15 +8,16 @@ from typing import Any
 from courier.conversation.items import function_call_item, message_item, text_part
 from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
 from courier.engine.generation import TokenLogprob, TokensGenerated
+from courier.grammar.output_spec import OutputSpec
 from courier.storage.records import JsonObject
 
 
 class OutputAssembler:
     def __init__(
-        self, tool_format: ToolCallFormat | None, tools: Sequence[Mapping[str, Any]] | None, parallel: bool = True
+        self, tool_format: ToolCallFormat | None, tools: Sequence[Mapping[str, Any]] | None, output: OutputSpec
     ) -> None:
         self._format = tool_format if tools else None
-        self._parallel = parallel  # False: at most one call (enforced here where no grammar did)
+        self._output = output  # parallel_tool_calls, max_tool_calls: enforced here where no grammar did
         self._tools = tools
         self._splitter = ToolCallSplitter(self._format.start, self._format.end) if self._format else None
         self._raw_calls: list[str] = []
@@ -47,7 +48,7 @@ class OutputAssembler:
             rest = split.content
             self._text.append(rest)
         calls = parse_tool_calls(self._raw_calls, self._format, self._tools)
-        return rest, calls if self._parallel else calls[:1]
+        return rest, self._output.kept_calls(calls)
 
     def message(self, message_id: str | None = None, status: str = "completed") -> JsonObject:
         item = message_item("assistant", [text_part("output_text", self.text, logprob_objects(self._logprobs))], status)

@@ -11,8 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from courier.conversation.request import CompactRequest, ResponsesRequest
+from courier.core.sampling_defaults import OPENAI, SamplingDefaults
 from courier.engine.generation import SamplingParams
 from courier.grammar import output_spec
+from courier.grammar.constraint import GrammarError
 from courier.grammar.output_spec import OutputSpec
 from courier.http.constrained import refusing
 from courier.http.errors import ApiError
@@ -33,7 +35,7 @@ MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 
 
-def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
+def parse_responses_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI) -> ResponsesRequest:
     _refuse_unsupported(body)
     previous = optional_str(body, "previous_response_id") or None
     conversation = _conversation_id(body.get("conversation"))
@@ -50,8 +52,8 @@ def parse_responses_request(body: dict[str, Any]) -> ResponsesRequest:
     max_output_tokens = _max_output_tokens(body)
     sampling = SamplingParams(
         max_tokens=max_output_tokens or 0,
-        temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
-        top_p=number_in(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
+        temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, defaults.temperature),
+        top_p=number_in(body, "top_p", 0.0, 1.0, defaults.top_p, open_low=True),
         logprobs=top_logprobs > 0,
         top_logprobs=top_logprobs,
     )
@@ -140,7 +142,16 @@ def _output(body: Mapping[str, Any]) -> OutputSpec:
         output_spec.tool_choice(body.get("tool_choice"), responses=True),
         optional_bool(dict(body), "parallel_tool_calls", True),
         body.get("tools") if isinstance(body.get("tools"), list) else None,
+        _max_tool_calls(body.get("max_tool_calls")),
     )
+
+
+def _max_tool_calls(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GrammarError("'max_tool_calls' must be a positive integer", "max_tool_calls")
+    return value
 
 
 def _compact_threshold(value: Any) -> int | None:

@@ -61,9 +61,7 @@ async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> 
     so does a failed store."""
     in_progress = response_object(turn.draft, Outcome(status=Status.IN_PROGRESS))
     with context.responses.running(turn.draft.id, in_progress, services.tenant) as entry:
-        assembler = OutputAssembler(
-            context.state.tool_format, turn.request.template_tools, turn.request.output.parallel_tool_calls
-        )
+        assembler = OutputAssembler(context.state.tool_format, turn.request.template_tools, turn.request.output)
         failure: Refused | None = None
         prefix = [turn.compaction_item] if turn.compaction_item else []
         try:
@@ -143,9 +141,7 @@ class _Stream:
             assert turn.compaction_item is not None
             self._prefix = [turn.compaction_item]
             yield emit("response.output_item.done", output_index=0, item=turn.compaction_item)
-        assembler = OutputAssembler(
-            self._context.state.tool_format, turn.request.template_tools, turn.request.output.parallel_tool_calls
-        )
+        assembler = OutputAssembler(self._context.state.tool_format, turn.request.template_tools, turn.request.output)
         message = self._message = _StreamedMessage(emit, len(self._prefix), assembler)
         async with aclosing(self._generation(turn, message)) as chunks:
             async for chunk in chunks:

@@ -30,7 +30,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/chat/completions")
     @routes.post("/chat/completions")
     async def chat_completions() -> Response | dict[str, Any]:
-        request = parse_chat_request(await read_json_object())
+        request = parse_chat_request(await read_json_object(), context.state.sampling_defaults)
         request_id = new_request_id()
         admitted = await admit(context, request, request_id)
         tool_format = context.state.tool_format if request.tools else None

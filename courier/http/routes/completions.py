@@ -26,7 +26,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/completions")
     @routes.post("/completions")
     async def completions() -> Response | dict[str, Any]:
-        request = parse_completion_request(await read_json_object())
+        request = parse_completion_request(await read_json_object(), context.state.sampling_defaults)
         request_id = new_request_id()
         admitted = await admit(context, request, request_id)
         header = Header(completion_id=f"cmpl-{request_id}", created=int(time.time()), model=context.state.model_id)

@@ -1,4 +1,4 @@
-"""GET /v1/models and /v1/models/{id}, in OpenAI's list and model shapes."""
+"""GET /v1/models and /v1/models/{id} (and /models, /models/{id}), in OpenAI's list and model shapes."""
 
 from __future__ import annotations
 
@@ -20,13 +20,16 @@ def blueprint(context: AppContext) -> Blueprint:
         shown: dict[str, Any] = {"id": context.state.model_id, "object": "model", "created": created, "owned_by": OWNER}
         if info is not None:
             shown["capabilities"] = context.state.capabilities()
+            shown["sampling_defaults"] = context.state.sampling_defaults.as_dict()
         return shown
 
     @routes.get("/v1/models")
+    @routes.get("/models")
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [model_object()]}
 
     @routes.get("/v1/models/<path:model_id>")
+    @routes.get("/models/<path:model_id>")
     async def retrieve_model(model_id: str) -> dict[str, Any]:
         context.require_model(model_id)
         return model_object()

@@ -36,7 +36,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/responses")
     @routes.post("/responses")
     async def create_response() -> Response | JsonObject:
-        parsed = parse_responses_request(await read_json_object())
+        parsed = parse_responses_request(await read_json_object(), context.state.sampling_defaults)
         context.require_ready()
         context.require_model(parsed.model)
         parsed = replace(parsed, sampling=await constrain(context, parsed.sampling, parsed.output))
@@ -54,7 +54,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/responses/input_tokens")
     @routes.post("/responses/input_tokens")
     async def count_input_tokens() -> JsonObject:
-        parsed = parse_responses_request(await read_json_object())
+        parsed = parse_responses_request(await read_json_object(), context.state.sampling_defaults)
         context.require_ready()
         context.require_model(parsed.model)
         services = context.turn_services()
