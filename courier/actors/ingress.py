@@ -234,6 +234,7 @@ class IngressActor(Actor[IngressMessage]):
                 reply=reply,
                 with_history_boundary=message.cache_prompt,
                 thinking=chat.thinking,
+                options=chat.options,
                 images=images,
                 max_tokens=self._context_length,
                 names=chat.names,

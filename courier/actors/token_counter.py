@@ -23,6 +23,7 @@ from courier.conversation.chat_content import as_parts
 from courier.conversation.template_failure import TEMPLATE_ERRORS, TemplateFailure, template_failure
 from courier.core import generic_tools
 from courier.core.failure_codes import FailureCode
+from courier.core.template_options import NO_OPTIONS, TemplateOptionRefused, TemplateOptions
 from courier.core.token_prefix import common_prefix_length
 from courier.engine.generation import VisionInputs
 from courier.media.images import combined_digest
@@ -49,6 +50,8 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         self._tokenizer = tokenizer
         self._images = images
         self._native_tools = bool(getattr(tokenizer, "has_tool_calling", False))
+        template = getattr(tokenizer, "chat_template", None)
+        self._template_text = template if isinstance(template, str) else str(template or "")
         vocabulary = tokenizer.get_vocab()
         self._vocabulary_size = len(vocabulary)
         # At least as many bytes as any one token stands for (a vocabulary entry is never shorter than its bytes).
@@ -86,6 +89,9 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         except TemplateRefused as refused:
             await message.reply.send(_template_refusal(refused.failure, message))
             return
+        except TemplateOptionRefused as refused:
+            await message.reply.send(_invalid(refused.message, refused.param))
+            return
         except (TypeError, ValueError, KeyError, RecursionError) as error:
             await message.reply.send(_invalid(f"the chat template rejected the messages: {error}", "messages"))
             return
@@ -119,12 +125,14 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
     def _chat_tokens(self, message: TokenizeChat) -> TokenizeResult:
         if message.images:
             return self._chat_tokens_with_images(message)
-        tokens = self._render_chat(message.messages, message.tools, message.add_generation_prompt, message.thinking)
+        tokens = self._render_chat(
+            message.messages, message.tools, message.add_generation_prompt, message.thinking, message.options
+        )
         if not message.with_history_boundary:
             return TokenizeResult(tokens=tuple(tokens))
         # The history rendered on its own, clipped to what it shares with the live prompt: the next turn of this
         # conversation renders the same tokens, so a snapshot taken there can be extended by it.
-        history = self._render_chat(message.messages, message.tools, False, message.thinking)
+        history = self._render_chat(message.messages, message.tools, False, message.thinking, message.options)
         return TokenizeResult(tokens=tuple(tokens), history_boundary=common_prefix_length(history, tokens))
 
     def _chat_tokens_with_images(self, message: TokenizeChat) -> TokenizeResult:
@@ -132,7 +140,9 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         and prepares the pixels. No history boundary: the history's own render would need its images too."""
         if self._images is None:
             raise ValueError("the model takes no images")
-        text = self._render_text(message.messages, message.tools, message.add_generation_prompt, message.thinking)
+        text = self._render_text(
+            message.messages, message.tools, message.add_generation_prompt, message.thinking, message.options
+        )
         try:
             tokens, arrays = self._images.encode(text, message.images)
         except Exception as error:  # the model's processor on client bytes: any failure is this request's
@@ -146,8 +156,9 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         tools: Sequence[Mapping[str, Any]] | None,
         add_generation_prompt: bool,
         thinking: bool = True,
+        options: TemplateOptions = NO_OPTIONS,
     ) -> list[int]:
-        rendered = self._render_text(messages, tools, add_generation_prompt, thinking)
+        rendered = self._render_text(messages, tools, add_generation_prompt, thinking, options)
         return list(self._tokenizer.encode(rendered, add_special_tokens=False))
 
     def _render_text(
@@ -156,18 +167,20 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         tools: Sequence[Mapping[str, Any]] | None,
         add_generation_prompt: bool,
         thinking: bool = True,
+        options: TemplateOptions = NO_OPTIONS,
     ) -> str:
         sources: Sequence[int | None] = range(len(messages))
         if not self._native_tools and generic_tools.needs_rendering(messages, tools):
             messages, sources = generic_tools.render_with_sources(messages, tools)  # the template knows no tools
             tools = None
+        arguments = options.for_template(self._template_text, thinking)  # TemplateOptionRefused: the request's
         try:
             rendered = self._tokenizer.apply_chat_template(
                 [self._for_template(item) for item in messages],
                 tools=[dict(tool) for tool in tools] if tools else None,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
-                **({} if thinking else {"enable_thinking": False}),
+                **arguments,
             )
         except TEMPLATE_ERRORS as error:
             failure = template_failure(error)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from courier.conversation.chat_render import chat_tools
+from courier.core.template_options import NO_OPTIONS, TemplateOptions
 from courier.engine.generation import SamplingParams
 from courier.grammar.output_spec import OutputSpec
 from courier.storage.records import JsonObject
@@ -34,6 +35,7 @@ class ResponsesRequest:
     conversation_id: str | None
     cache_prompt: bool
     compact_threshold: int | None = None  # context_management's automatic compaction
+    template_options: TemplateOptions = NO_OPTIONS  # reasoning.effort
 
     @property
     def template_tools(self) -> list[JsonObject] | None:

@@ -175,6 +175,7 @@ async def _tokenized(
             images=images,
             max_tokens=services.context_length,
             names=MessageNames.CONVERSATION,
+            options=request.template_options,
         ),
     )
 
@@ -229,6 +230,7 @@ async def admit_turn(
         tools=request.template_tools,
         images=rendered.images,
         rendered=tokens,
+        options=request.template_options,
         names=MessageNames.CONVERSATION,
     )
     admitted = await call(

@@ -15,6 +15,7 @@ from typing import Any
 from courier.conversation.chat_content import IMAGE_PART, chat_content, text_part
 from courier.conversation.chat_render import template_tool_call
 from courier.core.sampling_defaults import OPENAI, SamplingDefaults
+from courier.core.template_options import TemplateOptionRefused, TemplateOptions, reasoning_effort, template_kwargs
 from courier.engine.generation import SamplingParams
 from courier.grammar import output_spec
 from courier.grammar.output_spec import OutputSpec
@@ -63,7 +64,7 @@ def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI
     sampling = _sampling(body, max_tokens_key, logprobs=logprobs, top_logprobs=top_logprobs, defaults=defaults)
     return GenerationRequest(
         model=model_name(body),
-        prompt=ChatPrompt(messages=normalized, tools=tools, images=images),
+        prompt=ChatPrompt(messages=normalized, tools=tools, images=images, options=_template_options(body)),
         sampling=sampling,
         stream=optional_bool(body, "stream", False),
         include_usage=_include_usage(body),
@@ -281,6 +282,16 @@ def _tools(tools: Any) -> tuple[Mapping[str, Any], ...] | None:
         if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
             raise ApiError.invalid(f"{param}.function.parameters must be an object", param=f"{param}.function")
     return tuple(tools) or None
+
+
+def _template_options(body: dict[str, Any]) -> TemplateOptions:
+    try:
+        return TemplateOptions(
+            kwargs=template_kwargs(body.get("chat_template_kwargs")),
+            reasoning_effort=reasoning_effort(body.get("reasoning_effort"), "reasoning_effort"),
+        )
+    except TemplateOptionRefused as refused:
+        raise ApiError.invalid(refused.message, param=refused.param) from None
 
 
 def _chat_output(body: dict[str, Any], tools: tuple[Mapping[str, Any], ...] | None) -> OutputSpec:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from courier.core.template_options import REASONING_EFFORTS
 from courier.http.listing import MAX_LIMIT
 from courier.http.openai_requests import (
     MAX_LOGIT_BIAS,
@@ -204,6 +205,14 @@ _CHAT_REQUEST = {
         "tool_choice": _CHAT_TOOL_CHOICE,
         "parallel_tool_calls": _BOOL,
         "response_format": _RESPONSE_FORMAT,
+        "reasoning_effort": _nullable({"enum": list(REASONING_EFFORTS)}),
+        "chat_template_kwargs": _nullable(
+            {
+                "type": "object",
+                "maxProperties": 16,
+                "additionalProperties": {"type": ["string", "number", "boolean", "null"]},
+            }
+        ),
     },
 }
 _COMPLETION_REQUEST = {
@@ -263,6 +272,12 @@ _RESPONSES_REQUEST = {
         "tool_choice": _RESPONSES_TOOL_CHOICE,
         "parallel_tool_calls": _BOOL,
         "max_tool_calls": _POSITIVE,
+        "reasoning": _nullable(
+            {
+                "type": "object",
+                "properties": {"effort": _nullable({"enum": list(REASONING_EFFORTS)}), "summary": {"type": "null"}},
+            }
+        ),
         "max_output_tokens": _POSITIVE,
         "temperature": _TEMPERATURE,
         "top_p": _TOP_P,

@@ -8,6 +8,7 @@ from typing import Any, TypeAlias
 
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from courier.core.template_options import NO_OPTIONS, TemplateOptions
 from courier.engine.generation import GenerationEvent, RequestId, SamplingParams
 from courier.messages.base import Request, RequestFailed
 from courier.messages.media import FetchMemo, ImageRef
@@ -22,6 +23,7 @@ class ChatPrompt:
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] | None
     thinking: bool = True  # False asks templates that support it (`enable_thinking`) for no reasoning block
+    options: TemplateOptions = NO_OPTIONS  # chat_template_kwargs, a reasoning effort
     images: tuple[ImageRef, ...] = ()  # image parts, in order; admitted (or refused) before anything is fetched
     # Already rendered by the token counter exactly as admission renders it (generation prompt, these tools, thinking
     # and images, the history boundary when the prompt is cached): admission checks and queues it without another

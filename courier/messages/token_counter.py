@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeAlias
 
+from courier.core.template_options import NO_OPTIONS, TemplateOptions
 from courier.engine.generation import VisionInputs
 from courier.media.images import FetchedImage
 from courier.messages.base import Request, RequestFailed
@@ -55,6 +56,7 @@ class TokenizeChat(Request[TokenizeResult]):
     add_generation_prompt: bool
     with_history_boundary: bool = False
     thinking: bool = True  # False renders with `enable_thinking=False` (templates without it ignore it)
+    options: TemplateOptions = NO_OPTIONS  # chat_template_kwargs, a reasoning effort
     # The messages' images in order, fetched: a vision model's processor expands their placeholders.
     images: tuple[FetchedImage, ...] = ()
     max_tokens: int | None = None  # as for `TokenizeText`: refused by size alone, before any render, beyond it

@@ -12,6 +12,7 @@ from typing import Any
 
 from courier.conversation.request import CompactRequest, ResponsesRequest
 from courier.core.sampling_defaults import OPENAI, SamplingDefaults
+from courier.core.template_options import TemplateOptionRefused, TemplateOptions, reasoning_effort
 from courier.engine.generation import SamplingParams
 from courier.grammar import output_spec
 from courier.grammar.constraint import GrammarError
@@ -76,7 +77,24 @@ def parse_responses_request(body: dict[str, Any], defaults: SamplingDefaults = O
         conversation_id=conversation,
         cache_prompt=optional_bool(body, "cache_prompt", True),
         compact_threshold=_compact_threshold(body.get("context_management")),
+        template_options=_reasoning(body.get("reasoning")),
     )
+
+
+def _reasoning(value: Any) -> TemplateOptions:
+    """`reasoning: {"effort", "summary"}`: the effort maps onto the chat template's reasoning switch; summaries of
+    the reasoning are not produced, so asking for one is refused."""
+    if value is None:
+        return TemplateOptions()
+    if not isinstance(value, dict):
+        raise ApiError.invalid("'reasoning' must be an object", param="reasoning")
+    if value.get("summary") is not None or value.get("generate_summary") is not None:
+        raise ApiError.invalid("reasoning summaries are not supported", param="reasoning.summary")
+    try:
+        effort = reasoning_effort(value.get("effort"), "reasoning.effort")
+    except TemplateOptionRefused as refused:
+        raise ApiError.invalid(refused.message, param=refused.param) from None
+    return TemplateOptions(reasoning_effort=effort, effort_param="reasoning.effort")
 
 
 DEFAULT_SUMMARY_TOKENS = 1024
