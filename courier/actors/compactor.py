@@ -44,7 +44,7 @@ from courier.engine.generation import FinishReason, GenerationFinished, RequestI
 from courier.messages.asking import Refused, call
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage, CompactReply
-from courier.messages.generation_reader import collect
+from courier.messages.generation_reader import Cancellation, GenerationCancelled, collect
 from courier.messages.ingress import AdmitGeneration, ChatPrompt, IngressMessage
 from courier.messages.media import FetchMemo
 from courier.messages.token_counter import MessageNames, TokenCounterMessage, TokenizeChat
@@ -210,7 +210,14 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
                     code=FailureCode.CONTEXT_LENGTH_EXCEEDED,
                 )
             ) from None
-        collected = await collect(admitted, self._limits.timeout_s)
+        # Nobody waits once the asker is gone (a client that disconnected or timed out): stop within a poll.
+        abandoned = Cancellation(abandoned=lambda: message.reply.statistics().open_receive_streams == 0)
+        try:
+            collected = await collect(admitted, self._limits.timeout_s, abandoned)
+        except GenerationCancelled:
+            raise Refused(
+                RequestFailed(kind=FailureKind.UNAVAILABLE, message="cancelled: nobody waits for this compaction")
+            ) from None
         summary = collected.text.strip()
         if collected.finished.reason is FinishReason.LENGTH:
             raise Refused(_unusable(f"the summary was cut at max_output_tokens ({message.max_output_tokens})"))

@@ -12,7 +12,7 @@ every route that generates and by the compactor's summary alike.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -24,6 +24,7 @@ from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.ingress import Admitted
 
 ENDED_WITHOUT_RESULT = "the generation ended without a result"
+ABANDON_POLL_S = 0.25
 
 
 class GenerationCancelled(Exception):
@@ -31,19 +32,25 @@ class GenerationCancelled(Exception):
 
 
 class Cancellation:
-    """A request to stop one generation from another task (`POST /v1/responses/{id}/cancel`).
+    """A request to stop one generation from another task (`POST /v1/responses/{id}/cancel`), or, with
+    `abandoned`, whenever nobody waits for its result any more (checked every `ABANDON_POLL_S`).
 
     The task reading the generation's events watches its wait for the next event; `request` cancels that wait,
     and the reader raises `GenerationCancelled` and closes the event stream.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, abandoned: Callable[[], bool] | None = None) -> None:
         self._requested = False
         self._waiting: anyio.CancelScope | None = None
+        self._abandoned = abandoned
 
     @property
     def requested(self) -> bool:
-        return self._requested
+        return self._requested or (self._abandoned is not None and self._abandoned())
+
+    @property
+    def polled(self) -> bool:
+        return self._abandoned is not None
 
     def request(self) -> None:
         self._requested = True
@@ -73,7 +80,10 @@ async def generated_events(
             if cancellation is not None and cancellation.requested:
                 raise GenerationCancelled
             event = None
-            with anyio.move_on_after(max(0.0, deadline - time.monotonic())) as scope:
+            wait = max(0.0, deadline - time.monotonic())
+            if cancellation is not None and cancellation.polled:
+                wait = min(wait, ABANDON_POLL_S)
+            with anyio.move_on_after(wait) as scope:
                 if cancellation is not None:
                     cancellation.watch(scope)
                 event = await _next_event(events)
@@ -81,6 +91,8 @@ async def generated_events(
                 cancellation.watch(None)
                 if event is None and cancellation.requested:
                     raise GenerationCancelled
+            if event is None and time.monotonic() < deadline:
+                continue  # a poll for abandonment, not the deadline
             if event is None:
                 message = f"the request did not finish within {timeout_s:g} s"
                 raise Refused(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,6 +77,38 @@ def test_full_queue_answers_429_and_a_disconnect_frees_the_slot(one_slot: Runnin
     assert after["cancelled"] == before["cancelled"] + 1  # the abandoned stream left the batch early
     assert after["completed"] == before["completed"] + 1
     assert after["rejected"] == before["rejected"] + 1
+    assert (after["running"], after["waiting"]) == (0, 0)
+
+
+def test_a_compaction_nobody_waits_for_is_cancelled(one_slot: RunningServer) -> None:
+    """The summary of a compaction whose client went away leaves the batch (counted cancelled), rather than
+    running to its 1,500-token cap while the one slot's queue waits."""
+    history: list[dict[str, str]] = []
+    for turn in range(4):
+        history += [
+            {"role": "user", "content": f"Turn {turn}: " + "the lighthouse log continues " * 20},
+            {"role": "assistant", "content": f"Noted turn {turn}."},
+        ]
+    body = {"model": "tiny", "input": history, "max_output_tokens": 1500, "keep_tokens": 16}
+    before = stats(one_slot)
+    address = httpx.URL(one_slot.base_url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/responses/compact HTTP/1.1\r\nHost: {address.host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    # The client waits until the summary is running (the one slot taken), then goes away without an answer.
+    with socket.create_connection((address.host, address.port)) as connection:
+        connection.sendall(head + payload)
+        deadline = time.monotonic() + 60
+        while stats(one_slot)["running"] == 0:
+            assert time.monotonic() < deadline, one_slot.log()[-3000:]
+    with one_slot.openai_client() as client:  # queued behind the summary until it leaves the batch
+        reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+    assert reply.choices[0].finish_reason == "length"
+    after = stats(one_slot)
+    assert after["cancelled"] == before["cancelled"] + 1  # the summary, cancelled, not run to its cap
+    assert after["completed"] == before["completed"] + 1  # the chat request
     assert (after["running"], after["waiting"]) == (0, 0)
 
 
