@@ -541,7 +541,8 @@ def _processors(request: EngineRequest, constrained: ConstrainedSequence | None)
     """A sequence's logits processors: its penalties and bias, then its grammar's (which reads, never changes)."""
     processors: list[Any] = []
     if request.sampling.penalised:
-        processors.append(Penalties(request.sampling, request.prompt_tokens))
+        generated = constrained.generated if constrained is not None else None  # one read of the step for both
+        processors.append(Penalties(request.sampling, request.prompt_tokens, generated))
     if constrained is not None:
         processors.extend(constrained.processors)
     return processors

@@ -20,13 +20,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any, cast
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 from llguidance import LLExecutor, LLMatcher
 from llguidance.numpy import fill_next_token_bitmask_par
 
+from courier.engine.generated_tokens import GeneratedTokens
 from courier.grammar.compiler import GrammarCompiler
 from courier.grammar.constraint import Constraint
 
@@ -95,12 +96,14 @@ class ConstrainedSequence:
         sampler: Sampler,
         eos_tokens: Sequence[int],
         renormalize: bool = False,
+        generated: GeneratedTokens | None = None,
     ) -> None:
         self.constraint = constraint
         self._compiler = compiler
         self._filler = filler
         self._decode = decode
-        self._position = prompt_length  # the next token of the context to read
+        self._tokens = generated or GeneratedTokens(prompt_length)
+        self._consumed = 0  # how many of the generated tokens the grammar state has seen
         self._inner = sampler
         # Only a sampler that reads probabilities (top_p) needs the masked distribution renormalised: greedy and
         # temperature sampling take logits as they are, and a log-sum-exp over the vocabulary costs as much as
@@ -110,12 +113,15 @@ class ConstrainedSequence:
         self._eos = sorted(set(eos_tokens))
         self._eos_bias: mx.array | None = None
         self._row = filler.acquire()
-        self._read: list[int] = []  # the tokens generated so far, as read (a replay may take the last ones back)
         self._tail = ""  # the end of the free text, to spot the trigger
         self._matcher: LLMatcher | None = None
         self.phase = _Phase.FREE
         if not constraint.trigger:
             self._start_matching()
+
+    @property
+    def generated(self) -> GeneratedTokens:
+        return self._tokens
 
     @property
     def processors(self) -> list[Callable[[mx.array, mx.array], mx.array]]:
@@ -130,17 +136,16 @@ class ConstrainedSequence:
         A context shorter than what was read is a replay after a fault that lost the last step: the grammar state
         is rebuilt from the tokens kept.
         """
-        if context.size < self._position:
-            self._rewind(self._position - context.size)
         # Reading the last token waits for the step that sampled it (mlx-lm waits for it too); only then is this
         # step's forward pass set computing, so it is not queued ahead of that read and runs while the host
         # advances the grammar and fills the masks.
-        new = cast("list[int]", context[self._position :].tolist()) if context.size > self._position else []
+        tokens = self._tokens.read(context)
         mx.async_eval(logits)  # type: ignore[no-untyped-call]
-        self._position += len(new)
-        for token in new:
-            self._read.append(token)
+        if len(tokens) < self._consumed:
+            self._restart()
+        for token in tokens[self._consumed :]:
             self._advance(token)
+        self._consumed = len(tokens)
         if self.phase is _Phase.CONSTRAINED and self._matcher is not None:
             self._filler.due(self._row, self._matcher)
         return logits
@@ -171,16 +176,11 @@ class ConstrainedSequence:
             self._eos_bias = mx.array(bias)
         return self._eos_bias
 
-    def _rewind(self, count: int) -> None:
-        """Forget the last `count` tokens read: the grammar state is rebuilt from the ones kept."""
-        kept = self._read[: max(0, len(self._read) - count)]
-        self._read, self._position = [], self._position - count
-        self._tail, self._matcher, self.phase = "", None, _Phase.FREE
+    def _restart(self) -> None:
+        """Back to the grammar state before any token: the caller advances it again over the tokens kept."""
+        self._tail, self._matcher, self.phase, self._consumed = "", None, _Phase.FREE, 0
         if not self.constraint.trigger:
             self._start_matching()
-        for token in kept:
-            self._read.append(token)
-            self._advance(token)
 
     def _advance(self, token: int) -> None:
         if self.phase is _Phase.FREE:

@@ -11,45 +11,46 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import cast
 
 import mlx.core as mx
 
+from courier.engine.generated_tokens import GeneratedTokens
 from courier.engine.generation import SamplingParams
 
 
 class Penalties:
     """The logits processor of one sequence: it reads the tokens generated since the last step."""
 
-    def __init__(self, sampling: SamplingParams, prompt: Sequence[int]) -> None:
+    def __init__(
+        self, sampling: SamplingParams, prompt: Sequence[int], generated: GeneratedTokens | None = None
+    ) -> None:
         self._presence = sampling.presence_penalty
         self._frequency = sampling.frequency_penalty
         self._repetition = sampling.repetition_penalty
-        self._position = len(prompt)  # the next context token to read
+        self._tokens = generated or GeneratedTokens(len(prompt))
         self._generated: Counter[int] = Counter()
-        self._read: list[int] = []  # generated tokens in order (a replay may take the last ones back)
+        self._counted = 0  # how many of the generated tokens `_generated` counts
         self._seen = set(prompt) if self._repetition != 1.0 else set()
+        self._seen_ids: mx.array | None = None
         bias = sampling.logit_bias
         self._bias = (mx.array([t for t, _ in bias]), mx.array([b for _, b in bias])) if bias else None
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
-        if context.size < self._position:  # a replay after a fault lost the last step: forget what it read
-            for token in self._read[context.size - self._position :]:
-                self._generated[token] -= 1
-            del self._read[context.size - self._position :]
-            self._generated = +self._generated  # drop the tokens counted zero times
-            self._position = context.size
-        if context.size > self._position:
-            new = cast("list[int]", context[self._position :].tolist())
-            self._position += len(new)
-            self._read.extend(new)
-            self._generated.update(new)
-            if self._repetition != 1.0:
-                self._seen.update(new)
+        tokens = self._tokens.read(context)
+        if len(tokens) < self._counted:  # a replay after a fault lost the last step: count again
+            self._generated, self._counted = Counter(), 0
+        new = tokens[self._counted :]
+        self._counted = len(tokens)
+        self._generated.update(new)
+        if self._repetition != 1.0 and not self._seen.issuperset(new):
+            self._seen.update(new)
+            self._seen_ids = None
         if self._bias is not None:
             logits = logits.at[:, self._bias[0]].add(self._bias[1])
         if self._repetition != 1.0 and self._seen:
-            seen = mx.array(sorted(self._seen))
+            if self._seen_ids is None:  # rebuilt only when a new token joins (the prompt's can be thousands)
+                self._seen_ids = mx.array(sorted(self._seen))
+            seen = self._seen_ids
             chosen = logits[:, seen]
             logits[:, seen] = mx.where(chosen < 0, chosen * self._repetition, chosen / self._repetition)
         if (self._presence or self._frequency) and self._generated:

@@ -203,20 +203,15 @@ def constraint(output: OutputSpec, tool_grammar: ToolGrammar | None, tools_param
         if choice.mode != "function"
         else tuple(f for f in output.functions if f["name"] == choice.name)
     )
-    needs_grammar = choice.mode != "auto" or answer is not None or any(f.get("strict") is True for f in called)
     if tool_grammar is None:
-        if needs_grammar:
-            what = (
-                "a JSON response format"
-                if answer is not None and choice.mode == "auto"
-                else (f"tool_choice {choice.mode!r}" if choice.mode != "auto" else "strict functions")
-            )
-            raise GrammarError(
-                f"{what} cannot be combined with this model's own tool-call format, which Courier cannot constrain; "
-                "use tool_choice 'auto' with non-strict functions",
-                "tool_choice" if choice.mode != "auto" else tools_param,
-            )
-        return None  # auto: the model's own format, parsed as it comes
+        what = _needing_a_grammar(choice, answer is not None, called)
+        if what is None:
+            return None  # auto: the model's own format, parsed as it comes
+        raise GrammarError(
+            f"{what} cannot be combined with this model's own tool-call format, which Courier cannot constrain; "
+            "use tool_choice 'auto' with non-strict functions",
+            "tool_choice" if choice.mode != "auto" else tools_param,
+        )
     forced = choice.mode in ("required", "function")
     if answer is not None and not forced:  # a JSON answer or tool calls, decided by the model from the start
         schema = dict(output.format.schema) if output.format.schema is not None else {"type": "object"}
@@ -230,6 +225,17 @@ def constraint(output: OutputSpec, tool_grammar: ToolGrammar | None, tools_param
             answer_param=output.format.param,
         )
     return grammars.tool_calls(called, tool_grammar, forced=forced, parallel=not output.single_call, param=tools_param)
+
+
+def _needing_a_grammar(choice: ToolChoice, json_answer: bool, called: Sequence[Mapping[str, Any]]) -> str | None:
+    """What in the request only a grammar over the tool-call format can honour (None: nothing)."""
+    if choice.mode != "auto":
+        return f"tool_choice {choice.mode!r}"
+    if json_answer:
+        return "a JSON response format"
+    if any(function.get("strict") is True for function in called):
+        return "strict functions"
+    return None
 
 
 def _answer(output_format: OutputFormat) -> Constraint | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio.to_thread
 
@@ -48,9 +48,3 @@ async def constrain(context: AppContext, sampling: SamplingParams, output: Outpu
         raise ApiError.invalid(message, param=param)
     await anyio.to_thread.run_sync(lambda: refusing(lambda: grammars.check(constraint, param)))
     return replace(sampling, constraint=constraint)
-
-
-def first_call_only(calls: list[Any], output: OutputSpec) -> list[Any]:
-    """`parallel_tool_calls: false` (and `max_tool_calls`) where no grammar enforced it (a native format Courier
-    cannot write, or more calls than `max_tool_calls` allows)."""
-    return output.kept_calls(calls)

@@ -15,7 +15,6 @@ from courier.core.sampling_defaults import OPENAI, SamplingDefaults
 from courier.core.template_options import TemplateOptionRefused, TemplateOptions, reasoning_effort
 from courier.engine.generation import SamplingParams
 from courier.grammar import output_spec
-from courier.grammar.constraint import GrammarError
 from courier.grammar.output_spec import OutputSpec
 from courier.http.constrained import refusing
 from courier.http.errors import ApiError
@@ -50,7 +49,7 @@ def parse_responses_request(body: dict[str, Any], defaults: SamplingDefaults = O
     items = input_items(raw_input) if raw_input is not None else []
     instructions = optional_str(body, "instructions") or None
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
-    max_output_tokens = _max_output_tokens(body)
+    max_output_tokens = _optional_positive_int(body, "max_output_tokens")
     sampling = SamplingParams(
         max_tokens=max_output_tokens or 0,
         temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, defaults.temperature),
@@ -160,16 +159,8 @@ def _output(body: Mapping[str, Any]) -> OutputSpec:
         output_spec.tool_choice(body.get("tool_choice"), responses=True),
         optional_bool(dict(body), "parallel_tool_calls", True),
         body.get("tools") if isinstance(body.get("tools"), list) else None,
-        _max_tool_calls(body.get("max_tool_calls")),
+        _optional_positive_int(body, "max_tool_calls"),
     )
-
-
-def _max_tool_calls(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise GrammarError("'max_tool_calls' must be a positive integer", "max_tool_calls")
-    return value
 
 
 def _compact_threshold(value: Any) -> int | None:
@@ -221,10 +212,10 @@ def _tools(value: Any) -> tuple[JsonObject, ...]:
     return tuple(value)
 
 
-def _max_output_tokens(body: Mapping[str, Any]) -> int | None:
-    value = body.get("max_output_tokens")
+def _optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
+    value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ApiError.invalid("'max_output_tokens' must be a positive integer", param="max_output_tokens")
+        raise ApiError.invalid(f"'{key}' must be a positive integer", param=key)
     return value

@@ -13,7 +13,6 @@ from courier.conversation.warm_up import warm_up_next_turn
 from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
 from courier.engine.generation import FinishReason, GenerationFinished
 from courier.http import openai_format
-from courier.http.constrained import first_call_only
 from courier.http.context import AppContext
 from courier.http.generation import admit, new_request_id, sse
 from courier.http.json_body import read_json_object
@@ -81,7 +80,7 @@ async def _stream(
                 streamed.append(rest.content)
                 if rest.content:
                     yield chunk({"content": rest.content})
-            calls = first_call_only(parse_tool_calls(raw_calls, tool_format, request.tools), request.output)
+            calls = request.output.kept_calls(parse_tool_calls(raw_calls, tool_format, request.tools))
             _warm_up_next_turn(context, request, "".join(streamed), calls, tenant)
             if calls:
                 yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)})
@@ -120,7 +119,7 @@ def _split_tool_calls(
     splitter = ToolCallSplitter(tool_format.start, tool_format.end)
     first, rest = splitter.feed(text), splitter.finish()
     calls = parse_tool_calls([*first.calls, *rest.calls], tool_format, request.tools)
-    return first.content + rest.content, first_call_only(calls, request.output)
+    return first.content + rest.content, request.output.kept_calls(calls)
 
 
 def _finish_reason(finished: GenerationFinished, calls: list[ToolCall]) -> str:
