@@ -31,6 +31,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from courier.conversation.chat_content import has_images
 from courier.conversation.images import ImageAdmission
 from courier.core.failure_codes import FailureCode
+from courier.core.reasoning import ReasoningFormat
 from courier.engine.generation import GenerationEvent, VisionInputs
 from courier.messages.asking import Refused, call
 from courier.messages.base import FailureKind, RequestFailed
@@ -72,6 +73,7 @@ class IngressActor(Actor[IngressMessage]):
         images: ImageAdmission,
         scheduler_stats: SchedulerStats,
         stats: AdmissionStats,
+        reasoning: ReasoningFormat | None = None,
     ) -> None:
         self._token_counter = token_counter
         self._scheduler = scheduler
@@ -80,6 +82,7 @@ class IngressActor(Actor[IngressMessage]):
         self._images = images
         self._scheduler_stats = scheduler_stats  # read only: the scheduler writes it
         self._stats = stats
+        self._reasoning = reasoning  # the model's reasoning markers: whether a prompt opens a block is told here
         self._image_admissions: SideTasks[AdmitGeneration] = SideTasks(IMAGE_ADMISSIONS, self.fault)
 
     async def background(self) -> None:
@@ -180,7 +183,14 @@ class IngressActor(Actor[IngressMessage]):
             send.close()
             receive.close()
             raise
-        return Admitted(request_id=message.request_id, prompt_tokens=len(tokens), max_tokens=max_tokens, events=receive)
+        reasoning = self._reasoning if isinstance(message.prompt, ChatPrompt) else None
+        return Admitted(
+            request_id=message.request_id,
+            prompt_tokens=len(tokens),
+            max_tokens=max_tokens,
+            events=receive,
+            opens_in_reasoning=reasoning is not None and reasoning.open_at_end(tokens),
+        )
 
     def _refused_early(self, message: AdmitGeneration) -> RequestFailed | None:
         """Refusals that need no render, for every request alike: a scheduler at capacity, a logit_bias past the

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from courier.conversation.items import image_urls, message_text
+from courier.conversation.items import image_urls, message_text, reasoning_text
 
 CAPSULE_VERSION = 1
 _BASE64URL = re.compile(r"[A-Za-z0-9_-]+={0,2}")
@@ -50,6 +50,8 @@ def item_digest(item: Mapping[str, Any]) -> str:
         key = ("function_call", item["call_id"], item["name"], item["arguments"])
     elif kind == "function_call_output":
         key = ("function_call_output", item["call_id"], item["output"])
+    elif kind == "reasoning":
+        key = ("reasoning", reasoning_text(item))
     else:
         key = (str(kind), orjson.dumps(item, option=orjson.OPT_SORT_KEYS).decode())
     return hashlib.sha256(orjson.dumps(key)).hexdigest()[:_DIGEST_LENGTH]

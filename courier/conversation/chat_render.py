@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from courier.conversation.chat_content import IMAGE_PART, chat_content, text_part
+from courier.conversation.items import reasoning_text
 from courier.core.tool_calls import json_arguments
 from courier.storage.records import JsonObject
 
@@ -38,12 +39,22 @@ def chat_messages(instructions: str | None, items: Iterable[Mapping[str, Any]]) 
 
 
 def extend_messages(messages: Sequence[JsonObject], items: Iterable[Mapping[str, Any]]) -> list[JsonObject]:
-    """`messages` (a render, left as it is) followed by `items` rendered the same way."""
+    """`messages` (a render, left as it is) followed by `items` rendered the same way.
+
+    A reasoning item opens the assistant turn it belongs to as `reasoning_content` (the name chat templates read);
+    the assistant's message and calls after it join that turn."""
     result = list(messages)
     for item in items:
         kind = item["type"]
         if kind == "message":
-            result.append({"role": item["role"], "content": chat_content(_parts(item))})
+            last = result[-1] if result else None
+            if item["role"] == "assistant" and _reasoning_only(last):
+                assert last is not None
+                result[-1] = {**last, "content": chat_content(_parts(item))}
+            else:
+                result.append({"role": item["role"], "content": chat_content(_parts(item))})
+        elif kind == "reasoning":
+            result.append({"role": "assistant", "content": "", "reasoning_content": reasoning_text(item)})
         elif kind == "function_call":
             call = template_tool_call(item["call_id"], item["name"], item["arguments"])
             last = result[-1] if result else None
@@ -58,6 +69,17 @@ def extend_messages(messages: Sequence[JsonObject], items: Iterable[Mapping[str,
         elif kind == "function_call_output":
             result.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
     return result
+
+
+def _reasoning_only(message: JsonObject | None) -> bool:
+    """An assistant turn that so far holds only reasoning."""
+    return (
+        message is not None
+        and message["role"] == "assistant"
+        and "reasoning_content" in message
+        and not message["content"]
+        and not message.get("tool_calls")
+    )
 
 
 def _parts(item: Mapping[str, Any]) -> list[JsonObject]:

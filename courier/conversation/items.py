@@ -18,6 +18,25 @@ def message_item(role: str, content: list[JsonObject], status: str = "completed"
     return {"id": new_id("msg"), "type": "message", "role": role, "status": status, "content": content}
 
 
+def reasoning_item(text: str, status: str = "completed") -> JsonObject:
+    """The model's reasoning as OpenAI's `reasoning` item: the text itself (`reasoning_text`), no summary, nothing
+    encrypted."""
+    return {
+        "id": new_id("rs"),
+        "type": "reasoning",
+        "status": status,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": None,
+    }
+
+
+def reasoning_text(item: Mapping[str, Any]) -> str:
+    """The text of a reasoning item: its `reasoning_text` parts, else its summary's."""
+    parts = item.get("content") or item.get("summary") or []
+    return "".join(part.get("text", "") for part in parts)
+
+
 def text_part(kind: str, text: str, logprobs: list[JsonObject] | None = None) -> JsonObject:
     if kind == "output_text":
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}

@@ -91,24 +91,24 @@ def response_object(draft: ResponseDraft, outcome: Outcome) -> JsonObject:
     }
 
 
-def usage_object(finished: GenerationFinished) -> JsonObject:
+def usage_object(finished: GenerationFinished, reasoning_tokens: int = 0) -> JsonObject:
     # `cache_write_tokens` (required by the openai SDK's types) is 0: how many prompt tokens a turn newly writes to
     # the prompt cache is decided later, when the scheduler snapshots the state, and is not counted per request.
     return {
         "input_tokens": finished.prompt_tokens,
         "input_tokens_details": {"cached_tokens": finished.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": finished.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,
     }
 
 
-def finished_outcome(finished: GenerationFinished, output: Sequence[JsonObject]) -> Outcome:
+def finished_outcome(finished: GenerationFinished, output: Sequence[JsonObject], reasoning_tokens: int = 0) -> Outcome:
     cut = finished.reason is FinishReason.LENGTH
     return Outcome(
         status=Status.INCOMPLETE if cut else Status.COMPLETED,
         output=output,
-        usage=usage_object(finished),
+        usage=usage_object(finished, reasoning_tokens),
         incomplete_reason="max_output_tokens" if cut else None,
     )
 

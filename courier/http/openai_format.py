@@ -19,14 +19,24 @@ class Header:
     model: str
 
 
-def usage(finished: GenerationFinished) -> JsonObject:
+def usage(finished: GenerationFinished, reasoning_tokens: int = 0) -> JsonObject:
+    """`reasoning_tokens`: of the completion tokens, those the reasoning block took (its markers included)."""
     return {
         "prompt_tokens": finished.prompt_tokens,
         "completion_tokens": finished.completion_tokens,
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
+
+
+def delta(reasoning: str, content: str) -> JsonObject:
+    """A chunk's delta: the reasoning under `reasoning_content` and its alias `reasoning` (vLLM's and mlx-lm's
+    names; clients read one or the other), the answer under `content`."""
+    fields: JsonObject = {"reasoning_content": reasoning, "reasoning": reasoning} if reasoning else {}
+    if content or not reasoning:
+        fields["content"] = content
+    return fields
 
 
 def chat_logprobs(entries: Sequence[TokenLogprob]) -> JsonObject:
@@ -74,9 +84,12 @@ def chat_completion(
     calls: Sequence[ToolCall],
     logprobs: Sequence[TokenLogprob] | None,
     finish_reason: str,
-    finished: GenerationFinished,
+    usage: JsonObject,
+    reasoning: str = "",
 ) -> JsonObject:
     message: JsonObject = {"role": "assistant", "content": content if content or not calls else None, "refusal": None}
+    if reasoning:
+        message["reasoning_content"] = message["reasoning"] = reasoning
     if calls:
         message["tool_calls"] = tool_call_objects(calls)
     choice = {
@@ -91,7 +104,7 @@ def chat_completion(
         "created": header.created,
         "model": header.model,
         "choices": [choice],
-        "usage": usage(finished),
+        "usage": usage,
         "system_fingerprint": None,
     }
 

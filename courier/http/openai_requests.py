@@ -208,11 +208,26 @@ def _chat_message(message: Any, index: int, images: list[ImageRef]) -> dict[str,
         normalized["tool_calls"] = _tool_calls(message["tool_calls"], f"{param}.tool_calls")
     elif normalized["content"] is None:
         raise ApiError.invalid(f"{param}.content is required", param=f"{param}.content")
+    if role == "assistant":
+        reasoning = _reasoning(message, param)
+        if reasoning:
+            normalized["reasoning_content"] = reasoning  # the name chat templates read (Qwen3, DeepSeek-R1)
     if role == "tool" and isinstance(message.get("tool_call_id"), str):
         normalized["tool_call_id"] = message["tool_call_id"]
     if isinstance(message.get("name"), str):
         normalized["name"] = message["name"]
     return normalized
+
+
+def _reasoning(message: dict[str, Any], param: str) -> str:
+    """An assistant message's reasoning, sent back as it came (`reasoning_content`, or its alias `reasoning`)."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ApiError.invalid(f"{param}.{key} must be a string", param=f"{param}.{key}")
+        if value:
+            return value
+    return ""
 
 
 def _content(content: Any, param: str, images: list[ImageRef]) -> str | list[dict[str, Any]] | None:

@@ -163,6 +163,8 @@ _CHAT_MESSAGE = {
         "content": {"anyOf": [_TEXT, {"type": "array", "items": _CHAT_PART}]},
         "tool_call_id": _TEXT,
         "name": _TEXT,
+        "reasoning_content": _nullable(_TEXT),
+        "reasoning": _nullable(_TEXT),
     },
 }
 _SAMPLING = {
@@ -233,6 +235,11 @@ _INPUT_PART = {
     "required": ["type"],
     "properties": {"type": {"enum": ["input_text", "output_text", "input_image", "refusal"]}, "text": _TEXT},
 }
+def _text_parts(part_type: str) -> dict[str, Any]:
+    item = {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": part_type}, "text": _TEXT}}
+    return {"type": "array", "items": item}
+
+
 _INPUT_ITEM = {
     "oneOf": [
         {
@@ -258,6 +265,16 @@ _INPUT_ITEM = {
             "type": "object",
             "required": ["type", "encrypted_content"],
             "properties": {"type": {"const": "compaction"}, "encrypted_content": _ID},
+        },
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {
+                "type": {"const": "reasoning"},
+                "content": _nullable(_text_parts("reasoning_text")),
+                "summary": _nullable(_text_parts("summary_text")),
+                "encrypted_content": {"type": "null"},
+            },
         },
     ]
 }

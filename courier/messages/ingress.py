@@ -53,6 +53,8 @@ class Admitted:
     prompt_tokens: int
     max_tokens: int
     events: MemoryObjectReceiveStream[GenerationEvent]
+    # The prompt leaves a reasoning block open (a template that starts the reply thinking): the reply begins in it.
+    opens_in_reasoning: bool = False
 
 
 AdmitReply: TypeAlias = Admitted | RequestFailed

@@ -20,6 +20,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.core import generic_tools
+from courier.core.reasoning import ReasoningFormat
 from courier.core.sampling_defaults import SamplingDefaults, from_generation_config
 from courier.core.tool_calls import ToolCallFormat
 from courier.grammar.compiler import GrammarCompiler, build_tokenizer
@@ -150,6 +151,23 @@ def _context_length(config: dict[str, Any], tokenizer: TokenizerWrapper) -> int 
                 return value
     limit = getattr(tokenizer, "model_max_length", None)
     return limit if isinstance(limit, int) and 0 < limit < 10**8 else None
+
+
+def reasoning_format(tokenizer: TokenizerWrapper) -> ReasoningFormat | None:
+    """The model's reasoning markers, as mlx-lm's tokenizer wrapper recognises them (None: it does not think in
+    tags)."""
+    if not getattr(tokenizer, "has_thinking", False):
+        return None
+    start, end = tokenizer.think_start, tokenizer.think_end
+    start_tokens, end_tokens = tokenizer.think_start_tokens, tokenizer.think_end_tokens
+    if not (start and end and start_tokens and end_tokens):
+        return None
+    return ReasoningFormat(
+        start=str(start),
+        end=str(end),
+        start_tokens=tuple(int(token) for token in start_tokens),
+        end_tokens=tuple(int(token) for token in end_tokens),
+    )
 
 
 def tool_call_format(tokenizer: TokenizerWrapper) -> ToolCallFormat:

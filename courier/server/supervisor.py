@@ -56,7 +56,14 @@ from courier.messages.scheduler import SchedulerMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
 from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
-from courier.model.loader import LoadedModel, ModelLoadError, grammar_compiler, load_model, tool_call_format
+from courier.model.loader import (
+    LoadedModel,
+    ModelLoadError,
+    grammar_compiler,
+    load_model,
+    reasoning_format,
+    tool_call_format,
+)
 from courier.model.progress import Progress
 from courier.model.source import ModelSource
 from courier.platform.blas import BlasReport
@@ -228,7 +235,9 @@ class Supervisor:
         await self._start_actors(task_group, loaded, grammars)
         info = loaded.info
         defaults = resolve(self._settings.default_temperature, self._settings.default_top_p, info.sampling)
-        self._state.mark_ready(info, tool_call_format(loaded.tokenizer), grammars, defaults)
+        self._state.mark_ready(
+            info, tool_call_format(loaded.tokenizer), grammars, defaults, reasoning=reasoning_format(loaded.tokenizer)
+        )
         logger.info(
             "ready: model %s (%s) on %s, weights %s, BLAS %s, context %s tokens",
             info.model_id,
@@ -302,6 +311,7 @@ class Supervisor:
             images=images,
             scheduler_stats=self._state.scheduler,
             stats=self._state.admission,
+            reasoning=reasoning_format(loaded.tokenizer),
         )
         await task_group.start(self._run_actor, ingress, self._ingress_receive, self._ingress_send)
         compactor = CompactorActor(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from courier.core.reasoning import ReasoningFormat
 from courier.core.sampling_defaults import OPENAI, SamplingDefaults
 from courier.core.tool_calls import ToolCallFormat
 from courier.grammar.compiler import GrammarCompiler
@@ -40,6 +41,7 @@ class ServiceState:
     phase: Phase = Phase.LOADING
     model: ModelInfo | None = None
     tool_format: ToolCallFormat | None = None
+    reasoning: ReasoningFormat | None = None  # the model's reasoning markers (None: it does not think in tags)
     grammars: GrammarCompiler | None = None  # constrained decoding (None: the tokenizer cannot serve it)
     sampling_defaults: SamplingDefaults = OPENAI  # temperature and top_p for requests that send none
     started_at: float = field(default_factory=time.time)
@@ -59,8 +61,11 @@ class ServiceState:
         tool_format: ToolCallFormat | None,
         grammars: GrammarCompiler | None = None,
         sampling_defaults: SamplingDefaults = OPENAI,
+        *,
+        reasoning: ReasoningFormat | None = None,
     ) -> None:
         self.model = model
+        self.reasoning = reasoning
         self.sampling_defaults = sampling_defaults
         self.tool_format = tool_format
         self.grammars = grammars
@@ -77,6 +82,8 @@ class ServiceState:
             if constrained and tools is not None and tools.grammar is not None
             else ["auto", "none"],
             "structured_outputs": ["text", "json_object", "json_schema"] if constrained else ["text"],
+            # The markers its reasoning is split out by (reasoning_content, reasoning items); None: it has none.
+            "reasoning": [self.reasoning.start, self.reasoning.end] if self.reasoning is not None else None,
         }
 
     def mark_draining(self) -> None:

@@ -396,6 +396,7 @@ EXPECTED_CAPABILITIES = {
     "tool_calling": "generic",  # the tiny llama's template knows no tools
     "tool_choice": ["auto", "none", "required", "function"],
     "structured_outputs": ["text", "json_object", "json_schema"],
+    "reasoning": None,  # its tokenizer has no reasoning markers
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from courier.conversation.items import message_item, new_id, text_part
+from courier.conversation.items import message_item, new_id, reasoning_item, text_part
 from courier.http.errors import ApiError
 from courier.media.address_policy import MediaRefused
 from courier.media.urls import parse_image_url
@@ -19,8 +19,6 @@ from courier.storage.records import JsonObject
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 _UNSUPPORTED_PARTS = frozenset({"input_file", "input_audio"})
-# Items a text model neither needs nor produces; dropped from the context rather than refused.
-_DROPPED_ITEMS = frozenset({"reasoning"})
 
 
 def input_items(value: Any, param: str = "input") -> list[JsonObject]:
@@ -29,11 +27,10 @@ def input_items(value: Any, param: str = "input") -> list[JsonObject]:
         return [message_item("user", [text_part("input_text", value)])]
     if not isinstance(value, list) or not value:
         raise ApiError.invalid(f"'{param}' must be a string or a non-empty list of items", param=param)
-    items = (_input_item(raw, f"{param}[{index}]") for index, raw in enumerate(value))
-    return [item for item in items if item is not None]
+    return [_input_item(raw, f"{param}[{index}]") for index, raw in enumerate(value)]
 
 
-def _input_item(raw: Any, param: str) -> JsonObject | None:
+def _input_item(raw: Any, param: str) -> JsonObject:
     if not isinstance(raw, dict):
         raise ApiError.invalid(f"{param} must be an object", param=param)
     kind = raw.get("type", "message")
@@ -65,12 +62,39 @@ def _input_item(raw: Any, param: str) -> JsonObject | None:
             "type": "compaction",
             "encrypted_content": _required_text(raw, "encrypted_content", param),
         }
-    if kind in _DROPPED_ITEMS:
-        return None
+    if kind == "reasoning":
+        return _reasoning(raw, param)
     raise ApiError.invalid(
-        f"{param}.type {kind!r} is not supported; use message, function_call, function_call_output or compaction items",
+        f"{param}.type {kind!r} is not supported; use message, function_call, function_call_output, reasoning or "
+        "compaction items",
         param=f"{param}.type",
     )
+
+
+def _reasoning(raw: Mapping[str, Any], param: str) -> JsonObject:
+    """A reasoning item sent back: its `reasoning_text` content (else its summary's text) is rendered into the
+    assistant turn it belongs to, as the chat template expects. Encrypted reasoning (another server's) cannot be
+    read here, so it is refused rather than dropped."""
+    if raw.get("encrypted_content") is not None:
+        raise ApiError.invalid(
+            f"{param}.encrypted_content cannot be read by this server (it never encrypts reasoning); "
+            "send the reasoning's content instead",
+            param=f"{param}.encrypted_content",
+        )
+    texts: dict[str, str] = {}
+    for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = raw.get(key)
+        if parts is None:
+            continue
+        if not isinstance(parts, list) or not all(
+            isinstance(part, dict) and part.get("type") == part_type and isinstance(part.get("text"), str)
+            for part in parts
+        ):
+            raise ApiError.invalid(
+                f"{param}.{key} must be a list of {part_type} parts with a string 'text'", param=f"{param}.{key}"
+            )
+        texts[key] = "".join(part["text"] for part in parts)
+    return reasoning_item(texts.get("content") or texts.get("summary", ""))
 
 
 def _message(raw: Mapping[str, Any], param: str) -> JsonObject:

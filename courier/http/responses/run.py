@@ -20,9 +20,9 @@ back. A response whose recording had begun is never recorded twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import cast
 
 import anyio
@@ -40,8 +40,9 @@ from courier.conversation.response_object import (
 )
 from courier.conversation.turn import Plan, Rendered, Turn, TurnServices, admit_turn, compact
 from courier.core.failure_codes import FailureCode
-from courier.engine.generation import GenerationFinished, TokensGenerated
+from courier.engine.generation import GenerationFinished, TokenLogprob, TokensGenerated
 from courier.http.context import AppContext
+from courier.http.reply import ReplyParsing, assemble
 from courier.http.responses.events import EventWriter
 from courier.http.responses.in_flight import InFlightResponse
 from courier.http.responses.output import OutputAssembler, logprob_objects
@@ -61,18 +62,19 @@ async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> 
     so does a failed store."""
     in_progress = response_object(turn.draft, Outcome(status=Status.IN_PROGRESS))
     with context.responses.running(turn.draft.id, in_progress, services.tenant) as entry:
-        assembler = OutputAssembler(context.state.tool_format, turn.request.template_tools, turn.request.output)
+        assembler = OutputAssembler(_parsing(context, turn))
         failure: Refused | None = None
         prefix = [turn.compaction_item] if turn.compaction_item else []
         try:
-            finished = await _generate(context, turn, entry, assembler)
+            finished = await assemble(turn.admitted, context.settings.request_timeout, assembler, entry.cancellation)
             _, calls = assembler.finish()
-            outcome = finished_outcome(finished, [*prefix, *assembler.output_items(calls)])
+            output = [*prefix, *assembler.output_items(calls)]
+            outcome = finished_outcome(finished, output, assembler.reasoning_tokens)
         except GenerationCancelled:
-            outcome = Outcome(status=Status.CANCELLED, output=[*prefix, *_partial_output(assembler)])
+            outcome = Outcome(status=Status.CANCELLED, output=[*prefix, *assembler.partial()])
         except Refused as refused:
             failure = refused
-            outcome = failed_outcome(refused.failure, [*prefix, *_partial_output(assembler)])
+            outcome = failed_outcome(refused.failure, [*prefix, *assembler.partial()])
         recorded = await record(services, turn.draft, outcome, turn.rendered)
         entry.finish(recorded.response)
     if failure is not None:
@@ -118,7 +120,7 @@ class _Stream:
         self._entry = entry
         self._emit = emit
         self._prefix: list[JsonObject] = []  # the automatic compaction's item, once it is done
-        self._message: _StreamedMessage | None = None
+        self._items: _StreamedItems | None = None
         self._generated: Outcome | None = None  # the generation's outcome, once it has ended
         self._recording = False  # its store has been sent: it must not be sent again
 
@@ -141,16 +143,14 @@ class _Stream:
             assert turn.compaction_item is not None
             self._prefix = [turn.compaction_item]
             yield emit("response.output_item.done", output_index=0, item=turn.compaction_item)
-        assembler = OutputAssembler(self._context.state.tool_format, turn.request.template_tools, turn.request.output)
-        message = self._message = _StreamedMessage(emit, len(self._prefix), assembler)
-        async with aclosing(self._generation(turn, message)) as chunks:
+        items = self._items = _StreamedItems(emit, len(self._prefix), OutputAssembler(_parsing(self._context, turn)))
+        async with aclosing(self._generation(turn, items)) as chunks:
             async for chunk in chunks:
                 yield chunk
         assert self._generated is not None
         outcome = replace(self._generated, output=[*self._prefix, *self._generated.output])
-        if message.opened:
-            for chunk in message.close(self._generated.output[0]):
-                yield chunk
+        for chunk in items.close(self._generated.output):
+            yield chunk
         for index, item in enumerate(outcome.output):
             if item["type"] == "function_call":
                 for chunk in _function_call_events(emit, index, item):
@@ -190,12 +190,13 @@ class _Stream:
     def _so_far(self) -> Outcome:
         if self._generated is not None:
             return replace(self._generated, output=[*self._prefix, *self._generated.output])
-        partial = self._message.partial() if self._message is not None else []
+        partial = self._items.partial() if self._items is not None else []
         return Outcome(status=Status.CANCELLED, output=[*self._prefix, *partial])
 
-    async def _generation(self, turn: Turn, message: _StreamedMessage) -> AsyncGenerator[bytes]:
-        """Text deltas as they are generated; the outcome (finished, cancelled or failed) goes to `_generated`."""
-        assembler = message.assembler
+    async def _generation(self, turn: Turn, items: _StreamedItems) -> AsyncGenerator[bytes]:
+        """Reasoning and text deltas as they are generated; the outcome (finished, cancelled or failed) goes to
+        `_generated`."""
+        assembler = items.assembler
         try:
             finished: GenerationFinished | None = None
             timeout_s = self._context.settings.request_timeout
@@ -209,72 +210,145 @@ class _Stream:
                     if isinstance(event, GenerationFinished):
                         finished = event
                         continue
-                    text = assembler.feed(event)
-                    if text or event.logprobs:
-                        for chunk in message.delta(text, logprob_objects(event.logprobs)):
-                            yield chunk
+                    delta = assembler.feed(event)
+                    for chunk in items.delta(delta.reasoning, delta.content, delta.logprobs):
+                        yield chunk
             rest, calls = assembler.finish()
-            if rest or not calls:
-                for chunk in message.delta(rest, []):
-                    yield chunk
+            for chunk in items.delta(rest.reasoning, rest.content, (), message=not calls):
+                yield chunk
             if finished is None:
                 raise Refused(_ended_without_result())
-            output = [assembler.message(message.id)] if message.opened else []
             calls_output = [item for item in assembler.output_items(calls) if item["type"] == "function_call"]
-            self._generated = finished_outcome(finished, output + calls_output)
+            output = items.finished() + calls_output
+            self._generated = finished_outcome(finished, output, assembler.reasoning_tokens)
         except GenerationCancelled:
-            self._generated = Outcome(status=Status.CANCELLED, output=message.partial())
+            self._generated = Outcome(status=Status.CANCELLED, output=items.partial())
         except Refused as refused:
-            self._generated = failed_outcome(refused.failure, message.partial())
+            self._generated = failed_outcome(refused.failure, items.partial())
 
 
-class _StreamedMessage:
-    """The assistant message item of a stream: opened at its first text, closed once the generation ends."""
+class _StreamedItems:
+    """The reasoning item and the assistant message item of a stream, in that order: each opened at its first
+    text; the reasoning closed when the answer begins, the message once the generation ends."""
 
-    def __init__(self, emit: EventWriter, output_index: int, assembler: OutputAssembler) -> None:
+    def __init__(self, emit: EventWriter, first_index: int, assembler: OutputAssembler) -> None:
         self._emit = emit
-        self._index = output_index
         self.assembler = assembler
-        self.id = new_id("msg")
-        self.opened = False
+        self._reasoning = _StreamedItem(emit, _REASONING)
+        self._message = _StreamedItem(emit, _MESSAGE)
+        self._next_index = first_index
 
-    def delta(self, text: str, logprobs: list[JsonObject]) -> list[bytes]:
-        chunks = [] if self.opened else self._open()
-        chunks.append(
-            self._emit(
-                "response.output_text.delta",
-                item_id=self.id,
-                output_index=self._index,
-                content_index=0,
-                delta=text,
-                logprobs=logprobs,
-            )
-        )
+    def delta(
+        self, reasoning: str, content: str, logprobs: Sequence[TokenLogprob], *, message: bool = False
+    ) -> list[bytes]:
+        """`message`: open the message item even without text (a reply that is neither calls nor reasoning)."""
+        chunks: list[bytes] = []
+        if reasoning:
+            chunks += self._open(self._reasoning) + self._reasoning.delta(reasoning, [])
+        wants_message = message and not self._reasoning.opened and not self._message.opened
+        if content or logprobs or wants_message:
+            if self._reasoning.opened and not self._reasoning.closed:
+                chunks += self._reasoning.close(self.assembler.reasoning_item(self._reasoning.id))
+            chunks += self._open(self._message) + self._message.delta(content, logprob_objects(logprobs))
+        return chunks
+
+    def finished(self) -> list[JsonObject]:
+        """The complete items, as the response's output holds them."""
+        items = [self.assembler.reasoning_item(self._reasoning.id)] if self._reasoning.opened else []
+        return items + ([self.assembler.message(self._message.id)] if self._message.opened else [])
+
+    def close(self, output: Sequence[JsonObject]) -> list[bytes]:
+        """The closing events of the items still open (`output`: the generation's items, these among them)."""
+        chunks: list[bytes] = []
+        for item in output:
+            streamed = {self._reasoning.id: self._reasoning, self._message.id: self._message}.get(item["id"])
+            if streamed is not None and streamed.opened and not streamed.closed:
+                chunks += streamed.close(item)
         return chunks
 
     def partial(self) -> list[JsonObject]:
-        """The message cut short by a cancellation, a failure or a disconnect (nothing if no text was streamed)."""
-        return [self.assembler.message(self.id, status="incomplete")] if self.opened else []
+        """What a cancellation, a failure or a disconnect cut short (nothing of an item that never opened)."""
+        items = []
+        if self._reasoning.opened:
+            status = "completed" if self._reasoning.closed else "incomplete"
+            items.append(self.assembler.reasoning_item(self._reasoning.id, status))
+        if self._message.opened:
+            items.append(self.assembler.message(self._message.id, status="incomplete"))
+        return items
+
+    def _open(self, item: _StreamedItem) -> list[bytes]:
+        if item.opened:
+            return []
+        self._next_index += 1
+        return item.open(self._next_index - 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _ItemKind:
+    """How one kind of streamed item is announced: its id prefix, its first shape, its part and its events."""
+
+    id_prefix: str
+    started: JsonObject
+    part: JsonObject
+    delta_event: str
+    done_event: str
+    with_logprobs: bool
+
+
+_MESSAGE = _ItemKind(
+    id_prefix="msg",
+    started={"type": "message", "role": "assistant", "status": "in_progress", "content": []},
+    part=text_part("output_text", ""),
+    delta_event="response.output_text.delta",
+    done_event="response.output_text.done",
+    with_logprobs=True,
+)
+_REASONING = _ItemKind(
+    id_prefix="rs",
+    started={"type": "reasoning", "status": "in_progress", "summary": [], "content": [], "encrypted_content": None},
+    part={"type": "reasoning_text", "text": ""},
+    delta_event="response.reasoning_text.delta",
+    done_event="response.reasoning_text.done",
+    with_logprobs=False,
+)
+
+
+class _StreamedItem:
+    """One item of a stream, with one content part: opened, its deltas, closed."""
+
+    def __init__(self, emit: EventWriter, kind: _ItemKind) -> None:
+        self._emit = emit
+        self._kind = kind
+        self.id = new_id(kind.id_prefix)
+        self._index = -1
+        self.opened = False
+        self.closed = False
+
+    def open(self, output_index: int) -> list[bytes]:
+        self.opened = True
+        self._index = output_index
+        item = {"id": self.id, **self._kind.started}
+        return [
+            self._emit("response.output_item.added", output_index=self._index, item=item),
+            self._emit("response.content_part.added", **self._where(), part=self._kind.part),
+        ]
+
+    def delta(self, text: str, logprobs: list[JsonObject]) -> list[bytes]:
+        extra = {"logprobs": logprobs} if self._kind.with_logprobs else {}
+        return [self._emit(self._kind.delta_event, **self._where(), delta=text, **extra)]
 
     def close(self, item: JsonObject) -> list[bytes]:
+        self.closed = True
         part = item["content"][0]
-        where = {"item_id": self.id, "output_index": self._index, "content_index": 0}
+        extra = {"logprobs": part["logprobs"]} if self._kind.with_logprobs else {}
         return [
-            self._emit("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"]),
-            self._emit("response.content_part.done", **where, part=part),
+            self._emit(self._kind.done_event, **self._where(), text=part["text"], **extra),
+            self._emit("response.content_part.done", **self._where(), part=part),
             self._emit("response.output_item.done", output_index=self._index, item=item),
         ]
 
-    def _open(self) -> list[bytes]:
-        self.opened = True
-        item = {"id": self.id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
-        part = text_part("output_text", "")
-        return [
-            self._emit("response.output_item.added", output_index=self._index, item=item),
-            self._emit(
-                "response.content_part.added", item_id=self.id, output_index=self._index, content_index=0, part=part
-            ),
-        ]
+    def _where(self) -> dict[str, object]:
+        return {"item_id": self.id, "output_index": self._index, "content_index": 0}
 
 
 def _function_call_events(emit: EventWriter, index: int, item: JsonObject) -> list[bytes]:
@@ -288,20 +362,16 @@ def _function_call_events(emit: EventWriter, index: int, item: JsonObject) -> li
     ]
 
 
-async def _generate(
-    context: AppContext, turn: Turn, entry: InFlightResponse, assembler: OutputAssembler
-) -> GenerationFinished:
-    async for event in generated_events(turn.admitted, context.settings.request_timeout, entry.cancellation):
-        if isinstance(event, TokensGenerated):
-            assembler.feed(event)
-        else:
-            return event
-    raise Refused(_ended_without_result())
+def _parsing(context: AppContext, turn: Turn) -> ReplyParsing:
+    state = context.state
+    return ReplyParsing(
+        reasoning=state.reasoning,
+        opens_in_reasoning=turn.admitted.opens_in_reasoning,
+        tool_format=state.tool_format,
+        tools=turn.request.template_tools,
+        output=turn.request.output,
+    )
 
 
 def _ended_without_result() -> RequestFailed:
     return RequestFailed(kind=FailureKind.INTERNAL, message=ENDED_WITHOUT_RESULT, code=FailureCode.GENERATION_FAILED)
-
-
-def _partial_output(assembler: OutputAssembler) -> list[JsonObject]:
-    return [assembler.message(status="incomplete")] if assembler.text else []

@@ -10,7 +10,7 @@ from quart import Blueprint, Response
 
 from courier.conversation.chat_render import assistant_message, template_tool_call
 from courier.conversation.warm_up import warm_up_next_turn
-from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
+from courier.core.tool_calls import ToolCall
 from courier.engine.generation import FinishReason, GenerationFinished
 from courier.http import openai_format
 from courier.http.context import AppContext
@@ -18,8 +18,9 @@ from courier.http.generation import admit, new_request_id, sse
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_chat_request
+from courier.http.reply import ReplyAssembler, ReplyParsing, assemble
 from courier.http.streaming import event_stream_response
-from courier.messages.generation_reader import collect, generated_events
+from courier.messages.generation_reader import generated_events
 from courier.messages.ingress import Admitted, ChatPrompt
 
 
@@ -32,23 +33,22 @@ def blueprint(context: AppContext) -> Blueprint:
         request = parse_chat_request(await read_json_object(), context.state.sampling_defaults)
         request_id = new_request_id()
         admitted = await admit(context, request, request_id)
-        tool_format = context.state.tool_format if request.tools else None
         header = Header(completion_id=f"chatcmpl-{request_id}", created=int(time.time()), model=context.state.model_id)
         if request.stream:
             tenant = context.caller().tenant  # read now: the stream runs after this view has returned
-            return event_stream_response(
-                _stream(context, request, admitted=admitted, header=header, tool_format=tool_format, tenant=tenant)
-            )
-        collected = await collect(admitted, context.settings.request_timeout)
-        content, calls = _split_tool_calls(collected.text, request, tool_format)
-        _warm_up_next_turn(context, request, content, calls, context.caller().tenant)
+            return event_stream_response(_stream(context, request, admitted=admitted, header=header, tenant=tenant))
+        reply = ReplyAssembler(_parsing(context, request, admitted))
+        finished = await assemble(admitted, context.settings.request_timeout, reply)
+        _, calls = reply.finish()
+        _warm_up_next_turn(context, request, reply.content, calls, context.caller().tenant)
         return openai_format.chat_completion(
             header,
-            content=content,
+            content=reply.content,
+            reasoning=reply.reasoning,
             calls=calls,
-            logprobs=collected.logprobs if request.sampling.logprobs else None,
-            finish_reason=_finish_reason(collected.finished, calls),
-            finished=collected.finished,
+            logprobs=reply.logprobs if request.sampling.logprobs else None,
+            finish_reason=_finish_reason(finished, calls),
+            usage=openai_format.usage(finished, reply.reasoning_tokens),
         )
 
     return routes
@@ -60,13 +60,10 @@ async def _stream(
     *,
     admitted: Admitted,
     header: Header,
-    tool_format: ToolCallFormat | None,
     tenant: str,
 ) -> AsyncIterator[bytes]:
     usage_field = request.include_usage
-    splitter = ToolCallSplitter(tool_format.start, tool_format.end) if tool_format else None
-    raw_calls: list[str] = []
-    streamed: list[str] = []
+    reply = ReplyAssembler(_parsing(context, request, admitted))
 
     def chunk(delta: dict[str, Any] | None, **fields: Any) -> bytes:
         return sse(openai_format.chat_chunk(header, delta=delta, include_usage=usage_field, **fields))
@@ -74,29 +71,31 @@ async def _stream(
     yield chunk({"role": "assistant", "content": ""})
     async for event in generated_events(admitted, context.settings.request_timeout):
         if isinstance(event, GenerationFinished):
-            if splitter is not None:
-                rest = splitter.finish()
-                raw_calls.extend(rest.calls)
-                streamed.append(rest.content)
-                if rest.content:
-                    yield chunk({"content": rest.content})
-            calls = request.output.kept_calls(parse_tool_calls(raw_calls, tool_format, request.tools))
-            _warm_up_next_turn(context, request, "".join(streamed), calls, tenant)
+            rest, calls = reply.finish()
+            if rest.reasoning or rest.content:
+                yield chunk(openai_format.delta(rest.reasoning, rest.content))
+            _warm_up_next_turn(context, request, reply.content, calls, tenant)
             if calls:
                 yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)})
             yield chunk({}, finish_reason=_finish_reason(event, calls))
             if usage_field:
-                yield chunk(None, usage_object=openai_format.usage(event))
+                yield chunk(None, usage_object=openai_format.usage(event, reply.reasoning_tokens))
             return
-        text = event.text
-        if splitter is not None:
-            split = splitter.feed(text)
-            raw_calls.extend(split.calls)
-            text = split.content
-        streamed.append(text)
-        logprobs = event.logprobs if request.sampling.logprobs else None
-        if text or logprobs:
-            yield chunk({"content": text}, logprobs=logprobs)
+        delta = reply.feed(event)
+        logprobs = delta.logprobs if request.sampling.logprobs else None
+        if delta.reasoning or delta.content or logprobs:
+            yield chunk(openai_format.delta(delta.reasoning, delta.content), logprobs=logprobs)
+
+
+def _parsing(context: AppContext, request: GenerationRequest, admitted: Admitted) -> ReplyParsing:
+    state = context.state
+    return ReplyParsing(
+        reasoning=state.reasoning,
+        opens_in_reasoning=admitted.opens_in_reasoning,
+        tool_format=state.tool_format,
+        tools=request.tools,
+        output=request.output,
+    )
 
 
 def _warm_up_next_turn(
@@ -109,17 +108,6 @@ def _warm_up_next_turn(
     prompt = request.prompt
     messages = [*prompt.messages, reply]
     warm_up_next_turn(context.outboxes.ingress, request.session, messages, prompt.tools, tenant)
-
-
-def _split_tool_calls(
-    text: str, request: GenerationRequest, tool_format: ToolCallFormat | None
-) -> tuple[str, list[ToolCall]]:
-    if tool_format is None:
-        return text, []
-    splitter = ToolCallSplitter(tool_format.start, tool_format.end)
-    first, rest = splitter.feed(text), splitter.finish()
-    calls = parse_tool_calls([*first.calls, *rest.calls], tool_format, request.tools)
-    return first.content + rest.content, request.output.kept_calls(calls)
 
 
 def _finish_reason(finished: GenerationFinished, calls: list[ToolCall]) -> str:

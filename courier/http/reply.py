@@ -1,0 +1,115 @@
+"""One generated reply, event by event, as the parts a client sees: reasoning, content and tool calls.
+
+The reasoning block comes off first (`core/reasoning.py`: markers are only looked for where the reply begins), then
+tool calls are taken out of what is left (`core/tool_calls.py`: text between call markers is held until the call
+closes). Chat Completions and the Responses API both read generations through this, streamed or whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from courier.core.failure_codes import FailureCode
+from courier.core.reasoning import ReasoningFormat, ReasoningSplitter
+from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
+from courier.engine.generation import GenerationFinished, TokenLogprob, TokensGenerated
+from courier.grammar.output_spec import OutputSpec
+from courier.messages.asking import Refused
+from courier.messages.base import FailureKind, RequestFailed
+from courier.messages.generation_reader import ENDED_WITHOUT_RESULT, Cancellation, generated_events
+from courier.messages.ingress import Admitted
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyDelta:
+    """What one event (or the end of the generation) adds that a client may see now."""
+
+    reasoning: str
+    content: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the answer's tokens (a reasoning token's are not reported)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplyParsing:
+    """How to read a reply: the model's reasoning markers (None: it has none) and whether the prompt opened a
+    reasoning block, its tool-call format (None: the request offered no tools), the tools, and the output spec
+    that says how many calls to keep."""
+
+    reasoning: ReasoningFormat | None = None
+    opens_in_reasoning: bool = False
+    tool_format: ToolCallFormat | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+    output: OutputSpec = field(default_factory=OutputSpec)
+
+
+class ReplyAssembler:
+    def __init__(self, parsing: ReplyParsing) -> None:
+        self._parsing = parsing
+        markers = parsing.reasoning
+        self._thinking = ReasoningSplitter(markers, inside=parsing.opens_in_reasoning) if markers else None
+        tool_format = parsing.tool_format if parsing.tools else None
+        self._tool_format = tool_format
+        self._calls = ToolCallSplitter(tool_format.start, tool_format.end) if tool_format else None
+        self._raw_calls: list[str] = []
+        self._reasoning: list[str] = []
+        self._content: list[str] = []
+        self._reasoned = False  # the last piece was (partly) reasoning
+        self.logprobs: list[TokenLogprob] = []
+
+    @property
+    def content(self) -> str:
+        return "".join(self._content)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self._reasoning)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self._thinking.reasoning_tokens if self._thinking is not None else 0
+
+    def feed(self, event: TokensGenerated) -> ReplyDelta:
+        delta = self._split(event.text, len(event.token_ids), finishing=False)
+        if self._reasoned or not event.logprobs:
+            return delta
+        self.logprobs.extend(event.logprobs)
+        return ReplyDelta(delta.reasoning, delta.content, event.logprobs)
+
+    def finish(self) -> tuple[ReplyDelta, list[ToolCall]]:
+        """Text still held back, and the complete tool calls (as many as the request keeps)."""
+        delta = self._split("", 0, finishing=True)
+        calls = parse_tool_calls(self._raw_calls, self._tool_format, self._parsing.tools)
+        return delta, self._parsing.output.kept_calls(calls)
+
+    def _split(self, text: str, tokens: int, *, finishing: bool) -> ReplyDelta:
+        reasoning = ""
+        if self._thinking is not None:
+            split = self._thinking.finish() if finishing else self._thinking.feed(text, tokens)
+            reasoning, text, self._reasoned = split.reasoning, split.content, split.reasoned
+        if self._calls is not None:
+            calls = self._calls.feed(text)
+            content, raw = calls.content, list(calls.calls)
+            if finishing:
+                rest = self._calls.finish()
+                content, raw = content + rest.content, raw + list(rest.calls)
+            self._raw_calls.extend(raw)
+            text = content
+        self._reasoning.append(reasoning)
+        self._content.append(text)
+        return ReplyDelta(reasoning, text)
+
+
+async def assemble(
+    admitted: Admitted, timeout_s: float, reply: ReplyAssembler, cancellation: Cancellation | None = None
+) -> GenerationFinished:
+    """Feed a whole generation into `reply`; its finish. Failures raise as `generated_events` raises them."""
+    async for event in generated_events(admitted, timeout_s, cancellation):
+        if isinstance(event, TokensGenerated):
+            reply.feed(event)
+        else:
+            return event
+    raise Refused(
+        RequestFailed(kind=FailureKind.INTERNAL, message=ENDED_WITHOUT_RESULT, code=FailureCode.GENERATION_FAILED)
+    )

@@ -1,0 +1,46 @@
+"""One reply read into its parts: reasoning comes off first, tool calls out of what is left."""
+
+from __future__ import annotations
+
+import json
+
+from courier.core.reasoning import ReasoningFormat
+from courier.core.tool_calls import ToolCallFormat
+from courier.engine.generation import TokenLogprob, TokensGenerated
+from courier.grammar.output_spec import OutputSpec
+from courier.http.reply import ReplyAssembler, ReplyParsing
+
+TAGS = ReasoningFormat(start="<think>", end="</think>", start_tokens=(7,), end_tokens=(8,))
+TOOLS = ToolCallFormat(start="<tool_call>", end="</tool_call>", parser=lambda text, tools: json.loads(text))
+FUNCTIONS = ({"type": "function", "function": {"name": "get_weather"}},)
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+def event(text: str, logprob: float | None = None) -> TokensGenerated:
+    logprobs = (TokenLogprob(token_id=1, token=text, logprob=logprob),) if logprob is not None else ()
+    return TokensGenerated(text=text, token_ids=(1,), logprobs=logprobs)
+
+
+def test_reasoning_then_a_call() -> None:
+    reply = ReplyAssembler(ReplyParsing(reasoning=TAGS, tool_format=TOOLS, tools=FUNCTIONS))
+    for piece in ["<think>", "I should call ", CALL, "</think>", "\n\n", CALL]:
+        reply.feed(event(piece))
+    _, calls = reply.finish()
+    assert reply.reasoning == f"I should call {CALL}"  # a call written while thinking is thought, not made
+    assert reply.content == ""
+    assert [(call.name, json.loads(call.arguments)) for call in calls] == [("get_weather", {"city": "Paris"})]
+    assert reply.reasoning_tokens == 4
+
+
+def test_an_answers_logprobs_leave_out_the_reasoning_tokens() -> None:
+    reply = ReplyAssembler(ReplyParsing(reasoning=TAGS))
+    deltas = [reply.feed(event(text, -0.5)) for text in ["<think>", "hm", "</think>", "Yes"]]
+    assert [len(delta.logprobs) for delta in deltas] == [0, 0, 0, 1]
+    assert [entry.token for entry in reply.logprobs] == ["Yes"]
+
+
+def test_without_markers_the_reply_is_all_content() -> None:
+    reply = ReplyAssembler(ReplyParsing(output=OutputSpec()))
+    reply.feed(event("<think>x</think>y"))
+    reply.finish()
+    assert (reply.reasoning, reply.content, reply.reasoning_tokens) == ("", "<think>x</think>y", 0)
