@@ -237,6 +237,13 @@ class Settings:
         "requests waiting for a batch slot; beyond it requests get 429 with Retry-After",
         metavar="N",
     )
+    max_n: int = setting(
+        8,
+        parse_positive_int,
+        "most samples ('n') one chat or completions request may ask for; each takes a batch slot, so the batch "
+        "size caps it too",
+        metavar="N",
+    )
     prefill_step_size: int = setting(
         512,
         parse_positive_int,

@@ -162,7 +162,7 @@ class IngressActor(Actor[IngressMessage]):
         if max_tokens <= 0 or len(tokens) + max_tokens > self._context_length:
             raise Refused(_context_exceeded(self._context_length, len(tokens), max_tokens, param))
         sampling = replace(sampling, max_tokens=max_tokens)
-        send, receive = create_memory_object_stream[GenerationEvent](max_tokens + EVENT_SLACK)
+        send, receive = create_memory_object_stream[GenerationEvent](message.n * (max_tokens + EVENT_SLACK))
         try:
             await call(
                 self._scheduler,
@@ -177,6 +177,7 @@ class IngressActor(Actor[IngressMessage]):
                     cache_prompt=message.cache_prompt,
                     vision=vision,
                     tenant=message.tenant,
+                    n=message.n,
                 ),
             )
         except BaseException:
@@ -190,6 +191,7 @@ class IngressActor(Actor[IngressMessage]):
             max_tokens=max_tokens,
             events=receive,
             opens_in_reasoning=reasoning is not None and reasoning.open_at_end(tokens),
+            choices=message.n,
         )
 
     def _refused_early(self, message: AdmitGeneration) -> RequestFailed | None:

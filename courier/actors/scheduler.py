@@ -74,6 +74,12 @@ class _Queued:
     # Where its snapshots live: the model's bucket for exactly its images and its tenant (None: no caching).
     bucket: Bucket | None = None
     first_token_seen: bool = False
+    finished: int = 0  # samples finished (a request of `n` ends with its last)
+
+    @property
+    def width(self) -> int:
+        """The batch slots it takes: one per sample."""
+        return self.request.n
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,7 +148,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
 
     async def _on_submit_generation(self, message: SubmitGeneration) -> None:
         stats = self._stats
-        if len(self._running) + len(self._waiting) >= stats.max_batch + stats.max_queue:
+        if self._sequences() + message.n > stats.max_batch + stats.max_queue:
             stats.rejected += 1
             message.events.close()
             full = f"the server is at capacity ({stats.max_batch} running, {stats.max_queue} waiting); retry shortly"
@@ -158,6 +164,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             boundary=message.boundary if caching else 0,
             snapshots=caching,
             vision=message.vision,
+            n=message.n,
         )
         queued = _Queued(
             request=request,
@@ -212,8 +219,9 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 return
 
     async def _promote(self) -> list[EngineRequest]:
+        """Waiting requests join the batch in order while their samples fit (the first that does not waits)."""
         added: list[EngineRequest] = []
-        while self._waiting and len(self._running) < self._stats.max_batch:
+        while self._waiting and self._running_sequences() + self._waiting[0].width <= self._stats.max_batch:
             queued = self._waiting.popleft()
             self._running[queued.request.request_id] = queued
             added.append(await self._with_cached_prefix(queued))
@@ -308,11 +316,14 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 self._end(output.request_id, cancelled=True)
                 continue
             if isinstance(output.event, GenerationFinished):
-                self._stats.completed += 1
-                self._end(output.request_id)
+                running.finished += 1
+                if running.finished == running.width:
+                    self._stats.completed += 1
+                    self._end(output.request_id)
             elif isinstance(output.event, GenerationFailed):
                 self._stats.failed += 1
-                self._end(output.request_id)
+                # One sample failing fails the request: the others leave the batch (as a cancellation would).
+                self._end(output.request_id, cancelled=running.finished + 1 < running.width, counted=False)
 
     def _keep_snapshot(self, running: _Queued, snapshot: SnapshotTaken) -> None:
         if running.cache_prompt:  # a request that opted out of the prompt cache leaves nothing in it
@@ -337,12 +348,14 @@ class SchedulerActor(Actor[SchedulerMessage]):
         except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._stats.snapshots_dropped += 1  # a busy store loses a snapshot, never delays generation
 
-    def _end(self, request_id: RequestId, *, cancelled: bool = False) -> None:
+    def _end(self, request_id: RequestId, *, cancelled: bool = False, counted: bool = True) -> None:
+        """`cancelled`: its sequences still in the batch leave it (`counted`: as a cancellation in the stats)."""
         running = self._running.pop(request_id, None)
         if running is not None:
             running.events.close()
         if cancelled:
-            self._stats.cancelled += 1
+            if counted:
+                self._stats.cancelled += 1
             self._cancelled.append(request_id)
         self._update_counts()
 
@@ -359,8 +372,15 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._update_counts()
 
     def _update_counts(self) -> None:
-        self._stats.running = len(self._running)
-        self._stats.waiting = len(self._waiting)
+        self._stats.running = self._running_sequences()
+        self._stats.waiting = sum(queued.width for queued in self._waiting)
+
+    def _running_sequences(self) -> int:
+        return sum(queued.width for queued in self._running.values())
+
+    def _sequences(self) -> int:
+        """Running and waiting, counted in sequences (a request of `n` samples is `n`)."""
+        return self._running_sequences() + sum(queued.width for queued in self._waiting)
 
 
 def _cached_prefix(found: LookupReply | None) -> CachedPrefix | None:

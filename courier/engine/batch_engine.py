@@ -67,6 +67,9 @@ class EngineRequest:
     boundary: int = 0
     snapshots: bool = False
     vision: VisionInputs | None = None  # the prompt's images (a vision-language model only)
+    # `n` samples of one prompt: it is prefilled once and each sample starts from a copy of its state.
+    n: int = 1
+    choice: int = 0  # which sample this sequence is (set by the engine)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,7 +152,7 @@ class BatchEngine:
         # state after each of its prefixes, so a boundary snapshot needs no separate prefill segment.
         self._dense = all(type(layer) is KVCache for layer in make_prompt_cache(model))
         self._by_uid: dict[int, _Sequence] = {}
-        self._uid_by_request: dict[RequestId, int] = {}
+        self._uids_by_request: dict[RequestId, list[int]] = {}  # a request of `n` samples runs `n` sequences
         self._shared: list[_SharedState] = []
         self._just_recovered = False  # the last step failed and its sequences were replayed
 
@@ -212,11 +215,12 @@ class BatchEngine:
             return starts, failed
         candidates = [_candidate(request) for request in added]
         keys = [shared.key for shared in self._shared]
-        for index, candidate in enumerate(candidates):
-            found = shared_prefix.match_in_flight(candidate, keys, trimmable=self._dense, min_tokens=min_tokens)
+        single = [index for index, request in enumerate(added) if request.n == 1]  # `n` samples fork their own
+        for index in single:
+            found = shared_prefix.match_in_flight(candidates[index], keys, trimmable=self._dense, min_tokens=min_tokens)
             if found is not None:
                 starts[index] = (self._shared[found[0]], found[1])
-        rest = [index for index in range(len(added)) if index not in starts]
+        rest = [index for index in single if index not in starts]
         # An idle engine prefills a whole shared prefix in this step; a running batch waits for this step, so then
         # no more than one prefill chunk is shared (the rest is prefilled in the batch, chunk by chunk).
         most = self._limits.prefill_step_size if self._by_uid else None
@@ -264,7 +268,6 @@ class BatchEngine:
                 self._shared = [s for s in self._shared if s is not shared]
 
     def _admit(self, request: EngineRequest, start_from: tuple[_SharedState, int] | None = None) -> list[EngineOutput]:
-        sampling = request.sampling
         prompt = list(request.prompt_tokens)
         shared: _SharedState | None = None
         if start_from is not None:
@@ -284,6 +287,8 @@ class BatchEngine:
                 logger.exception("image prefill failed for %s", request.request_id)
                 failed = GenerationFailed(message=f"generation failed: {type(error).__name__}: {error}")
                 return [EngineOutput(request.request_id, failed)]
+        if request.n > 1:
+            return self._fork(request, start, cache, cached)
         segments = [prompt[start:]]
         cut_boundary = 0
         if start < request.boundary < len(prompt):
@@ -293,6 +298,62 @@ class BatchEngine:
                 cut_boundary = request.boundary
             else:
                 segments = [prompt[start : request.boundary], prompt[request.boundary :]]
+        outputs = self._insert(request, segments, cache, start, cached=cached, cut_boundary=cut_boundary, shared=shared)
+        if outputs or cache is None:
+            return outputs
+        if request.snapshots and start >= request.boundary > 0:
+            # Started at or past its history boundary from another session's (or an older) snapshot, or from an
+            # in-batch shared prefix that ends there: keep that state for this conversation too, or its next turn
+            # would find nothing of its own to extend.
+            return [EngineOutput(request.request_id, _snapshot(Origin.BOUNDARY, prompt[:start], cache))]
+        return []
+
+    def _fork(self, request: EngineRequest, start: int, cache: Any, cached: int) -> list[EngineOutput]:
+        """`n` samples of one prompt: all of it but its last token prefilled once (the conversation's boundary
+        snapshot taken on the way), then each sample joins the batch from its own copy of that state, with its own
+        sampler (a seeded request's sample `i` draws from seed + i) and processors. The samples take no snapshot
+        of their own: which of them a conversation goes on with is not known."""
+        prompt = request.prompt_tokens
+        outputs: list[EngineOutput] = []
+        try:
+            with mx.stream(self._stream):
+                if request.snapshots and start < request.boundary < len(prompt) - 1:
+                    cache = prefill(self._model, prompt[start : request.boundary], cache)
+                    start = request.boundary
+                    outputs.append(EngineOutput(request.request_id, _snapshot(Origin.BOUNDARY, prompt[:start], cache)))
+                if start < len(prompt) - 1:
+                    cache = prefill(self._model, prompt[start:-1], cache)
+                    start = len(prompt) - 1
+        except Exception as error:  # a fault in the forward pass: fail this request only
+            logger.exception("prefill of %d samples failed for %s", request.n, request.request_id)
+            failed = GenerationFailed(message=f"generation failed: {type(error).__name__}: {error}")
+            return [EngineOutput(request.request_id, failed)]
+        seed = request.sampling.seed
+        for choice in range(request.n):
+            sampling = replace(request.sampling, seed=seed + choice if seed is not None else None)
+            sample = replace(request, n=1, choice=choice, snapshots=False, sampling=sampling)
+            copy = compact_copy(cache)[0] if cache is not None else None
+            refused = self._insert(sample, [list(prompt[start:])], copy, start, cached=cached)
+            if refused:  # the others leave with it: the request fails as one
+                self._cancel([request.request_id])
+                return outputs + refused
+        return outputs
+
+    def _insert(
+        self,
+        request: EngineRequest,
+        segments: list[list[int]],
+        cache: Any,
+        start: int,
+        *,
+        cached: int,
+        cut_boundary: int = 0,
+        shared: _SharedState | None = None,
+    ) -> list[EngineOutput]:
+        """One sequence into the batch, from `cache` (the state after the prompt's first `start` tokens); a request
+        that cannot start (a bad grammar, a sampler refused) fails here."""
+        sampling = request.sampling
+        prompt = list(request.prompt_tokens)
         constrained: ConstrainedSequence | None = None
         try:
             sampler = build_sampler(
@@ -311,7 +372,8 @@ class BatchEngine:
         except (ValueError, TypeError) as error:  # GrammarError included
             if constrained is not None:
                 constrained.release()
-            return [EngineOutput(request.request_id, GenerationFailed(message=f"cannot start generation: {error}"))]
+            failed = GenerationFailed(message=f"cannot start generation: {error}", choice=request.choice)
+            return [EngineOutput(request.request_id, failed)]
         self._by_uid[uid] = _Sequence(
             request=request,
             uid=uid,
@@ -326,12 +388,7 @@ class BatchEngine:
         )
         if shared is not None:
             shared.users.add(uid)
-        self._uid_by_request[request.request_id] = uid
-        if request.snapshots and cache is not None and start >= request.boundary > 0:
-            # Started at or past its history boundary from another session's (or an older) snapshot, or from an
-            # in-batch shared prefix that ends there: keep that state for this conversation too, or its next turn
-            # would find nothing of its own to extend.
-            return [EngineOutput(request.request_id, _snapshot(Origin.BOUNDARY, prompt[:start], cache))]
+        self._uids_by_request.setdefault(request.request_id, []).append(uid)
         return []
 
     def _constrain(self, request: EngineRequest, sampler: Any) -> ConstrainedSequence | None:
@@ -374,7 +431,7 @@ class BatchEngine:
         return end, cache
 
     def _cancel(self, request_ids: Sequence[RequestId]) -> None:
-        uids = [uid for request_id in request_ids if (uid := self._uid_by_request.pop(request_id, None)) is not None]
+        uids = [uid for request_id in request_ids for uid in self._uids_by_request.pop(request_id, [])]
         if uids:
             self._generator.remove(uids)
             for uid in uids:
@@ -406,8 +463,10 @@ class BatchEngine:
         logprobs = self._logprobs(sequence, token, response.logprobs) if not ended_by_eos else ()
         request_id = sequence.request.request_id
         outputs: list[EngineOutput] = []
+        choice = sequence.request.choice
         if text or logprobs:
-            outputs.append(EngineOutput(request_id, TokensGenerated(text=text, token_ids=(token,), logprobs=logprobs)))
+            generated = TokensGenerated(text=text, token_ids=(token,), logprobs=logprobs, choice=choice)
+            outputs.append(EngineOutput(request_id, generated))
         if reason is not None:
             if sequence.request.snapshots and response.prompt_cache is not None and response.all_tokens:
                 snapshot = _snapshot(Origin.COMPLETION, response.all_tokens, response.prompt_cache)
@@ -422,6 +481,7 @@ class BatchEngine:
                 prompt_tokens=len(sequence.request.prompt_tokens),
                 completion_tokens=sequence.generated,
                 cached_tokens=sequence.cached_tokens,
+                choice=choice,
             )
             outputs.append(EngineOutput(request_id, finished))
         return outputs
@@ -471,7 +531,12 @@ class BatchEngine:
 
     def _forget(self, sequence: _Sequence) -> None:
         self._by_uid.pop(sequence.uid, None)
-        self._uid_by_request.pop(sequence.request.request_id, None)
+        request_id = sequence.request.request_id
+        uids = self._uids_by_request.get(request_id, [])
+        if sequence.uid in uids:
+            uids.remove(sequence.uid)
+        if not uids:
+            self._uids_by_request.pop(request_id, None)
         self._release(sequence)
 
     def _recover(self, error: Exception) -> list[EngineOutput]:
@@ -483,7 +548,7 @@ class BatchEngine:
         logger.exception("generation step failed; replaying its %d requests one by one", len(self._by_uid))
         sequences = list(self._by_uid.values())
         self._by_uid.clear()
-        self._uid_by_request.clear()
+        self._uids_by_request.clear()
         self._shared.clear()
         self._generator = self._new_generator()
         self._just_recovered = True
@@ -496,7 +561,8 @@ class BatchEngine:
                 logger.warning("request %s fails on its own: %s", sequence.request.request_id, replay_error)
                 message = f"generation failed: {type(replay_error).__name__}: {replay_error}"
                 self._release(sequence)
-                outputs.append(EngineOutput(sequence.request.request_id, GenerationFailed(message=message)))
+                failed = GenerationFailed(message=message, choice=sequence.request.choice)
+                outputs.append(EngineOutput(sequence.request.request_id, failed))
         self._just_recovered = bool(self._by_uid)  # nothing replayed: the next batch starts afresh
         return outputs
 
@@ -524,14 +590,14 @@ class BatchEngine:
         sequence.uid = uid
         sequence.cut_boundary = 0
         self._by_uid[uid] = sequence
-        self._uid_by_request[request.request_id] = uid
+        self._uids_by_request.setdefault(request.request_id, []).append(uid)
 
     def _fail_all(self, message: str) -> list[EngineOutput]:
         failed = [EngineOutput(s.request.request_id, GenerationFailed(message=message)) for s in self._by_uid.values()]
         for sequence in self._by_uid.values():
             self._release(sequence)
         self._by_uid.clear()
-        self._uid_by_request.clear()
+        self._uids_by_request.clear()
         self._shared.clear()
         self._generator = self._new_generator()
         return failed

@@ -60,6 +60,7 @@ class TokensGenerated:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
+    choice: int = 0  # which of a request's `n` samples (0 for a request of one)
 
 
 class FinishReason(Enum):
@@ -73,6 +74,7 @@ class GenerationFinished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    choice: int = 0  # a request of `n` samples finishes once per sample
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +83,7 @@ class GenerationFailed:
 
     message: str
     code: FailureCode = FailureCode.GENERATION_FAILED  # SHUTTING_DOWN when the server stopped it: retry elsewhere
+    choice: int = 0  # the sample that failed; the request fails as one
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -67,6 +67,11 @@ class AppContext:
         assert model is not None, "require_ready() first"
         return model.usable_context_length
 
+    @property
+    def max_n(self) -> int:
+        """The most samples one request may ask for: `--max-n`, and never more than a batch holds."""
+        return min(self.settings.max_n, self.settings.max_batch)
+
     def require_model(self, requested: str | None) -> None:
         """A request that names a model must name the served one."""
         if requested is not None and requested != self.state.model_id:

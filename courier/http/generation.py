@@ -39,6 +39,7 @@ async def admit(context: AppContext, request: GenerationRequest, request_id: Req
             session=request.session,
             cache_prompt=request.cache_prompt,
             tenant=context.caller().tenant,
+            n=request.n,
         ),
     )
 

@@ -19,13 +19,16 @@ class Header:
     model: str
 
 
-def usage(finished: GenerationFinished, reasoning_tokens: int = 0) -> JsonObject:
-    """`reasoning_tokens`: of the completion tokens, those the reasoning block took (its markers included)."""
+def usage(finishes: Sequence[GenerationFinished], reasoning_tokens: int = 0) -> JsonObject:
+    """Of every sample of the prompt (`n` of them): the prompt counted once, the completions summed.
+    `reasoning_tokens`: of the completion tokens, those reasoning blocks took (their markers included)."""
+    first = finishes[0]
+    completion = sum(finished.completion_tokens for finished in finishes)
     return {
-        "prompt_tokens": finished.prompt_tokens,
-        "completion_tokens": finished.completion_tokens,
-        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
+        "prompt_tokens": first.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": first.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
 
@@ -77,14 +80,13 @@ def tool_call_objects(calls: Sequence[ToolCall], *, indexed: bool = False) -> li
     return objects
 
 
-def chat_completion(
-    header: Header,
+def chat_choice(
+    index: int,
     *,
     content: str,
     calls: Sequence[ToolCall],
     logprobs: Sequence[TokenLogprob] | None,
     finish_reason: str,
-    usage: JsonObject,
     reasoning: str = "",
 ) -> JsonObject:
     message: JsonObject = {"role": "assistant", "content": content if content or not calls else None, "refusal": None}
@@ -92,18 +94,21 @@ def chat_completion(
         message["reasoning_content"] = message["reasoning"] = reasoning
     if calls:
         message["tool_calls"] = tool_call_objects(calls)
-    choice = {
-        "index": 0,
+    return {
+        "index": index,
         "message": message,
         "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
         "finish_reason": finish_reason,
     }
+
+
+def chat_completion(header: Header, choices: Sequence[JsonObject], usage: JsonObject) -> JsonObject:
     return {
         "id": header.completion_id,
         "object": "chat.completion",
         "created": header.created,
         "model": header.model,
-        "choices": [choice],
+        "choices": list(choices),
         "usage": usage,
         "system_fingerprint": None,
     }
@@ -113,11 +118,13 @@ def chat_chunk(
     header: Header,
     *,
     delta: JsonObject | None,
+    index: int = 0,
     logprobs: Sequence[TokenLogprob] | None = None,
     finish_reason: str | None = None,
     usage_object: JsonObject | None = None,
     include_usage: bool = False,
 ) -> JsonObject:
+    """One stream chunk: a delta of choice `index`, or (`delta` None) the usage chunk with no choices."""
     chunk: JsonObject = {
         "id": header.completion_id,
         "object": "chat.completion.chunk",
@@ -128,7 +135,7 @@ def chat_chunk(
         if delta is None
         else [
             {
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "logprobs": chat_logprobs(logprobs) if logprobs else None,
                 "finish_reason": finish_reason,
@@ -140,34 +147,37 @@ def chat_chunk(
     return chunk
 
 
-def text_completion(
-    header: Header,
+def text_choice(
+    index: int,
     *,
     text: str,
     logprobs: Sequence[TokenLogprob] | None,
     finish_reason: str | None,
-    usage_object: JsonObject | None,
     text_offset: int = 0,
-    with_choice: bool = True,
+) -> JsonObject:
+    return {
+        "text": text,
+        "index": index,
+        "logprobs": completion_logprobs(logprobs, text_offset) if logprobs is not None else None,
+        "finish_reason": finish_reason,
+    }
+
+
+def text_completion(
+    header: Header,
+    choices: Sequence[JsonObject],
+    *,
+    usage_object: JsonObject | None,
     include_usage: bool = True,
 ) -> JsonObject:
-    """A whole completion, or (finish_reason None / with_choice False) one stream chunk."""
+    """A whole completion, or one stream chunk (its choices a delta each, or none for the usage chunk)."""
     obj: JsonObject = {
         "id": header.completion_id,
         "object": "text_completion",
         "created": header.created,
         "model": header.model,
         "system_fingerprint": None,
-        "choices": []
-        if not with_choice
-        else [
-            {
-                "text": text,
-                "index": 0,
-                "logprobs": completion_logprobs(logprobs, text_offset) if logprobs is not None else None,
-                "finish_reason": finish_reason,
-            }
-        ],
+        "choices": list(choices),
     }
     if include_usage:
         obj["usage"] = usage_object

@@ -48,9 +48,10 @@ class GenerationRequest:
     output: OutputSpec = field(default_factory=OutputSpec)  # response format, tool choice
     session: str = ""
     cache_prompt: bool = True
+    n: int = 1  # samples of the prompt, each a choice
 
 
-def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI) -> GenerationRequest:
+def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI, max_n: int = 1) -> GenerationRequest:
     normalized, images = parse_chat_messages(body.get("messages"))
     tools = _tools(body.get("tools"))
     output = refusing(lambda: _chat_output(body, tools))
@@ -72,10 +73,13 @@ def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI
         output=output,
         session=session_key(body),
         cache_prompt=optional_bool(body, "cache_prompt", True),
+        n=int_in(body, "n", 1, max_n, 1),
     )
 
 
-def parse_completion_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI) -> GenerationRequest:
+def parse_completion_request(
+    body: dict[str, Any], defaults: SamplingDefaults = OPENAI, max_n: int = 1
+) -> GenerationRequest:
     if optional_bool(body, "echo", False):
         raise ApiError.invalid("'echo' is not supported", param="echo")
     if body.get("suffix"):
@@ -106,6 +110,7 @@ def parse_completion_request(body: dict[str, Any], defaults: SamplingDefaults = 
         output=refusing(lambda: OutputSpec(format=output_spec.chat_response_format(body.get("response_format")))),
         session=session_key(body),
         cache_prompt=optional_bool(body, "cache_prompt", True),
+        n=int_in(body, "n", 1, max_n, 1),
     )
 
 
@@ -134,8 +139,6 @@ def _sampling(
     default_max: int = 0,
     defaults: SamplingDefaults = OPENAI,
 ) -> SamplingParams:
-    if body.get("n") not in (None, 1):
-        raise ApiError.invalid("only 'n': 1 is supported", param="n")
     max_tokens = body.get(max_tokens_key)
     if max_tokens is None:
         max_tokens = default_max

@@ -173,7 +173,7 @@ _SAMPLING = {
     "top_p": _TOP_P,
     "seed": _nullable({"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
     "stop": _STOP,
-    "n": _nullable({"const": 1}),
+    "n": _nullable({"type": "integer", "minimum": 1}),
     "stream": _BOOL,
     "stream_options": _nullable({"type": "object", "properties": {"include_usage": _BOOL}}),
     "user": _SESSION,
@@ -235,6 +235,8 @@ _INPUT_PART = {
     "required": ["type"],
     "properties": {"type": {"enum": ["input_text", "output_text", "input_image", "refusal"]}, "text": _TEXT},
 }
+
+
 def _text_parts(part_type: str) -> dict[str, Any]:
     item = {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": part_type}, "text": _TEXT}}
     return {"type": "array", "items": item}

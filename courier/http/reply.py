@@ -102,14 +102,21 @@ class ReplyAssembler:
 
 
 async def assemble(
-    admitted: Admitted, timeout_s: float, reply: ReplyAssembler, cancellation: Cancellation | None = None
-) -> GenerationFinished:
-    """Feed a whole generation into `reply`; its finish. Failures raise as `generated_events` raises them."""
+    admitted: Admitted,
+    timeout_s: float,
+    replies: Sequence[ReplyAssembler],
+    cancellation: Cancellation | None = None,
+) -> list[GenerationFinished]:
+    """Feed a whole generation into `replies` (one per sample, by `choice`); each sample's finish, in order.
+    Failures raise as `generated_events` raises them."""
+    finishes: dict[int, GenerationFinished] = {}
     async for event in generated_events(admitted, timeout_s, cancellation):
         if isinstance(event, TokensGenerated):
-            reply.feed(event)
+            replies[event.choice].feed(event)
         else:
-            return event
-    raise Refused(
-        RequestFailed(kind=FailureKind.INTERNAL, message=ENDED_WITHOUT_RESULT, code=FailureCode.GENERATION_FAILED)
-    )
+            finishes[event.choice] = event
+    if len(finishes) < len(replies):
+        raise Refused(
+            RequestFailed(kind=FailureKind.INTERNAL, message=ENDED_WITHOUT_RESULT, code=FailureCode.GENERATION_FAILED)
+        )
+    return [finishes[choice] for choice in range(len(replies))]

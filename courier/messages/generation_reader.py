@@ -72,9 +72,10 @@ class Collected:
 async def generated_events(
     admitted: Admitted, timeout_s: float, cancellation: Cancellation | None = None
 ) -> AsyncIterator[TokensGenerated | GenerationFinished]:
-    """Events until `GenerationFinished`; a failure or the deadline raises `Refused`, a cancellation
-    `GenerationCancelled`."""
+    """Events until `GenerationFinished` (the last of them, for a request of several samples); a failure or the
+    deadline raises `Refused`, a cancellation `GenerationCancelled`."""
     deadline = time.monotonic() + timeout_s
+    unfinished = admitted.choices
     with admitted.events as events:
         while True:
             if cancellation is not None and cancellation.requested:
@@ -102,7 +103,9 @@ async def generated_events(
                 raise Refused(_failure(event))
             yield event
             if isinstance(event, GenerationFinished):
-                return
+                unfinished -= 1
+                if not unfinished:
+                    return
 
 
 async def collect(admitted: Admitted, timeout_s: float, cancellation: Cancellation | None = None) -> Collected:

@@ -55,6 +55,7 @@ class Admitted:
     events: MemoryObjectReceiveStream[GenerationEvent]
     # The prompt leaves a reasoning block open (a template that starts the reply thinking): the reply begins in it.
     opens_in_reasoning: bool = False
+    choices: int = 1  # samples of the prompt: their events interleave, each finishes once
 
 
 AdmitReply: TypeAlias = Admitted | RequestFailed
@@ -74,6 +75,7 @@ class AdmitGeneration(Request[Admitted]):
     # Cap `sampling.max_tokens` at what the context leaves instead of refusing (a turn just compacted to fit).
     fit_to_context: bool = False
     tenant: str = ""  # whose prompt-cache state it may reuse (an API key's; "" without keys)
+    n: int = 1  # samples of the prompt (chat and completions' `n`), prefilled once
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -346,3 +346,78 @@ def test_a_dense_boundary_snapshot_is_cut_from_the_prompt_state_without_a_second
         assert got.offset == want.offset == boundary
         assert mx.allclose(got.keys, want.keys, atol=1e-4).item()
         assert mx.allclose(got.values, want.values, atol=1e-4).item()
+
+
+# ---------------------------------------------------------------- n samples of one prompt
+
+
+def by_choice(outputs: list[EngineOutput]) -> dict[int, list[int]]:
+    tokens: dict[int, list[int]] = {}
+    for output in outputs:
+        if isinstance(output.event, TokensGenerated):
+            tokens.setdefault(output.event.choice, []).extend(output.event.token_ids)
+    return tokens
+
+
+def test_samples_of_one_prompt_prefill_it_once(family: tuple[Any, Any]) -> None:
+    model, tokenizer = family
+    alone = replace(chat_request(tokenizer, "alone", "Name a colour."), snapshots=False)
+    samples = replace(alone, request_id=RequestId("samples"), n=3)
+    calls = CountingModel(model)
+    engine = BatchEngine(calls, tokenizer, CHAT_LIMITS)
+    outputs = run_all(engine, [samples])
+    assert calls.prefilled == [len(alone.prompt_tokens) - 1]  # once, outside the batch
+    assert engine._generator._counters.prompt_tokens == 0  # each sample starts at the prompt's last token
+    ends = [o.event for o in outputs if isinstance(o.event, GenerationFinished)]
+    assert sorted(end.choice for end in ends) == [0, 1, 2]
+    assert {(end.prompt_tokens, end.completion_tokens) for end in ends} == {(len(alone.prompt_tokens), 12)}
+    single = generated(run_all(BatchEngine(model, tokenizer, CHAT_LIMITS), [alone]))["alone"]
+    assert by_choice(outputs) == {0: single, 1: single, 2: single}  # greedy: every sample is the same reply
+
+
+def test_seeded_samples_draw_from_their_own_seeds(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    sampling = SamplingParams(max_tokens=16, temperature=1.0, seed=7)
+    base = replace(chat_request(tokenizer, "s", "Tell me a story."), snapshots=False)
+    samples = run_all(BatchEngine(model, tokenizer, CHAT_LIMITS), [replace(base, sampling=sampling, n=3)])
+    alone = [
+        generated(
+            run_all(BatchEngine(model, tokenizer, CHAT_LIMITS), [replace(base, sampling=replace(sampling, seed=s))])
+        )
+        for s in (7, 8, 9)
+    ]
+    drawn = by_choice(samples)
+    assert [drawn[choice] for choice in range(3)] == [tokens["s"] for tokens in alone]
+    assert len({tuple(tokens) for tokens in drawn.values()}) > 1  # they differ from one another
+
+
+def test_samples_keep_the_conversations_boundary_snapshot_and_take_no_other(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    samples = replace(chat_request(tokenizer, "c", "What is the capital of France?"), n=2)
+    outputs = run_all(BatchEngine(model, tokenizer, CHAT_LIMITS), [samples])
+    taken = [o.event for o in outputs if isinstance(o.event, SnapshotTaken)]
+    assert [(s.origin.value, s.tokens) for s in taken] == [("boundary", samples.prompt_tokens[: samples.boundary])]
+    assert sorted(o.event.choice for o in outputs if isinstance(o.event, GenerationFinished)) == [0, 1]
+
+
+def test_cancelling_a_request_of_samples_takes_them_all_out(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    engine = BatchEngine(model, tokenizer, LIMITS)
+    engine.step([replace(request("many", 1000), n=3), request("one", 4)], [])
+    assert engine.active == 4
+    engine.step([], [RequestId("many")])
+    assert engine.active == 1
+
+
+def test_a_fault_replays_every_sample_and_each_carries_on(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    undisturbed = run_all(BatchEngine(model, tokenizer, LIMITS), [replace(request("x", 20), n=2)])
+    flaky = FailingModel(model)
+    engine = BatchEngine(flaky, tokenizer, LIMITS)
+    outputs = engine.step([replace(request("x", 20), n=2)], [])
+    outputs += engine.step([], [])
+    flaky.failures = 1
+    outputs += engine.step([], [])  # fails; both samples are replayed alone and rejoin the batch
+    run_until_done(engine, outputs)
+    assert by_choice(outputs) == by_choice(undisturbed)
+    assert sorted(o.event.choice for o in outputs if isinstance(o.event, GenerationFinished)) == [0, 1]

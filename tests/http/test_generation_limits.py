@@ -155,7 +155,7 @@ BAD_CHAT_BODIES: list[tuple[bytes, int, str | None, str | None]] = [
     (b'{"messages": [{"role": "user", "content": "hi"}], "top_p": 0}', 400, "top_p", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}', 400, "stop", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "stop": 7}', 400, "stop", None),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, "n", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 0}', 400, "n", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "seed": -4}', 400, "seed", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": "yes"}', 400, "logprobs", None),
     (b'{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}', 400, "top_logprobs", None),

@@ -95,7 +95,7 @@ AGREEMENT: list[tuple[str, dict[str, Any], str | None]] = [
     ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 0}, "max_tokens"),
     ("/v1/chat/completions", {"messages": CHAT, "temperature": 2.5}, "temperature"),
     ("/v1/chat/completions", {"messages": CHAT, "top_p": 0}, "top_p"),
-    ("/v1/chat/completions", {"messages": CHAT, "n": 2}, "n"),
+    ("/v1/chat/completions", {"messages": CHAT, "n": 0}, "n"),
     ("/v1/chat/completions", {"messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),

@@ -66,7 +66,9 @@ async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> 
         failure: Refused | None = None
         prefix = [turn.compaction_item] if turn.compaction_item else []
         try:
-            finished = await assemble(turn.admitted, context.settings.request_timeout, assembler, entry.cancellation)
+            (finished,) = await assemble(
+                turn.admitted, context.settings.request_timeout, [assembler], entry.cancellation
+            )
             _, calls = assembler.finish()
             output = [*prefix, *assembler.output_items(calls)]
             outcome = finished_outcome(finished, output, assembler.reasoning_tokens)

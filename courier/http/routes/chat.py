@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions (and /chat/completions), streamed or whole."""
+"""POST /v1/chat/completions (and /chat/completions), streamed or whole, with `n` samples as its choices."""
 
 from __future__ import annotations
 
@@ -30,26 +30,32 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/chat/completions")
     @routes.post("/chat/completions")
     async def chat_completions() -> Response | dict[str, Any]:
-        request = parse_chat_request(await read_json_object(), context.state.sampling_defaults)
+        request = parse_chat_request(await read_json_object(), context.state.sampling_defaults, context.max_n)
         request_id = new_request_id()
         admitted = await admit(context, request, request_id)
         header = Header(completion_id=f"chatcmpl-{request_id}", created=int(time.time()), model=context.state.model_id)
         if request.stream:
             tenant = context.caller().tenant  # read now: the stream runs after this view has returned
             return event_stream_response(_stream(context, request, admitted=admitted, header=header, tenant=tenant))
-        reply = ReplyAssembler(_parsing(context, request, admitted))
-        finished = await assemble(admitted, context.settings.request_timeout, reply)
-        _, calls = reply.finish()
-        _warm_up_next_turn(context, request, reply.content, calls, context.caller().tenant)
-        return openai_format.chat_completion(
-            header,
-            content=reply.content,
-            reasoning=reply.reasoning,
-            calls=calls,
-            logprobs=reply.logprobs if request.sampling.logprobs else None,
-            finish_reason=_finish_reason(finished, calls),
-            usage=openai_format.usage(finished, reply.reasoning_tokens),
-        )
+        replies = [ReplyAssembler(_parsing(context, request, admitted)) for _ in range(request.n)]
+        finishes = await assemble(admitted, context.settings.request_timeout, replies)
+        choices = []
+        for index, (reply, finished) in enumerate(zip(replies, finishes, strict=True)):
+            _, calls = reply.finish()
+            if request.n == 1:
+                _warm_up_next_turn(context, request, reply.content, calls, context.caller().tenant)
+            choices.append(
+                openai_format.chat_choice(
+                    index,
+                    content=reply.content,
+                    reasoning=reply.reasoning,
+                    calls=calls,
+                    logprobs=reply.logprobs if request.sampling.logprobs else None,
+                    finish_reason=_finish_reason(finished, calls),
+                )
+            )
+        reasoning_tokens = sum(reply.reasoning_tokens for reply in replies)
+        return openai_format.chat_completion(header, choices, openai_format.usage(finishes, reasoning_tokens))
 
     return routes
 
@@ -62,29 +68,39 @@ async def _stream(
     header: Header,
     tenant: str,
 ) -> AsyncIterator[bytes]:
+    """Chunks of every choice as they come (interleaved, each with its `index`); each choice ends with its own
+    finish chunk, and the usage chunk comes after the last."""
     usage_field = request.include_usage
-    reply = ReplyAssembler(_parsing(context, request, admitted))
+    replies = [ReplyAssembler(_parsing(context, request, admitted)) for _ in range(request.n)]
+    finishes: list[GenerationFinished] = []
 
-    def chunk(delta: dict[str, Any] | None, **fields: Any) -> bytes:
-        return sse(openai_format.chat_chunk(header, delta=delta, include_usage=usage_field, **fields))
+    def chunk(delta: dict[str, Any] | None, index: int = 0, **fields: Any) -> bytes:
+        return sse(openai_format.chat_chunk(header, delta=delta, index=index, include_usage=usage_field, **fields))
 
-    yield chunk({"role": "assistant", "content": ""})
+    for index in range(request.n):
+        yield chunk({"role": "assistant", "content": ""}, index)
     async for event in generated_events(admitted, context.settings.request_timeout):
+        index = event.choice
+        reply = replies[index]
         if isinstance(event, GenerationFinished):
+            finishes.append(event)
             rest, calls = reply.finish()
             if rest.reasoning or rest.content:
-                yield chunk(openai_format.delta(rest.reasoning, rest.content))
-            _warm_up_next_turn(context, request, reply.content, calls, tenant)
+                yield chunk(openai_format.delta(rest.reasoning, rest.content), index)
+            if request.n == 1:
+                _warm_up_next_turn(context, request, reply.content, calls, tenant)
             if calls:
-                yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)})
-            yield chunk({}, finish_reason=_finish_reason(event, calls))
-            if usage_field:
-                yield chunk(None, usage_object=openai_format.usage(event, reply.reasoning_tokens))
-            return
+                yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)}, index)
+            yield chunk({}, index, finish_reason=_finish_reason(event, calls))
+            continue
         delta = reply.feed(event)
         logprobs = delta.logprobs if request.sampling.logprobs else None
         if delta.reasoning or delta.content or logprobs:
-            yield chunk(openai_format.delta(delta.reasoning, delta.content), logprobs=logprobs)
+            yield chunk(openai_format.delta(delta.reasoning, delta.content), index, logprobs=logprobs)
+    if usage_field:
+        finishes.sort(key=lambda finished: finished.choice)
+        reasoning_tokens = sum(reply.reasoning_tokens for reply in replies)
+        yield chunk(None, usage_object=openai_format.usage(finishes, reasoning_tokens))
 
 
 def _parsing(context: AppContext, request: GenerationRequest, admitted: Admitted) -> ReplyParsing:
@@ -101,7 +117,8 @@ def _parsing(context: AppContext, request: GenerationRequest, admitted: Admitted
 def _warm_up_next_turn(
     context: AppContext, request: GenerationRequest, content: str, calls: list[ToolCall], tenant: str
 ) -> None:
-    """Ask for the conversation, reply included, to be prefilled while the server is idle (a tell; may be dropped)."""
+    """Ask for the conversation, reply included, to be prefilled while the server is idle (a tell; may be dropped).
+    Only for a single choice: of several, which one the conversation goes on with is not known."""
     if not request.cache_prompt or not context.settings.prompt_cache or not isinstance(request.prompt, ChatPrompt):
         return
     reply = assistant_message(content, [template_tool_call(call.id, call.name, call.arguments) for call in calls])

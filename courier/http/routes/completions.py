@@ -1,4 +1,5 @@
-"""POST /v1/completions (and /completions): a string or token-id prompt, streamed or whole."""
+"""POST /v1/completions (and /completions): a string or token-id prompt, streamed or whole, `n` samples as its
+choices."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from quart import Blueprint, Response
 
-from courier.engine.generation import GenerationFinished
+from courier.engine.generation import GenerationFinished, TokenLogprob
 from courier.http import openai_format
 from courier.http.context import AppContext
 from courier.http.generation import admit, new_request_id, sse
@@ -16,7 +17,7 @@ from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_completion_request
 from courier.http.streaming import event_stream_response
-from courier.messages.generation_reader import collect, generated_events
+from courier.messages.generation_reader import generated_events
 from courier.messages.ingress import Admitted
 
 
@@ -26,20 +27,32 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/completions")
     @routes.post("/completions")
     async def completions() -> Response | dict[str, Any]:
-        request = parse_completion_request(await read_json_object(), context.state.sampling_defaults)
+        request = parse_completion_request(await read_json_object(), context.state.sampling_defaults, context.max_n)
         request_id = new_request_id()
         admitted = await admit(context, request, request_id)
         header = Header(completion_id=f"cmpl-{request_id}", created=int(time.time()), model=context.state.model_id)
         if request.stream:
             return event_stream_response(_stream(context, request, admitted, header))
-        collected = await collect(admitted, context.settings.request_timeout)
-        return openai_format.text_completion(
-            header,
-            text=collected.text,
-            logprobs=collected.logprobs if request.sampling.logprobs else None,
-            finish_reason=collected.finished.reason.value,
-            usage_object=openai_format.usage(collected.finished),
-        )
+        texts: list[list[str]] = [[] for _ in range(request.n)]
+        logprobs: list[list[TokenLogprob]] = [[] for _ in range(request.n)]
+        finishes: dict[int, GenerationFinished] = {}
+        async for event in generated_events(admitted, context.settings.request_timeout):
+            if isinstance(event, GenerationFinished):
+                finishes[event.choice] = event
+            else:
+                texts[event.choice].append(event.text)
+                logprobs[event.choice].extend(event.logprobs)
+        ordered = [finishes[index] for index in range(request.n)]
+        choices = [
+            openai_format.text_choice(
+                index,
+                text="".join(texts[index]),
+                logprobs=logprobs[index] if request.sampling.logprobs else None,
+                finish_reason=finished.reason.value,
+            )
+            for index, finished in enumerate(ordered)
+        ]
+        return openai_format.text_completion(header, choices, usage_object=openai_format.usage(ordered))
 
     return routes
 
@@ -47,34 +60,26 @@ def blueprint(context: AppContext) -> Blueprint:
 async def _stream(
     context: AppContext, request: GenerationRequest, admitted: Admitted, header: Header
 ) -> AsyncIterator[bytes]:
+    """A chunk per piece of text of any choice (each with its `index`), a finish chunk per choice, then the usage."""
     usage_field = request.include_usage
-    offset = 0
+    offsets = [0] * request.n
+    finishes: list[GenerationFinished] = []
+
+    def chunk(choice: dict[str, Any]) -> bytes:
+        return sse(openai_format.text_completion(header, [choice], usage_object=None, include_usage=usage_field))
+
     async for event in generated_events(admitted, context.settings.request_timeout):
+        index = event.choice
         if isinstance(event, GenerationFinished):
-            reason = event.reason.value
-            yield sse(
-                openai_format.text_completion(
-                    header, text="", logprobs=None, finish_reason=reason, usage_object=None, include_usage=usage_field
-                )
-            )
-            if usage_field:
-                usage = openai_format.usage(event)
-                yield sse(
-                    openai_format.text_completion(
-                        header, text="", logprobs=None, finish_reason=None, usage_object=usage, with_choice=False
-                    )
-                )
-            return
+            finishes.append(event)
+            yield chunk(openai_format.text_choice(index, text="", logprobs=None, finish_reason=event.reason.value))
+            continue
         logprobs = event.logprobs if request.sampling.logprobs else None
-        yield sse(
-            openai_format.text_completion(
-                header,
-                text=event.text,
-                logprobs=logprobs,
-                finish_reason=None,
-                usage_object=None,
-                text_offset=offset,
-                include_usage=usage_field,
-            )
+        choice = openai_format.text_choice(
+            index, text=event.text, logprobs=logprobs, finish_reason=None, text_offset=offsets[index]
         )
-        offset += len(event.text)
+        yield chunk(choice)
+        offsets[index] += len(event.text)
+    if usage_field:
+        usage = openai_format.usage(sorted(finishes, key=lambda finished: finished.choice))
+        yield sse(openai_format.text_completion(header, [], usage_object=usage))
