@@ -127,6 +127,7 @@ async def submit(
     *,
     cache_prompt: bool = False,
     vision: VisionInputs | None = None,
+    n: int = 1,
 ) -> SubmitReply:
     return await ask(
         inbox,
@@ -140,6 +141,7 @@ async def submit(
             cache_prompt=cache_prompt,
             vision=vision,
             reply=reply,
+            n=n,
         ),
     )
 
@@ -453,3 +455,59 @@ async def test_the_store_lookup_joins_the_requests_trace(span_exporter: InMemory
     assert isinstance(lookup, LookupPrefix)
     _, trace_id, parent_id, _ = lookup.trace["traceparent"].split("-")
     assert (int(trace_id, 16), int(parent_id, 16)) == (client.get_span_context().trace_id, handled[0].context.span_id)
+
+
+def sample_finished(choice: int) -> GenerationFinished:
+    return GenerationFinished(reason=FinishReason.STOP, prompt_tokens=len(PROMPT), completion_tokens=1, choice=choice)
+
+
+@pytest.mark.anyio
+async def test_samples_take_a_slot_each_and_the_request_ends_with_the_last() -> None:
+    stats = SchedulerStats(max_batch=3, max_queue=4)
+    engine = FakeEngine()
+    async with running_scheduler(engine, stats) as inbox:
+        one_send, one = event_stream()
+        assert isinstance(await submit(inbox, "one", one_send), GenerationQueued)
+        await engine.wait_for_steps(1)
+        three_send, three = event_stream()
+        assert isinstance(await submit(inbox, "three", three_send, n=3), GenerationQueued)
+        assert (stats.running, stats.waiting) == (1, 3)  # counted in sequences; three do not fit beside one
+        engine.then(out("one", finished(1)))
+        assert await read_all(one) == [finished(1)]
+        await engine.wait_for_steps(2)
+        engine.then(out("three", sample_finished(1)), out("three", sample_finished(0)))
+        await engine.wait_for_steps(3)
+        assert (stats.running, stats.completed) == (3, 1)  # two of its samples finished: still running
+        engine.then(out("three", sample_finished(2)))
+        assert await read_all(three) == [sample_finished(1), sample_finished(0), sample_finished(2)]
+    assert added_ids(engine)[:2] == [["one"], ["three"]]
+    assert engine.steps[1].added[0].n == 3
+    assert (stats.completed, stats.running, stats.cancelled) == (2, 0, 0)
+
+
+@pytest.mark.anyio
+async def test_one_failed_sample_fails_the_request_and_takes_the_others_out() -> None:
+    stats = SchedulerStats(max_batch=4, max_queue=4)
+    engine = FakeEngine()
+    failure = GenerationFailed(message="generation failed: boom", choice=1)
+    engine.then(out("r", failure))
+    async with running_scheduler(engine, stats) as inbox:
+        send, receive = event_stream()
+        assert isinstance(await submit(inbox, "r", send, n=2), GenerationQueued)
+        assert await read_all(receive) == [failure]
+        await engine.wait_for_steps(2)
+        engine.then()
+    assert engine.steps[1] == Step((), (RequestId("r"),))  # the other sample leaves the batch
+    assert (stats.failed, stats.cancelled, stats.running) == (1, 0, 0)
+
+
+@pytest.mark.anyio
+async def test_samples_beyond_the_batch_and_queue_are_refused() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=1)
+    engine = FakeEngine()
+    async with running_scheduler(engine, stats) as inbox:
+        send, receive = event_stream()
+        reply = await submit(inbox, "wide", send, n=4)
+        assert isinstance(reply, RequestFailed) and reply.code == FailureCode.QUEUE_FULL
+        assert await read_all(receive) == []
+    assert engine.steps == []
