@@ -27,6 +27,17 @@ def page_query(args: Mapping[str, str]) -> PageQuery:
     return PageQuery(after=args.get("after") or None, limit=limit, order=order)
 
 
+def refuse_include(args: Mapping[str, str]) -> None:
+    """`include` on a listing asks for data added to the stored items; items are returned as they were stored (an
+    answer's logprobs are there when its turn asked for them), so nothing can be added and asking is refused."""
+    if args.get("include"):
+        raise ApiError.invalid(
+            "'include' is not supported on item listings: items are returned as stored (an answer's logprobs are "
+            "kept when its turn asked for them with top_logprobs or include)",
+            param="include",
+        )
+
+
 def list_object(page: ItemPage) -> JsonObject:
     data = list(page.items)
     return {

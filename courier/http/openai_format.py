@@ -9,6 +9,8 @@ from courier.core.tool_calls import ToolCall
 from courier.engine.generation import GenerationFinished, TokenLogprob
 from courier.storage.records import JsonObject
 
+SERVICE_TIER = "default"  # the one tier this server has, reported as OpenAI reports the tier used
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Header:
@@ -111,6 +113,7 @@ def chat_completion(header: Header, choices: Sequence[JsonObject], usage: JsonOb
         "choices": list(choices),
         "usage": usage,
         "system_fingerprint": None,
+        "service_tier": SERVICE_TIER,
     }
 
 
@@ -131,6 +134,7 @@ def chat_chunk(
         "created": header.created,
         "model": header.model,
         "system_fingerprint": None,
+        "service_tier": SERVICE_TIER,
         "choices": []
         if delta is None
         else [

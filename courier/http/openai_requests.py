@@ -19,8 +19,10 @@ from courier.core.template_options import TemplateOptionRefused, TemplateOptions
 from courier.engine.generation import SamplingParams
 from courier.grammar import output_spec
 from courier.grammar.output_spec import OutputSpec
+from courier.http import unsupported_fields
 from courier.http.constrained import refusing
 from courier.http.errors import ApiError
+from courier.http.unsupported_fields import refuse_obfuscation, refuse_unsupported
 from courier.http.validation import optional_bool
 from courier.media.address_policy import MediaRefused
 from courier.media.urls import parse_image_url
@@ -52,6 +54,7 @@ class GenerationRequest:
 
 
 def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI, max_n: int = 1) -> GenerationRequest:
+    refuse_unsupported(body, unsupported_fields.CHAT)
     normalized, images = parse_chat_messages(body.get("messages"))
     tools = _tools(body.get("tools"))
     output = refusing(lambda: _chat_output(body, tools))
@@ -61,8 +64,9 @@ def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
     if top_logprobs and not logprobs:
         raise ApiError.invalid("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
-    max_tokens_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    sampling = _sampling(body, max_tokens_key, logprobs=logprobs, top_logprobs=top_logprobs, defaults=defaults)
+    sampling = sampling_params(
+        body, _max_tokens_key(body), logprobs=logprobs, top_logprobs=top_logprobs, defaults=defaults
+    )
     return GenerationRequest(
         model=model_name(body),
         prompt=ChatPrompt(messages=normalized, tools=tools, images=images, options=_template_options(body)),
@@ -71,7 +75,7 @@ def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI
         include_usage=_include_usage(body),
         tools=tools,
         output=output,
-        session=session_key(body),
+        session=session_key(body, fallback_field="safety_identifier"),
         cache_prompt=optional_bool(body, "cache_prompt", True),
         n=int_in(body, "n", 1, max_n, 1),
     )
@@ -80,6 +84,7 @@ def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI
 def parse_completion_request(
     body: dict[str, Any], defaults: SamplingDefaults = OPENAI, max_n: int = 1
 ) -> GenerationRequest:
+    refuse_unsupported(body, unsupported_fields.COMPLETIONS)
     if optional_bool(body, "echo", False):
         raise ApiError.invalid("'echo' is not supported", param="echo")
     if body.get("suffix"):
@@ -93,9 +98,9 @@ def parse_completion_request(
         or not 0 <= logprobs_count <= MAX_LOGPROBS_COMPLETIONS
     ):
         raise ApiError.invalid(f"'logprobs' must be an integer from 0 to {MAX_LOGPROBS_COMPLETIONS}", param="logprobs")
-    sampling = _sampling(
+    sampling = sampling_params(
         body,
-        "max_tokens",
+        _max_tokens_key(body),
         logprobs=logprobs_count is not None,
         top_logprobs=logprobs_count or 0,
         default_max=16,
@@ -130,7 +135,23 @@ def session_key(body: dict[str, Any], fallback_field: str | None = None) -> str:
     return ""
 
 
-def _sampling(
+def _max_tokens_key(body: dict[str, Any]) -> str:
+    """`max_completion_tokens` (OpenAI's newer name) wins over `max_tokens`; both are checked when both are sent."""
+    if body.get("max_completion_tokens") is None:
+        return "max_tokens"
+    if body.get("max_tokens") is not None:
+        _positive_int(body, "max_tokens")
+    return "max_completion_tokens"
+
+
+def _positive_int(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ApiError.invalid(f"'{key}' must be a positive integer", param=key)
+    return value
+
+
+def sampling_params(
     body: dict[str, Any],
     max_tokens_key: str,
     *,
@@ -139,13 +160,11 @@ def _sampling(
     default_max: int = 0,
     defaults: SamplingDefaults = OPENAI,
 ) -> SamplingParams:
-    max_tokens = body.get(max_tokens_key)
-    if max_tokens is None:
-        max_tokens = default_max
-    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ApiError.invalid(f"'{max_tokens_key}' must be a positive integer", param=max_tokens_key)
+    """The sampling fields chat, completions and the Responses API share (`max_tokens_key`: the body's name for
+    the limit; 0 for none, then the context decides)."""
+    max_tokens = _positive_int(body, max_tokens_key)
     return SamplingParams(
-        max_tokens=max_tokens,
+        max_tokens=default_max if max_tokens is None else max_tokens,
         temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, defaults.temperature),
         top_p=number_in(body, "top_p", 0.0, 1.0, defaults.top_p, open_low=True),
         seed=_seed(body),
@@ -280,7 +299,8 @@ def _tool_calls(calls: Any, param: str) -> list[dict[str, Any]]:
             raise ApiError.invalid(f"{param}[{index}] must have a function with a name", param=f"{param}[{index}]")
         arguments = function.get("arguments", "{}")
         if not isinstance(arguments, str | dict):
-            raise ApiError.invalid(f"{param}[{index}].function.arguments must be a JSON string", param=param)
+            where = f"{param}[{index}].function.arguments"
+            raise ApiError.invalid(f"{where} must be a JSON string", param=where)
         normalized.append(template_tool_call(call.get("id"), function["name"], arguments))
     return normalized
 
@@ -358,7 +378,11 @@ def _include_usage(body: dict[str, Any]) -> bool:
         return False
     if not isinstance(options, dict):
         raise ApiError.invalid("'stream_options' must be an object", param="stream_options")
-    return optional_bool(options, "include_usage", False)
+    refuse_obfuscation(options)
+    include = options.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise ApiError.invalid("'stream_options.include_usage' must be a boolean", param="stream_options.include_usage")
+    return bool(include)
 
 
 def number_in(

@@ -20,7 +20,7 @@ from courier.http.openai_requests import (
     MAX_TOP_K,
     MAX_TOP_LOGPROBS_CHAT,
 )
-from courier.http.responses.request import MAX_METADATA_ENTRIES, MAX_SUMMARY_TOKENS
+from courier.http.responses.request import INCLUDABLE, MAX_METADATA_ENTRIES, MAX_SUMMARY_TOKENS
 
 Schema = dict[str, Any]
 
@@ -157,10 +157,11 @@ _CHAT_PART = {
 }
 _CHAT_MESSAGE = {
     "type": "object",
-    "required": ["role", "content"],
+    "required": ["role"],  # `content` too, except an assistant message with `tool_calls` (null content)
     "properties": {
         "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": {"anyOf": [_TEXT, {"type": "array", "items": _CHAT_PART}]},
+        "content": _nullable({"anyOf": [_TEXT, {"type": "array", "items": _CHAT_PART}]}),
+        "tool_calls": _nullable({"type": "array"}),
         "tool_call_id": _TEXT,
         "name": _TEXT,
         "reasoning_content": _nullable(_TEXT),
@@ -175,8 +176,12 @@ _SAMPLING = {
     "stop": _STOP,
     "n": _nullable({"type": "integer", "minimum": 1}),
     "stream": _BOOL,
-    "stream_options": _nullable({"type": "object", "properties": {"include_usage": _BOOL}}),
+    "stream_options": _nullable(
+        {"type": "object", "properties": {"include_usage": _BOOL, "include_obfuscation": _nullable({"const": False})}}
+    ),
     "user": _SESSION,
+    "service_tier": _nullable({"enum": ["auto", "default"]}),
+    "prompt_cache_retention": _nullable({"const": "in_memory"}),
     "prompt_cache_key": _SESSION,
     "cache_prompt": _BOOL,
     "top_k": _nullable({"type": "integer", "minimum": -1, "maximum": MAX_TOP_K}),
@@ -207,6 +212,11 @@ _CHAT_REQUEST = {
         "tool_choice": _CHAT_TOOL_CHOICE,
         "parallel_tool_calls": _BOOL,
         "response_format": _RESPONSE_FORMAT,
+        "safety_identifier": _SESSION,
+        "store": _nullable({"const": False}),
+        "metadata": _nullable({"type": "object", "maxProperties": 0}),
+        "modalities": _nullable({"const": ["text"]}),
+        "verbosity": _nullable({"const": "medium"}),
         "reasoning_effort": _nullable({"enum": list(REASONING_EFFORTS)}),
         "chat_template_kwargs": _nullable(
             {
@@ -225,7 +235,9 @@ _COMPLETION_REQUEST = {
         "prompt": {"anyOf": [_TEXT, {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}]},
         "max_tokens": _POSITIVE,
         "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": 5}),
+        "max_completion_tokens": _POSITIVE,
         "echo": _nullable({"const": False}),
+        "suffix": _nullable({"const": ""}),
         "best_of": _nullable({"const": 1}),
         "response_format": _RESPONSE_FORMAT,
     },
@@ -312,6 +324,10 @@ _RESPONSES_REQUEST = {
         "background": _nullable({"const": False}),
         "truncation": _nullable({"const": "disabled"}),
         "text": _TEXT_FORMAT,
+        "cache_prompt": _BOOL,
+        "service_tier": _nullable({"enum": ["auto", "default"]}),
+        "prompt_cache_retention": _nullable({"const": "in_memory"}),
+        "include": _nullable({"type": "array", "items": {"enum": sorted(INCLUDABLE)}}),
         "context_management": _nullable(
             {
                 "type": "array",
@@ -337,11 +353,20 @@ _COMPACT_REQUEST = {
         "tools": _nullable({"type": "array", "items": _RESPONSES_TOOL}),
         "max_output_tokens": _nullable({"type": "integer", "minimum": 1, "maximum": MAX_SUMMARY_TOKENS}),
         "keep_tokens": _POSITIVE,
+        "prompt_cache_key": _SESSION,
+        "user": _SESSION,
+        "safety_identifier": _SESSION,
+        "stream": _nullable({"const": False}),
+        "previous_response_id": {"type": "null"},
+        "conversation": {"type": "null"},
     },
 }
 _CONVERSATION_REQUEST = {
     "type": "object",
-    "properties": {"items": _nullable({"type": "array", "maxItems": 20, "items": _INPUT_ITEM}), "metadata": _METADATA},
+    "properties": {
+        "items": _nullable({"anyOf": [_TEXT, {"type": "array", "maxItems": 20, "items": _INPUT_ITEM}]}),
+        "metadata": _METADATA,
+    },
 }
 _ITEMS_REQUEST = {
     "type": "object",

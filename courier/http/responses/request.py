@@ -7,26 +7,26 @@ known features this server cannot honour (background mode, built-in tools,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from courier.conversation.request import CompactRequest, ResponsesRequest
 from courier.core.sampling_defaults import OPENAI, SamplingDefaults
-from courier.core.template_options import TemplateOptionRefused, TemplateOptions, reasoning_effort
-from courier.engine.generation import SamplingParams
+from courier.core.template_options import TemplateOptionRefused, TemplateOptions, reasoning_effort, template_kwargs
 from courier.grammar import output_spec
 from courier.grammar.output_spec import OutputSpec
+from courier.http import unsupported_fields
 from courier.http.constrained import refusing
 from courier.http.errors import ApiError
 from courier.http.openai_requests import (
-    MAX_TEMPERATURE,
     MAX_TOP_LOGPROBS_CHAT,
     int_in,
     model_name,
-    number_in,
+    sampling_params,
     session_key,
 )
 from courier.http.responses.items import input_items
+from courier.http.unsupported_fields import Unsupported, refuse_obfuscation, refuse_unsupported
 from courier.http.validation import optional_bool, optional_str
 from courier.storage.records import JsonObject
 
@@ -35,8 +35,14 @@ MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 
 
-def parse_responses_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI) -> ResponsesRequest:
+def parse_responses_request(
+    body: dict[str, Any],
+    defaults: SamplingDefaults = OPENAI,
+    unsupported: Sequence[Unsupported] = unsupported_fields.RESPONSES,
+) -> ResponsesRequest:
+    """`unsupported`: the OpenAI fields refused (`/v1/responses/input_tokens` has one more)."""
     _refuse_unsupported(body)
+    refuse_unsupported(body, unsupported)
     previous = optional_str(body, "previous_response_id") or None
     conversation = _conversation_id(body.get("conversation"))
     if previous is not None and conversation is not None:
@@ -50,13 +56,12 @@ def parse_responses_request(body: dict[str, Any], defaults: SamplingDefaults = O
     instructions = optional_str(body, "instructions") or None
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
     max_output_tokens = _optional_positive_int(body, "max_output_tokens")
-    sampling = SamplingParams(
-        max_tokens=max_output_tokens or 0,
-        temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, defaults.temperature),
-        top_p=number_in(body, "top_p", 0.0, 1.0, defaults.top_p, open_low=True),
-        logprobs=top_logprobs > 0,
-        top_logprobs=top_logprobs,
+    logprobs = _include(body.get("include")) or top_logprobs > 0
+    # Beyond OpenAI's fields, the sampling extensions chat takes (seed, stop, top_k, min_p, penalties, logit_bias).
+    sampling = sampling_params(
+        body, "max_output_tokens", logprobs=logprobs, top_logprobs=top_logprobs, defaults=defaults
     )
+    _stream_options(body.get("stream_options"))
     return ResponsesRequest(
         model=model_name(body),
         input_items=tuple(items),
@@ -76,24 +81,66 @@ def parse_responses_request(body: dict[str, Any], defaults: SamplingDefaults = O
         conversation_id=conversation,
         cache_prompt=optional_bool(body, "cache_prompt", True),
         compact_threshold=_compact_threshold(body.get("context_management")),
-        template_options=_reasoning(body.get("reasoning")),
+        template_options=_template_options(body),
     )
 
 
-def _reasoning(value: Any) -> TemplateOptions:
+def _template_options(body: Mapping[str, Any]) -> TemplateOptions:
     """`reasoning: {"effort", "summary"}`: the effort maps onto the chat template's reasoning switch; summaries of
-    the reasoning are not produced, so asking for one is refused."""
-    if value is None:
-        return TemplateOptions()
-    if not isinstance(value, dict):
+    the reasoning are not produced, so asking for one is refused. `chat_template_kwargs` as on chat."""
+    value = body.get("reasoning")
+    if value is not None and not isinstance(value, dict):
         raise ApiError.invalid("'reasoning' must be an object", param="reasoning")
+    value = value or {}
     if value.get("summary") is not None or value.get("generate_summary") is not None:
         raise ApiError.invalid("reasoning summaries are not supported", param="reasoning.summary")
     try:
         effort = reasoning_effort(value.get("effort"), "reasoning.effort")
+        kwargs = template_kwargs(body.get("chat_template_kwargs"))
     except TemplateOptionRefused as refused:
         raise ApiError.invalid(refused.message, param=refused.param) from None
-    return TemplateOptions(reasoning_effort=effort, effort_param="reasoning.effort")
+    return TemplateOptions(kwargs=kwargs, reasoning_effort=effort, effort_param="reasoning.effort")
+
+
+# `include` values: what each asks for is sent anyway (the reasoning's text is in its `content`, in clear, which
+# round-trips as `encrypted_content` would; input images keep their URL), concerns tools this server refuses, or,
+# for logprobs, turns them on.
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+INCLUDABLE = frozenset(
+    {
+        LOGPROBS_INCLUDE,
+        "reasoning.encrypted_content",
+        "message.input_image.image_url",
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "code_interpreter_call.outputs",
+        "computer_call_output.output.image_url",
+    }
+)
+
+
+def _include(value: Any) -> bool:
+    """`include`: whether it asks for the output text's logprobs. Values this server does not know are refused."""
+    if value is None:
+        return False
+    if not isinstance(value, list):
+        raise ApiError.invalid("'include' must be a list of strings", param="include")
+    for index, entry in enumerate(value):
+        if entry not in INCLUDABLE:
+            raise ApiError.invalid(
+                f"include[{index}]: {str(entry)[:80]!r} is not supported; one of {sorted(INCLUDABLE)}",
+                param=f"include[{index}]",
+            )
+    return LOGPROBS_INCLUDE in value
+
+
+def _stream_options(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise ApiError.invalid("'stream_options' must be an object", param="stream_options")
+    refuse_obfuscation(value)
 
 
 DEFAULT_SUMMARY_TOKENS = 1024
@@ -102,6 +149,7 @@ MAX_SUMMARY_TOKENS = 16384
 
 def parse_compact_request(body: dict[str, Any]) -> CompactRequest:
     """`/v1/responses/compact`: the whole history comes as `input`; nothing is stored or streamed."""
+    refuse_unsupported(body, unsupported_fields.COMPACT)
     for field in ("stream", "previous_response_id", "conversation"):
         if body.get(field) not in (None, False):
             message = f"'{field}' is not supported on /v1/responses/compact: send the whole history as 'input'"

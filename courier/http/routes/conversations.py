@@ -12,7 +12,7 @@ from courier.core.failure_codes import FailureCode
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
-from courier.http.listing import list_object, page_query
+from courier.http.listing import list_object, page_query, refuse_include
 from courier.http.responses.items import input_items
 from courier.http.responses.request import parse_metadata
 from courier.messages.asking import Refused, call
@@ -89,6 +89,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.get("/v1/conversations/<conversation_id>/items")
     @routes.get("/conversations/<conversation_id>/items")
     async def list_items(conversation_id: str) -> JsonObject:
+        refuse_include(request.args)
         query = page_query(request.args)
         page = await call(
             storage,
@@ -103,6 +104,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/conversations/<conversation_id>/items")
     @routes.post("/conversations/<conversation_id>/items")
     async def add_items(conversation_id: str) -> JsonObject:
+        refuse_include(request.args)
         items = _items((await read_json_object()).get("items"), required=True)
         if not await call(
             storage,

@@ -11,6 +11,7 @@ from quart import Blueprint, Response, request
 from courier.conversation.items import new_id
 from courier.conversation.turn import count_tokens, history_items, plan_turn, render, replayed, start_turn
 from courier.core.failure_codes import FailureCode
+from courier.http import unsupported_fields
 from courier.http.constrained import constrain
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
@@ -54,7 +55,8 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/responses/input_tokens")
     @routes.post("/responses/input_tokens")
     async def count_input_tokens() -> JsonObject:
-        parsed = parse_responses_request(await read_json_object(), context.state.sampling_defaults)
+        body = await read_json_object()
+        parsed = parse_responses_request(body, context.state.sampling_defaults, unsupported_fields.INPUT_TOKENS)
         context.require_ready()
         context.require_model(parsed.model)
         services = context.turn_services()
