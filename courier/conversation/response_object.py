@@ -92,11 +92,13 @@ def response_object(draft: ResponseDraft, outcome: Outcome) -> JsonObject:
 
 
 def usage_object(finished: GenerationFinished, reasoning_tokens: int = 0) -> JsonObject:
-    # `cache_write_tokens` (required by the openai SDK's types) is 0: how many prompt tokens a turn newly writes to
-    # the prompt cache is decided later, when the scheduler snapshots the state, and is not counted per request.
+    # `cache_write_tokens`: the prompt tokens beyond the cached ones whose state the turn handed to the snapshot store.
     return {
         "input_tokens": finished.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": finished.cached_tokens, "cache_write_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": finished.cached_tokens,
+            "cache_write_tokens": finished.cache_write_tokens,
+        },
         "output_tokens": finished.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": finished.prompt_tokens + finished.completion_tokens,

@@ -126,6 +126,14 @@ class _Sequence:
     sampler: Any = None  # kept for a replay, so a seeded request's random stream carries on
     constrained: ConstrainedSequence | None = None  # its grammar state, kept for a replay too
     processors: list[Any] = field(default_factory=list)  # penalties, bias, grammar: kept for a replay too
+    snapshot_prompt_tokens: int = 0  # how much of the prompt the snapshots it took cover
+
+    def took_snapshot(self, tokens: int) -> None:
+        self.snapshot_prompt_tokens = max(self.snapshot_prompt_tokens, min(tokens, len(self.request.prompt_tokens)))
+
+    @property
+    def cache_write_tokens(self) -> int:
+        return max(0, self.snapshot_prompt_tokens - self.cached_tokens)
 
 
 class BatchEngine:
@@ -305,6 +313,7 @@ class BatchEngine:
             # Started at or past its history boundary from another session's (or an older) snapshot, or from an
             # in-batch shared prefix that ends there: keep that state for this conversation too, or its next turn
             # would find nothing of its own to extend.
+            self._by_uid[self._uids_by_request[request.request_id][-1]].took_snapshot(start)
             return [EngineOutput(request.request_id, _snapshot(Origin.BOUNDARY, prompt[:start], cache))]
         return []
 
@@ -337,6 +346,8 @@ class BatchEngine:
             if refused:  # the others leave with it: the request fails as one
                 self._cancel([request.request_id])
                 return outputs + refused
+        if outputs:  # the boundary snapshot: counted once, with the first sample
+            self._by_uid[self._uids_by_request[request.request_id][0]].took_snapshot(request.boundary)
         return outputs
 
     def _insert(
@@ -475,6 +486,7 @@ class BatchEngine:
                 prompt_length = len(sequence.request.prompt_tokens)
                 snapshot = replace(snapshot, continues=continues, prompt_length=prompt_length)
                 outputs.append(EngineOutput(request_id, snapshot))
+                sequence.took_snapshot(prompt_length)
             self._forget(sequence)
             finished = GenerationFinished(
                 reason=reason,
@@ -482,6 +494,7 @@ class BatchEngine:
                 completion_tokens=sequence.generated,
                 cached_tokens=sequence.cached_tokens,
                 choice=choice,
+                cache_write_tokens=sequence.cache_write_tokens,
             )
             outputs.append(EngineOutput(request_id, finished))
         return outputs
@@ -507,6 +520,7 @@ class BatchEngine:
             if 0 < cut < len(tokens):
                 outputs.append(EngineOutput(request_id, _snapshot(Origin.BOUNDARY, tokens[:cut], cache, length=cut)))
             outputs.append(EngineOutput(request_id, _snapshot(Origin.BOUNDARY, tokens, cache)))
+            sequence.took_snapshot(len(tokens))
         return outputs
 
     def _logprobs(self, sequence: _Sequence, token: int, logprobs: mx.array) -> tuple[TokenLogprob, ...]:

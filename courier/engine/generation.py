@@ -75,6 +75,8 @@ class GenerationFinished:
     completion_tokens: int
     cached_tokens: int = 0
     choice: int = 0  # a request of `n` samples finishes once per sample
+    # Prompt tokens beyond `cached_tokens` whose state this request handed to the snapshot store (0 without caching).
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -30,7 +30,10 @@ def usage(finishes: Sequence[GenerationFinished], reasoning_tokens: int = 0) -> 
         "prompt_tokens": first.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": first.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": first.cached_tokens,
+            "cache_write_tokens": sum(finished.cache_write_tokens for finished in finishes),
+        },
         "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
 

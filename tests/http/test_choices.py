@@ -137,3 +137,18 @@ def test_samples_count_against_the_batch_and_the_server_keeps_serving(http: http
     assert response.status_code == 200 and len(response.json()["choices"]) == MAX_N
     health = http.get("/health").json()
     assert health["scheduler"]["running"] == 0 and health["scheduler"]["completed"] >= 1
+
+
+def test_cache_writes_are_counted_once_for_all_samples(client: openai.OpenAI) -> None:
+    ask: list[Any] = [{"role": "user", "content": "Which lighthouse is the oldest one still working?"}]
+    one = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=2, temperature=0)
+    assert one.usage is not None and one.usage.prompt_tokens_details is not None
+    details = one.usage.prompt_tokens_details
+    assert details.cache_write_tokens == one.usage.prompt_tokens - (details.cached_tokens or 0) > 0
+    other: list[Any] = [{"role": "user", "content": "Which river is the longest one in Europe?"}]
+    many = client.chat.completions.create(model=MODEL, messages=other, max_tokens=2, temperature=0, n=3)
+    assert many.usage is not None and many.usage.prompt_tokens_details is not None
+    written = many.usage.prompt_tokens_details.cache_write_tokens
+    # Only the conversation's history is kept for samples (not each reply), and it is written once.
+    assert written is not None
+    assert 0 < written < many.usage.prompt_tokens - (many.usage.prompt_tokens_details.cached_tokens or 0)

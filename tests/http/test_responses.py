@@ -61,17 +61,26 @@ def test_create_returns_a_stored_response_in_openai_shape(client: openai.OpenAI)
 
 
 def test_usage_validates_against_the_sdk_types_strictly(client: openai.OpenAI, http: httpx.Client) -> None:
-    """`input_tokens_details.cache_write_tokens` is required by the SDK's types (0: not tracked, see docs/api.md)."""
+    """`input_tokens_details.cache_write_tokens` (required by the SDK's types): the prompt tokens beyond the cached
+    ones whose state the turn handed to the prompt cache."""
     body = {"model": MODEL, "input": "Which ships passed tonight?", "max_output_tokens": 4, "temperature": 0}
     created = http.post("/v1/responses", json=body).json()
-    assert created["usage"]["input_tokens_details"]["cache_write_tokens"] == 0
+    details = created["usage"]["input_tokens_details"]
+    assert details["cache_write_tokens"] == created["usage"]["input_tokens"] - details["cached_tokens"] > 0
     Response.model_validate(created)  # every required field there, each of its type
     stored = http.get(f"/v1/responses/{created['id']}").json()
     assert Response.model_validate(stored).usage == Response.model_validate(created).usage
+    again = http.post("/v1/responses", json=body).json()["usage"]  # the same prompt: read, not written again
+    assert again["input_tokens_details"]["cached_tokens"] > 0
+    written = again["input_tokens_details"]["cache_write_tokens"]
+    assert written == again["input_tokens"] - again["input_tokens_details"]["cached_tokens"]
+    uncached = http.post("/v1/responses", json={**body, "cache_prompt": False}).json()["usage"]
+    assert uncached["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
     streamed = client.responses.create(model=MODEL, input="Hello", max_output_tokens=2, stream=True)
     final = [event for event in streamed if event.type in ("response.completed", "response.incomplete")]
     assert final[0].response.usage is not None
-    assert final[0].response.usage.input_tokens_details.cache_write_tokens == 0
+    usage = final[0].response.usage
+    assert usage.input_tokens_details.cache_write_tokens == usage.input_tokens - usage.input_tokens_details.cached_tokens
 
 
 def test_stream_sends_the_full_event_sequence(client: openai.OpenAI) -> None:
