@@ -3,12 +3,16 @@
 Receives `CompactHistory`. Replays any earlier capsule first, cuts the history
 into segments where a cut may fall, counts each through the token counter (the
 same render as `/v1/responses/input_tokens`), selects what to keep
-(`conversation/selection.py`), asks the ingress for one summary generation (greedy, no
+(`conversation/selection.py`), asks the ingress for a summary generation (greedy, no
 tools, thinking off) like any request, and replies `CompactionResult` with the
-capsule, or `RequestFailed`: 400 `context_length_exceeded` when the history or
-the summary prompt does not fit or the summary is not shorter than what it
-replaces, 422 `compaction_failed` when the summary is empty or cut by
-`max_output_tokens` (greedy, so a retry would fail alike). With a
+capsule, or `RequestFailed`. A summary that degenerates (its tail loops, or it
+is no shorter than the history it replaces; `conversation/summary_guard.py`)
+is retried once with a repetition penalty; a loop is stopped as soon as it shows,
+so it does not run on to `max_output_tokens`. The failures: 400
+`context_length_exceeded` when the history or the summary prompt does not fit or
+the summary is not shorter than what it replaces, 422 `compaction_failed` when
+the summary is empty, still loops, or is cut by `max_output_tokens` (greedy, so
+the same request would fail alike). With a
 vision model the counts and the summary carry the images, read through the
 media fetcher once per compaction (one `FetchMemo` for all of it). The
 caller's context is never replaced on failure. After a success it asks for the
@@ -16,16 +20,20 @@ compacted context to be prefilled while the server is idle, so the next turn
 starts from cache. Compactions run concurrently (up to `MAX_CONCURRENT`,
 `runtime/concurrent_actor.py`), so one long summary does not hold up the others.
 
-Spans: `compactor.CompactHistory` and beneath it `compactor.selection` (with one
-`token_counter.TokenizeChat` per counted segment), the summary's
-`ingress.AdmitGeneration`, and `compactor.capsule`.
+Spans: `compactor.CompactHistory` and beneath it
+`compactor.selection` (with one `token_counter.TokenizeChat` per counted segment),
+one `ingress.AdmitGeneration` per summary pass, and `compactor.capsule`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
+from typing import cast
 
 from anyio.streams.memory import MemoryObjectSendStream
 
@@ -37,14 +45,20 @@ from courier.conversation.items import is_instruction, message_item, new_id, tex
 from courier.conversation.replay import replay
 from courier.conversation.response_object import usage_object
 from courier.conversation.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS, segments, select
+from courier.conversation.summary_guard import PASS_PENALTIES, LoopWatch, Verdict, pass_sampling, verdict
 from courier.conversation.summary_prompt import summary_messages
 from courier.conversation.warm_up import warm_up_next_turn
 from courier.core.failure_codes import FailureCode
-from courier.engine.generation import FinishReason, GenerationFinished, RequestId, SamplingParams
+from courier.engine.generation import FinishReason, GenerationFinished, RequestId, SamplingParams, TokensGenerated
 from courier.messages.asking import Refused, call
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage, CompactReply
-from courier.messages.generation_reader import Cancellation, GenerationCancelled, collect
+from courier.messages.generation_reader import (
+    ENDED_WITHOUT_RESULT,
+    Cancellation,
+    GenerationCancelled,
+    generated_events,
+)
 from courier.messages.ingress import AdmitGeneration, ChatPrompt, IngressMessage
 from courier.messages.media import FetchMemo
 from courier.messages.token_counter import MessageNames, TokenCounterMessage, TokenizeChat
@@ -62,6 +76,14 @@ class CompactorLimits:
     context_length: int
     max_output_bytes: int  # a replay body must fit the server's body limit
     timeout_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SummaryPass:
+    """One summary generation: its text, and how it finished (`LENGTH` too when stopped early in a loop)."""
+
+    text: str
+    finished: GenerationFinished
 
 
 class CompactorActor(ConcurrentActor[CompactorMessage]):
@@ -117,16 +139,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             raise Refused(_invalid("nothing to compact: the whole history is kept verbatim", "input"))
         summarized_tokens = sum(costs[index] for index in selection.summarized)
         retained = [item for index in selection.retained for item in parts[index]]
-        summary, finished = await self._summarize(summarized, message, memo)
-        if finished.completion_tokens >= summarized_tokens:
-            raise Refused(
-                _invalid(
-                    f"the summary ({finished.completion_tokens} tokens) is not shorter than the history it replaces "
-                    f"({summarized_tokens} tokens)",
-                    "input",
-                    code=FailureCode.CONTEXT_LENGTH_EXCEEDED,
-                )
-            )
+        summary, finished = await self._summarize(summarized, summarized_tokens, message, memo)
         with tracer().start_as_current_span("compactor.capsule") as span:
             capsule = Capsule(summary=summary, retained=tuple(item_digest(item) for item in retained))
             compaction_item = {
@@ -177,14 +190,47 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         return len(result.tokens)
 
     async def _summarize(
-        self, items: Sequence[JsonObject], message: CompactHistory, memo: FetchMemo
+        self, items: Sequence[JsonObject], history_tokens: int, message: CompactHistory, memo: FetchMemo
     ) -> tuple[str, GenerationFinished]:
+        """The summary of `items` (`history_tokens` long) and the usage of every pass it took."""
         # The summarized part's images go with it: a text-only model refuses them at admission, naming the part.
         images = image_refs(items, message.request_items)
         prompt = ChatPrompt(
             messages=summary_messages(items), tools=None, thinking=False, images=images, names=MessageNames.BUILT
         )
-        sampling = SamplingParams(max_tokens=message.max_output_tokens, temperature=0.0)
+        deadline = time.monotonic() + self._limits.timeout_s  # one deadline for every pass
+        passes: list[SummaryPass] = []
+        for attempt in range(len(PASS_PENALTIES)):
+            done = await self._summary_pass(
+                prompt, pass_sampling(message.max_output_tokens, attempt), message, memo, deadline
+            )
+            passes.append(done)
+            judged = verdict(done.text, done.finished.reason, done.finished.completion_tokens, history_tokens)
+            if not judged.degenerate:
+                break
+            logger.info("compaction summary pass %d degenerated (%s)", attempt + 1, judged.value)
+        match judged:
+            case Verdict.USABLE:
+                return done.text.strip(), _spent(passes)
+            case Verdict.LOOP:
+                raise Refused(_unusable(f"the summary kept repeating itself ({len(passes)} passes)"))
+            case Verdict.ECHO:
+                raise Refused(
+                    _invalid(
+                        f"the summary ({done.finished.completion_tokens} tokens) is not shorter than the history "
+                        f"it replaces ({history_tokens} tokens)",
+                        "input",
+                        code=FailureCode.CONTEXT_LENGTH_EXCEEDED,
+                    )
+                )
+            case Verdict.CUT:
+                raise Refused(_unusable(f"the summary was cut at max_output_tokens ({message.max_output_tokens})"))
+            case Verdict.EMPTY:
+                raise Refused(_unusable("the model wrote an empty summary"))
+
+    async def _summary_pass(
+        self, prompt: ChatPrompt, sampling: SamplingParams, message: CompactHistory, memo: FetchMemo, deadline: float
+    ) -> SummaryPass:
         request_id = RequestId(new_id("compaction"))
         try:
             admitted = await call(
@@ -212,18 +258,47 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             ) from None
         # Nobody waits once the asker is gone (a client that disconnected or timed out): stop within a poll.
         abandoned = Cancellation(abandoned=lambda: message.reply.statistics().open_receive_streams == 0)
+        texts: list[str] = []
+        watch = LoopWatch()
+        tokens = 0
         try:
-            collected = await collect(admitted, self._limits.timeout_s, abandoned)
+            # Closed as soon as this stops reading, which takes the summary out of the batch.
+            events = cast(
+                AsyncGenerator[TokensGenerated | GenerationFinished],
+                generated_events(admitted, max(0.0, deadline - time.monotonic()), abandoned),
+            )
+            async with aclosing(events):
+                async for event in events:
+                    if not isinstance(event, TokensGenerated):
+                        return SummaryPass(text="".join(texts), finished=event)
+                    texts.append(event.text)
+                    tokens += len(event.token_ids)
+                    if watch.add(event.text):  # a loop now would run to max_output_tokens: stop it here
+                        cut = GenerationFinished(
+                            reason=FinishReason.LENGTH, prompt_tokens=admitted.prompt_tokens, completion_tokens=tokens
+                        )
+                        return SummaryPass(text="".join(texts), finished=cut)
         except GenerationCancelled:
             raise Refused(
                 RequestFailed(kind=FailureKind.UNAVAILABLE, message="cancelled: nobody waits for this compaction")
             ) from None
-        summary = collected.text.strip()
-        if collected.finished.reason is FinishReason.LENGTH:
-            raise Refused(_unusable(f"the summary was cut at max_output_tokens ({message.max_output_tokens})"))
-        if not summary:
-            raise Refused(_unusable("the model wrote an empty summary"))
-        return summary, collected.finished
+        except Refused as refused:
+            if refused.failure.code is not FailureCode.DEADLINE_EXCEEDED:
+                raise
+            # The passes share one deadline: name the whole of it, not what was left for this pass.
+            whole = f"the request did not finish within {self._limits.timeout_s:g} s"
+            raise Refused(dataclasses.replace(refused.failure, message=whole)) from None
+        raise Refused(RequestFailed(kind=FailureKind.INTERNAL, message=ENDED_WITHOUT_RESULT))
+
+
+def _spent(passes: Sequence[SummaryPass]) -> GenerationFinished:
+    """The usage of all the passes together (a degenerate pass was computed too)."""
+    return GenerationFinished(
+        reason=passes[-1].finished.reason,
+        prompt_tokens=sum(done.finished.prompt_tokens for done in passes),
+        completion_tokens=sum(done.finished.completion_tokens for done in passes),
+        cached_tokens=sum(done.finished.cached_tokens for done in passes),
+    )
 
 
 def _invalid(text: str, param: str, code: FailureCode | None = None) -> RequestFailed:

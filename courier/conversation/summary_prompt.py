@@ -21,9 +21,10 @@ SUMMARY_REQUEST = (
 
 
 def summary_messages(items: Sequence[JsonObject]) -> list[JsonObject]:
-    """The summary prompt; each image of the summarized items sits in the transcript where it was shown."""
+    """The summary prompt; each image of the summarized items sits in the transcript where it was shown. The
+    model's reasoning is left out: the summary keeps what was said and done, not how it was thought through."""
     parts: list[JsonObject] = [text_part("Conversation:\n\n")]
-    for index, item in enumerate(items):
+    for index, item in enumerate(item for item in items if item["type"] != "reasoning"):
         if index:
             parts.append(text_part("\n\n"))
         parts.extend(_line(item))

@@ -23,6 +23,7 @@ from courier.conversation.capsule import Capsule, CapsuleCodec, CapsuleError, it
 from courier.conversation.images import ImageAdmission
 from courier.conversation.items import message_item, text_part
 from courier.conversation.replay import SUMMARY_HEADER, expand
+from courier.conversation.summary_guard import PASS_PENALTIES
 from courier.conversation.summary_prompt import SUMMARY_REQUEST
 from courier.core.failure_codes import FailureCode
 from courier.engine.generation import (
@@ -426,14 +427,15 @@ async def test_nothing_to_compact_when_the_whole_history_is_kept() -> None:
     assert counter.kinds == ["TokenizeChat"] * 4
 
 
-async def test_a_summary_not_shorter_than_what_it_replaces_is_refused() -> None:
+async def test_a_summary_not_shorter_than_what_it_replaces_is_retried_once_then_refused() -> None:
     def as_long(_: AdmitGeneration) -> MemoryObjectReceiveStream[GenerationEvent]:
         return events_of(TokensGenerated(text="A long summary.", token_ids=(1,)), finished(completion_tokens=73))
 
     counter, ingress = Counter(count_characters), Ingress(admitting(as_long))
     async with running(compactor(counter.send, ingress.send), counter, ingress) as inbox:
         reply = await compact(inbox)
-        await quiet(ingress, ["AdmitGeneration"])
+        await quiet(ingress, ["AdmitGeneration"] * len(PASS_PENALTIES))
+    assert [admit.sampling for admit in admits(ingress)] == GUARDED_PASSES
     assert reply == RequestFailed(
         kind=FailureKind.INVALID_REQUEST,
         message=f"the summary (73 tokens) is not shorter than the history it replaces ({SUMMARIZED_TOKENS} tokens)",
@@ -451,6 +453,101 @@ async def test_a_summary_one_token_shorter_is_accepted() -> None:
         reply = await compact(inbox)
     assert isinstance(reply, CompactionResult)
     assert reply.usage["output_tokens"] == 72
+
+
+# The guard against degenerate summaries: a loop or a copied-back history gets one retry with a repetition penalty
+
+LOOP_LINE = "Day 4: Belem 14:00, pasteis at 14:00, MAAT museum 14:00.\n\n"  # SmolLM2's, 20 words and marks
+GUARDED_PASSES = [
+    SamplingParams(max_tokens=MAX_OUTPUT_TOKENS, temperature=0.0, repetition_penalty=penalty)
+    for penalty in PASS_PENALTIES
+]
+
+
+def admits(ingress: Ingress) -> list[AdmitGeneration]:
+    return [message for message in ingress.received if isinstance(message, AdmitGeneration)]
+
+
+def looping_events(
+    lines: int, reason: FinishReason = FinishReason.LENGTH
+) -> MemoryObjectReceiveStream[GenerationEvent]:
+    pieces = [TokensGenerated(text=LOOP_LINE, token_ids=(index,)) for index in range(lines)]
+    return events_of(*pieces, finished(reason, completion_tokens=lines))
+
+
+def passes(*streams: Callable[[], MemoryObjectReceiveStream[GenerationEvent]]) -> Callable[[AdmitGeneration], Any]:
+    """The fake ingress's events for each summary pass in turn."""
+    made = iter(streams)
+    return lambda _: next(made)()
+
+
+@pytest.mark.parametrize(
+    "first",
+    [lambda: looping_events(12), lambda: looping_events(12, FinishReason.STOP)],
+    ids=["a-loop-cut-at-max-output-tokens", "a-loop-that-ended"],
+)
+async def test_a_looping_summary_is_retried_with_a_repetition_penalty(
+    first: Callable[[], MemoryObjectReceiveStream[GenerationEvent]],
+) -> None:
+    counter, ingress = Counter(count_characters), Ingress(admitting(passes(first, summary_events)))
+    async with running(compactor(counter.send, ingress.send), counter, ingress) as inbox:
+        reply = await compact(inbox)
+        await ingress.wait_for(3)
+    assert ingress.kinds == ["AdmitGeneration", "AdmitGeneration", "WarmUpConversation"]
+    assert [admit.sampling for admit in admits(ingress)] == GUARDED_PASSES
+    first_id, second_id = (admit.request_id for admit in admits(ingress))
+    assert first_id != second_id
+    assert isinstance(reply, CompactionResult)
+    assert reply.context[len(reply.context) - 4]["content"][0]["text"] == SUMMARY_HEADER + SUMMARY
+    # The usage counts both passes: the one thrown away was computed too.
+    assert reply.usage["input_tokens"] == 2 * PROMPT_TOKENS
+    assert reply.usage["output_tokens"] == 12 + SUMMARY_TOKENS
+
+
+async def test_a_summary_copied_back_whole_is_retried() -> None:
+    def echo() -> MemoryObjectReceiveStream[GenerationEvent]:
+        return events_of(
+            TokensGenerated(text="User: The keeper is Ada.", token_ids=(1,)), finished(completion_tokens=73)
+        )
+
+    counter, ingress = Counter(count_characters), Ingress(admitting(passes(echo, summary_events)))
+    async with running(compactor(counter.send, ingress.send), counter, ingress) as inbox:
+        reply = await compact(inbox)
+        await ingress.wait_for(3)
+    assert isinstance(reply, CompactionResult)
+    assert [admit.sampling for admit in admits(ingress)] == GUARDED_PASSES
+    assert reply.usage["output_tokens"] == 73 + SUMMARY_TOKENS
+
+
+async def test_a_summary_that_loops_on_every_pass_is_a_422_failure() -> None:
+    counter, ingress = Counter(count_characters), Ingress(admitting(lambda _: looping_events(12)))
+    async with running(compactor(counter.send, ingress.send), counter, ingress) as inbox:
+        reply = await compact(inbox)
+        await quiet(ingress, ["AdmitGeneration"] * len(PASS_PENALTIES))
+    assert reply == RequestFailed(
+        kind=FailureKind.UNUSABLE_OUTPUT,
+        message=f"the summary kept repeating itself ({len(PASS_PENALTIES)} passes)",
+        code=FailureCode.COMPACTION_FAILED,
+    )
+
+
+async def test_a_loop_is_stopped_as_soon_as_it_shows() -> None:
+    """The first pass never finishes on its own: the compactor leaves it once its tail loops, which cancels it."""
+    held, looping = anyio.create_memory_object_stream[GenerationEvent](64)
+    streams = iter([looping, summary_events()])
+    counter, ingress = Counter(count_characters), Ingress(admitting(lambda _: next(streams)))
+    with held:
+        for index in range(64):
+            held.send_nowait(TokensGenerated(text=LOOP_LINE, token_ids=(index,)))
+        async with running(compactor(counter.send, ingress.send), counter, ingress) as inbox:
+            reply = await compact(inbox)
+            await ingress.wait_for(3)
+        with pytest.raises(anyio.BrokenResourceError):  # the compactor closed its end: the generation is cancelled
+            held.send_nowait(finished())
+    assert isinstance(reply, CompactionResult)
+    assert [admit.sampling for admit in admits(ingress)] == GUARDED_PASSES
+    stopped_after = reply.usage["output_tokens"] - SUMMARY_TOKENS
+    assert stopped_after < 64  # read up to the first look that saw the loop, not to the end of what was sent
 
 
 async def test_a_history_the_ingress_finds_too_long_does_not_fit_one_window() -> None:

@@ -79,8 +79,8 @@ def test_usage_validates_against_the_sdk_types_strictly(client: openai.OpenAI, h
     streamed = client.responses.create(model=MODEL, input="Hello", max_output_tokens=2, stream=True)
     final = [event for event in streamed if event.type in ("response.completed", "response.incomplete")]
     assert final[0].response.usage is not None
-    usage = final[0].response.usage
-    assert usage.input_tokens_details.cache_write_tokens == usage.input_tokens - usage.input_tokens_details.cached_tokens
+    details = final[0].response.usage.input_tokens_details
+    assert details.cache_write_tokens == final[0].response.usage.input_tokens - details.cached_tokens
 
 
 def test_stream_sends_the_full_event_sequence(client: openai.OpenAI) -> None:
