@@ -60,6 +60,9 @@ SHUTDOWN_MESSAGE = "the server is shutting down"
 WARM_UP_QUEUE = 8
 # An idle scheduler gathers a burst for at most this many admission windows.
 _BURST_WINDOWS = 5
+# How long a request's prefix lookup may hold up its joining the batch: a store that is slow to answer (a long
+# insert ahead of it) makes it a miss, never a stall of the whole batch.
+STORE_LOOKUP_TIMEOUT_S = 0.5
 
 
 @dataclass(slots=True, kw_only=True)
@@ -102,7 +105,9 @@ class SchedulerActor(Actor[SchedulerMessage]):
         admission_window_s: float = 0.0,
         caching: PromptCaching | None = None,
         observe_time_to_first_token: Callable[[float], None] | None = None,
+        lookup_timeout_s: float = STORE_LOOKUP_TIMEOUT_S,
     ) -> None:
+        self._lookup_timeout_s = lookup_timeout_s
         self._mlx = mlx
         self._observe_ttft = observe_time_to_first_token
         self._caching = caching
@@ -252,20 +257,23 @@ class SchedulerActor(Actor[SchedulerMessage]):
         if caching is None or bucket is None:
             return None
         try:
-            found: LookupReply = await ask(
-                caching.store,
-                lambda reply: LookupPrefix(
-                    trace=trace,
-                    bucket=bucket,
-                    session=session,
-                    tokens=tokens,
-                    reply=reply,
-                    check_extended=check_extended,
-                ),
-            )
+            with anyio.move_on_after(self._lookup_timeout_s):
+                found: LookupReply = await ask(
+                    caching.store,
+                    lambda reply: LookupPrefix(
+                        trace=trace,
+                        bucket=bucket,
+                        session=session,
+                        tokens=tokens,
+                        reply=reply,
+                        check_extended=check_extended,
+                    ),
+                )
+                return found
         except (ActorBusy, ActorStopped):
             return None  # a cache that cannot answer is a miss, never a failure
-        return found
+        self._stats.lookups_timed_out += 1  # nor one that answers too late: the batch does not wait
+        return None
 
     async def _warm_up(self, engine: BatchEngine, message: QueueWarmUp) -> None:
         """Extend the session's snapshot over `message.tokens`, yielding to live requests between chunks."""

@@ -11,8 +11,11 @@ each operation did on its span.
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
+from typing import TypeVar
 
 import anyio
+from anyio.streams.memory import MemoryObjectSendStream
 from opentelemetry import trace
 
 from courier.core.snapshot_store import SnapshotStore
@@ -27,6 +30,8 @@ from courier.messages.snapshot_store import (
 )
 from courier.runtime import trace_attributes
 from courier.runtime.actor import Actor
+
+T = TypeVar("T")
 
 SWEEP_INTERVAL_S = 60.0
 MAX_LOGGED_SESSIONS = 1024
@@ -55,19 +60,19 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
             case InsertSnapshot():
                 self._on_insert_snapshot(message)
             case ReadSnapshotStats():
-                await message.reply.send(self._store.stats())
+                await _answer(message.reply, self._store.stats())
             case ResetSnapshots():
-                await message.reply.send(self._store.reset())
+                await _answer(message.reply, self._store.reset())
 
     async def _on_lookup_prefix(self, message: LookupPrefix) -> None:
         if message.check_extended and self._store.extended(message.bucket, message.session, message.tokens):
-            await message.reply.send(PrefixMissed(extended=True))
+            await _answer(message.reply, PrefixMissed(extended=True))
             return
         result = self._store.lookup(message.bucket, message.session, message.tokens)
         span = trace.get_current_span()
         span.set_attribute(trace_attributes.SNAPSHOT_MATCHED, result.matched)
         if result.snapshot is None:
-            await message.reply.send(PrefixMissed())
+            await _answer(message.reply, PrefixMissed())
             return
         found = PrefixFound(
             state=result.snapshot.state,
@@ -76,7 +81,7 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
             trimmed=result.trimmed,
             continues=result.continues,
         )
-        await message.reply.send(found)
+        await _answer(message.reply, found)
 
     def _on_insert_snapshot(self, message: InsertSnapshot) -> None:
         result = self._store.insert(
@@ -102,3 +107,9 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
                 "(--prompt-cache-snapshot-capacity-bytes) is too small for the conversations it serves",
                 message.session or "<anonymous>",
             )
+
+
+async def _answer(reply: MemoryObjectSendStream[T], value: T) -> None:
+    """Reply, unless the asker has stopped waiting (the scheduler gives a lookup a deadline): nothing to tell."""
+    with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await reply.send(value)

@@ -23,6 +23,7 @@ class SchedulerStats:
     rejected: int = 0  # refused by the scheduler: its batch and queue full
     generated_tokens: int = 0
     snapshots_dropped: int = 0
+    lookups_timed_out: int = 0  # prefix lookups the store did not answer in time: served as misses
     warmups_run: int = 0
     warmups_skipped: int = 0
     warmups_pending: int = 0

@@ -511,3 +511,34 @@ async def test_samples_beyond_the_batch_and_queue_are_refused() -> None:
         assert isinstance(reply, RequestFailed) and reply.code == FailureCode.QUEUE_FULL
         assert await read_all(receive) == []
     assert engine.steps == []
+
+
+@pytest.mark.anyio
+async def test_a_store_that_answers_too_late_is_a_miss_and_the_request_runs() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    engine.then(out("r1", text("Hi", 7)), out("r1", finished(1)))
+    release = anyio.Event()
+
+    async def slow(message: SnapshotStoreMessage) -> LookupReply | None:
+        if isinstance(message, LookupPrefix):
+            await release.wait()  # a store stuck behind other work
+            return HISTORY_FOUND
+        return None
+
+    async with store_neighbour(slow) as store:
+        mlx = MlxThread()
+        caching = PromptCaching(store=store.send, bucket=BUCKET)
+        actor = SchedulerActor(mlx, lambda: cast(BatchEngine, engine), stats, caching=caching, lookup_timeout_s=0.05)
+        try:
+            with anyio.fail_after(TIMEOUT_S):
+                async with run_actor(actor) as inbox:
+                    send, receive = event_stream()
+                    assert isinstance(await submit(inbox, "r1", send, cache_prompt=True), GenerationQueued)
+                    assert await read_all(receive) == [text("Hi", 7), finished(1)]
+        finally:
+            release.set()
+            engine.close()
+            mlx.close(timeout=TIMEOUT_S)
+    assert engine.steps[0] == Step((engine_request("r1", boundary=BOUNDARY, snapshots=True),), ())  # no prefix
+    assert (stats.lookups_timed_out, stats.completed) == (1, 1)

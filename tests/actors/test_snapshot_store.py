@@ -26,6 +26,7 @@ from courier.messages.snapshot_store import (
 )
 from courier.runtime import trace_attributes
 from courier.runtime.actor import ActorBusy, ActorStopped, ask
+from courier.runtime.faults import FaultCounter
 from tests.support.actors import run_actor
 
 Outbox = MemoryObjectSendStream[SnapshotStoreMessage]
@@ -262,3 +263,16 @@ async def test_an_ask_queued_when_the_actor_stops_raises_actor_stopped() -> None
                 await ask_stats(send)  # the deadline only turns a regression (a hang) into a failure
     assert str(stopped.value) == "the actor stopped before answering"
     assert send.statistics().open_receive_streams == 0
+
+
+@pytest.mark.anyio
+async def test_a_lookup_whose_asker_stopped_waiting_is_no_fault() -> None:
+    faults = FaultCounter()
+    async with run_actor(actor(), faults=faults) as outbox:
+        insert(outbox, BASE)
+        gone_send, gone_receive = anyio.create_memory_object_stream[LookupReply](1)
+        gone_receive.close()  # the scheduler gave up on it (its lookup deadline passed)
+        outbox.send_nowait(LookupPrefix(bucket=BUCKET, session="a", tokens=(*BASE, 1), reply=gone_send))
+        found = await lookup(outbox, (*BASE, 2))  # the store goes on answering
+        assert isinstance(found, PrefixFound)
+    assert faults.by_actor() == {}

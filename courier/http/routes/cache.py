@@ -48,6 +48,7 @@ def blueprint(context: AppContext) -> Blueprint:
             "snapshot_warmups_skipped": scheduler.warmups_skipped,
             "snapshot_warmups_pending": scheduler.warmups_pending,
             "snapshot_warmups_queued": scheduler.warmups_queued,
+            "snapshot_lookups_timed_out": scheduler.lookups_timed_out,
         }
 
     @routes.post("/v1/cache/reset")
