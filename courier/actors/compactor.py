@@ -49,6 +49,7 @@ from courier.conversation.summary_guard import PASS_PENALTIES, LoopWatch, Verdic
 from courier.conversation.summary_prompt import summary_messages
 from courier.conversation.warm_up import warm_up_next_turn
 from courier.core.failure_codes import FailureCode
+from courier.core.reasoning import ReasoningFormat, ReasoningSplitter
 from courier.engine.generation import FinishReason, GenerationFinished, RequestId, SamplingParams, TokensGenerated
 from courier.messages.asking import Refused, call
 from courier.messages.base import FailureKind, RequestFailed
@@ -98,8 +99,10 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         limits: CompactorLimits,
         *,
         images: ImageAdmission,
+        reasoning: ReasoningFormat | None = None,
     ) -> None:
         super().__init__()
+        self._reasoning = reasoning  # a thinking model's summary is its answer, not its reasoning
         self._token_counter = token_counter
         self._ingress = ingress
         self._codec = codec
@@ -261,6 +264,8 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         texts: list[str] = []
         watch = LoopWatch()
         tokens = 0
+        # Thinking is off for the summary; a template that opens a reasoning block anyway has it taken off.
+        thinking = ReasoningSplitter(self._reasoning, inside=admitted.opens_in_reasoning) if self._reasoning else None
         try:
             # Closed as soon as this stops reading, which takes the summary out of the batch.
             events = cast(
@@ -270,10 +275,12 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             async with aclosing(events):
                 async for event in events:
                     if not isinstance(event, TokensGenerated):
-                        return SummaryPass(text="".join(texts), finished=event)
-                    texts.append(event.text)
+                        rest = thinking.finish().content if thinking is not None else ""
+                        return SummaryPass(text="".join(texts) + rest, finished=event)
+                    text = thinking.feed(event.text).content if thinking is not None else event.text
+                    texts.append(text)
                     tokens += len(event.token_ids)
-                    if watch.add(event.text):  # a loop now would run to max_output_tokens: stop it here
+                    if watch.add(text):  # a loop now would run to max_output_tokens: stop it here
                         cut = GenerationFinished(
                             reason=FinishReason.LENGTH, prompt_tokens=admitted.prompt_tokens, completion_tokens=tokens
                         )

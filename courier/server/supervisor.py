@@ -324,6 +324,7 @@ class Supervisor:
                 timeout_s=settings.request_timeout,
             ),
             images=images,
+            reasoning=reasoning_format(loaded.tokenizer),
         )
         await task_group.start(self._run_actor, compactor, self._compactor_receive, self._compactor_send)
 

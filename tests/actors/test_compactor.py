@@ -26,6 +26,7 @@ from courier.conversation.replay import SUMMARY_HEADER, expand
 from courier.conversation.summary_guard import PASS_PENALTIES
 from courier.conversation.summary_prompt import SUMMARY_REQUEST
 from courier.core.failure_codes import FailureCode
+from courier.core.reasoning import ReasoningFormat
 from courier.engine.generation import (
     FinishReason,
     GenerationEvent,
@@ -148,8 +149,9 @@ def compactor(
     ingress: MemoryObjectSendStream[IngressMessage],
     codec: CapsuleCodec = UNSIGNED,
     limits: CompactorLimits = LIMITS,
+    reasoning: ReasoningFormat | None = None,
 ) -> CompactorActor:
-    return CompactorActor(token_counter, ingress, codec, limits, images=TEXT_ONLY)
+    return CompactorActor(token_counter, ingress, codec, limits, images=TEXT_ONLY, reasoning=reasoning)
 
 
 def close_neighbours(*neighbours: FakeNeighbour[Any]) -> None:
@@ -796,3 +798,17 @@ async def test_retained_items_with_the_same_content_are_all_shown() -> None:
         ("message", "assistant", "Done."),
         ("message", "user", "Go on."),
     ]
+
+
+async def test_a_thinking_models_summary_is_its_answer_without_the_reasoning() -> None:
+    markers = ReasoningFormat(start="<think>", end="</think>", start_tokens=(5,), end_tokens=(6,))
+
+    def thinking(_: AdmitGeneration) -> MemoryObjectReceiveStream[GenerationEvent]:
+        pieces = ["<think>", "Summarize the ships.", "</think>", "\n\n", SUMMARY]
+        return events_of(*(TokensGenerated(text=text, token_ids=(1,)) for text in pieces), finished())
+
+    counter, ingress = Counter(count_characters), Ingress(admitting(thinking))
+    async with running(compactor(counter.send, ingress.send, reasoning=markers), counter, ingress) as inbox:
+        reply = await compact(inbox)
+    assert isinstance(reply, CompactionResult)
+    assert UNSIGNED.decode(reply.compaction_item["encrypted_content"]).summary == SUMMARY
