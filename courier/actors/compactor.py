@@ -85,6 +85,11 @@ class SummaryPass:
 
     text: str
     finished: GenerationFinished
+    reasoning_tokens: int = 0  # of its completion tokens, those a reasoning block took (not the summary's length)
+
+    @property
+    def summary_tokens(self) -> int:
+        return self.finished.completion_tokens - self.reasoning_tokens
 
 
 class CompactorActor(ConcurrentActor[CompactorMessage]):
@@ -208,7 +213,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
                 prompt, pass_sampling(message.max_output_tokens, attempt), message, memo, deadline
             )
             passes.append(done)
-            judged = verdict(done.text, done.finished.reason, done.finished.completion_tokens, history_tokens)
+            judged = verdict(done.text, done.finished.reason, done.summary_tokens, history_tokens)
             if not judged.degenerate:
                 break
             logger.info("compaction summary pass %d degenerated (%s)", attempt + 1, judged.value)
@@ -220,7 +225,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             case Verdict.ECHO:
                 raise Refused(
                     _invalid(
-                        f"the summary ({done.finished.completion_tokens} tokens) is not shorter than the history "
+                        f"the summary ({done.summary_tokens} tokens) is not shorter than the history "
                         f"it replaces ({history_tokens} tokens)",
                         "input",
                         code=FailureCode.CONTEXT_LENGTH_EXCEEDED,
@@ -276,11 +281,13 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
                 async for event in events:
                     if not isinstance(event, TokensGenerated):
                         rest = thinking.finish().content if thinking is not None else ""
-                        return SummaryPass(text="".join(texts) + rest, finished=event)
-                    text = thinking.feed(event.text).content if thinking is not None else event.text
-                    texts.append(text)
-                    tokens += len(event.token_ids)
-                    if watch.add(text):  # a loop now would run to max_output_tokens: stop it here
+                        spent = thinking.reasoning_tokens if thinking is not None else 0
+                        return SummaryPass(text="".join(texts) + rest, finished=event, reasoning_tokens=spent)
+                    count = len(event.token_ids)
+                    texts.append(thinking.feed(event.text, count).content if thinking is not None else event.text)
+                    tokens += count
+                    # A loop would run to max_output_tokens: stop it here (the raw text: one inside a block counts).
+                    if watch.add(event.text):
                         cut = GenerationFinished(
                             reason=FinishReason.LENGTH, prompt_tokens=admitted.prompt_tokens, completion_tokens=tokens
                         )

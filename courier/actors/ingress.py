@@ -184,7 +184,9 @@ class IngressActor(Actor[IngressMessage]):
             send.close()
             receive.close()
             raise
-        reasoning = self._reasoning if isinstance(message.prompt, ChatPrompt) else None
+        # A constrained reply (a schema, a forced call) is the grammar's from its first token: no reasoning block.
+        constrained = sampling.constraint is not None
+        reasoning = self._reasoning if isinstance(message.prompt, ChatPrompt) and not constrained else None
         return Admitted(
             request_id=message.request_id,
             prompt_tokens=len(tokens),

@@ -224,20 +224,24 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 return
 
     async def _promote(self) -> list[EngineRequest]:
-        """Waiting requests join the batch in order while their samples fit (the first that does not waits)."""
+        """Waiting requests join the batch in order while their samples fit (the first that does not waits). Their
+        prefix lookups share one deadline, so a slow store delays a step by at most that, however many join."""
         added: list[EngineRequest] = []
+        deadline = time.monotonic() + self._lookup_timeout_s
         while self._waiting and self._running_sequences() + self._waiting[0].width <= self._stats.max_batch:
             queued = self._waiting.popleft()
             self._running[queued.request.request_id] = queued
-            added.append(await self._with_cached_prefix(queued))
+            added.append(await self._with_cached_prefix(queued, deadline))
         self._update_counts()
         return added
 
-    async def _with_cached_prefix(self, queued: _Queued) -> EngineRequest:
+    async def _with_cached_prefix(self, queued: _Queued, deadline: float) -> EngineRequest:
         request = queued.request
         if not queued.cache_prompt:
             return request
-        found = await self._ask_store(queued.session, request.prompt_tokens, queued.trace, queued.bucket)
+        found = await self._ask_store(
+            queued.session, request.prompt_tokens, queued.trace, queued.bucket, deadline=deadline
+        )
         prefix = _cached_prefix(found)
         return replace(request, prefix=prefix) if prefix is not None else request
 
@@ -252,12 +256,17 @@ class SchedulerActor(Actor[SchedulerMessage]):
         bucket: Bucket | None,
         *,
         check_extended: bool = False,
+        deadline: float | None = None,
     ) -> LookupReply | None:
+        """The store's answer, or None (a miss) when it is busy, stopped, or silent past `deadline` (default: the
+        lookup timeout from now)."""
         caching = self._caching
         if caching is None or bucket is None:
             return None
         try:
-            with anyio.move_on_after(self._lookup_timeout_s):
+            if deadline is None:
+                deadline = time.monotonic() + self._lookup_timeout_s
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
                 found: LookupReply = await ask(
                     caching.store,
                     lambda reply: LookupPrefix(

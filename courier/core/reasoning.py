@@ -17,6 +17,10 @@ from enum import Enum
 
 from courier.core.stop_text import held_back_length
 
+# Tokens a template may write after the start marker that opens the reply's block (`<think>\n`: one newline token,
+# two at most).
+OPENING_SLACK = 2
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReasoningFormat:
@@ -28,10 +32,13 @@ class ReasoningFormat:
     end_tokens: tuple[int, ...]
 
     def open_at_end(self, prompt: Sequence[int]) -> bool:
-        """Whether the prompt leaves a reasoning block open: the last marker in it is a start marker."""
+        """Whether the prompt's generation prompt opens a reasoning block: a start marker among its last tokens (the
+        marker and the newline or two a template writes after it), not closed after it. Only the tail counts: a
+        marker in a message (a user asking what `<think>` does) is text, not an open block."""
         if not self.start_tokens or not self.end_tokens:
             return False
-        for index in range(len(prompt) - 1, -1, -1):  # one backward pass; most prompts end near a marker or have none
+        first = max(0, len(prompt) - 1 - OPENING_SLACK)  # where a marker that opens the reply may end
+        for index in range(len(prompt) - 1, first - 1, -1):
             if _ends_with(prompt, index, self.end_tokens):
                 return False
             if _ends_with(prompt, index, self.start_tokens):
@@ -66,6 +73,11 @@ class ReasoningSplitter:
     @property
     def in_reasoning(self) -> bool:
         return self._state is _State.REASONING
+
+    @property
+    def undecided(self) -> bool:
+        """Nothing but whitespace or part of a start marker seen: whether the reply opens a block is not known."""
+        return self._state is _State.OPENING
 
     def feed(self, text: str, tokens: int = 0) -> ReasoningSplit:
         """`tokens`: how many generated tokens `text` came from; they count as reasoning if any of them was."""

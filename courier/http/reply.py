@@ -56,6 +56,7 @@ class ReplyAssembler:
         self._reasoning: list[str] = []
         self._content: list[str] = []
         self._reasoned = False  # the last piece was (partly) reasoning
+        self._undecided_logprobs: list[TokenLogprob] = []  # before the reply shows whether it opens a block
         self.logprobs: list[TokenLogprob] = []
 
     @property
@@ -74,12 +75,24 @@ class ReplyAssembler:
         delta = self._split(event.text, len(event.token_ids), finishing=False)
         if self._reasoned or not event.logprobs:
             return delta
-        self.logprobs.extend(event.logprobs)
-        return ReplyDelta(delta.reasoning, delta.content, event.logprobs)
+        if self._thinking is not None and self._thinking.undecided:
+            self._undecided_logprobs.extend(event.logprobs)  # the answer's only if no block opens
+            return delta
+        logprobs = (*self._undecided_logprobs, *event.logprobs)
+        self._undecided_logprobs = []
+        self.logprobs.extend(logprobs)
+        return ReplyDelta(delta.reasoning, delta.content, logprobs)
+
+    @property
+    def reasoning_closed(self) -> bool:
+        """The reply had a reasoning block, and it ended (the answer, or a call, came after it)."""
+        return self._thinking is not None and bool(self.reasoning) and not self._thinking.in_reasoning
 
     def finish(self) -> tuple[ReplyDelta, list[ToolCall]]:
         """Text still held back, and the complete tool calls (as many as the request keeps)."""
         delta = self._split("", 0, finishing=True)
+        self.logprobs.extend(self._undecided_logprobs)  # no block opened after all: they were the answer's
+        self._undecided_logprobs = []
         calls = parse_tool_calls(self._raw_calls, self._tool_format, self._parsing.tools)
         return delta, self._parsing.output.kept_calls(calls)
 
@@ -88,6 +101,8 @@ class ReplyAssembler:
         if self._thinking is not None:
             split = self._thinking.finish() if finishing else self._thinking.feed(text, tokens)
             reasoning, text, self._reasoned = split.reasoning, split.content, split.reasoned
+            if self._reasoned:
+                self._undecided_logprobs = []  # they were the block's opening
         if self._calls is not None:
             calls = self._calls.feed(text)
             content, raw = calls.content, list(calls.calls)

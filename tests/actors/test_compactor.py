@@ -804,11 +804,20 @@ async def test_a_thinking_models_summary_is_its_answer_without_the_reasoning() -
     markers = ReasoningFormat(start="<think>", end="</think>", start_tokens=(5,), end_tokens=(6,))
 
     def thinking(_: AdmitGeneration) -> MemoryObjectReceiveStream[GenerationEvent]:
-        pieces = ["<think>", "Summarize the ships.", "</think>", "\n\n", SUMMARY]
-        return events_of(*(TokensGenerated(text=text, token_ids=(1,)) for text in pieces), finished())
+        reasoning = TokensGenerated(text="Summarize the ships.", token_ids=tuple(range(70)))
+        pieces = [
+            TokensGenerated(text="<think>", token_ids=(1,)),
+            reasoning,
+            TokensGenerated(text="</think>", token_ids=(2,)),
+            TokensGenerated(text="\n\n", token_ids=(3,)),
+            TokensGenerated(text=SUMMARY, token_ids=tuple(range(12))),
+        ]
+        # 85 tokens in all, more than the history's 73: only the 13 after the block are the summary's.
+        return events_of(*pieces, finished(completion_tokens=85))
 
     counter, ingress = Counter(count_characters), Ingress(admitting(thinking))
     async with running(compactor(counter.send, ingress.send, reasoning=markers), counter, ingress) as inbox:
         reply = await compact(inbox)
     assert isinstance(reply, CompactionResult)
     assert UNSIGNED.decode(reply.compaction_item["encrypted_content"]).summary == SUMMARY
+    assert ingress.kinds.count("AdmitGeneration") == 1  # judged by its answer's length: no retry

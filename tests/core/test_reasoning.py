@@ -63,11 +63,13 @@ def test_tokens_count_as_reasoning_through_the_end_marker() -> None:
     ("prompt", "opens"),
     [
         ([1, 2, 7], True),
-        ([1, 7, 3, 4], True),
+        ([1, 2, 7, 3], True),
         ([7, 3, 8, 5], False),
         ([7, 3, 8, 7], True),
         ([1, 2, 3], False),
         ([], False),
+        ([7, 1, 2, 3, 4], False),  # a marker in a message, turns before the generation prompt, is text
+        ([1, 7, 3, 4], True),  # the marker and two tokens after it (`<think>` and newlines)
     ],
 )
 def test_a_prompt_opens_the_block_when_its_last_marker_is_a_start(prompt: list[int], opens: bool) -> None:
@@ -77,4 +79,5 @@ def test_a_prompt_opens_the_block_when_its_last_marker_is_a_start(prompt: list[i
 def test_multi_token_markers_are_matched_whole() -> None:
     markers = ReasoningFormat(start="<|channel>thought", end="<channel|>", start_tokens=(5, 6), end_tokens=(9,))
     assert markers.open_at_end([1, 5, 6, 2])
+    assert not markers.open_at_end([5, 6, 1, 2, 3])
     assert not markers.open_at_end([1, 6, 2])  # half a start marker

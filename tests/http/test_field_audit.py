@@ -426,6 +426,9 @@ def test_responses_take_chats_sampling_extensions(http: httpx.Client) -> None:
 def test_an_include_value_this_server_does_not_know_is_refused(http: httpx.Client) -> None:
     body = body_for(RESPONSES, {"include": ["message.output_text.logprobs", "everything.else"]})
     assert_refused(http.post(RESPONSES, json=body), "include[1]")
+    assert_refused(http.post(RESPONSES, json=body_for(RESPONSES, {"include": [{}]})), "include[0]")
+    summary = body_for(RESPONSES, {"reasoning": {"generate_summary": "auto"}})
+    assert_refused(http.post(RESPONSES, json=summary), "reasoning.generate_summary")
 
 
 def test_responses_include_logprobs_is_honoured_or_refused(http: httpx.Client) -> None:

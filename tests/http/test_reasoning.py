@@ -267,6 +267,18 @@ def test_a_prompt_that_opens_the_block_starts_the_reply_in_it(r1: Served) -> Non
     assert response.output_text == ANSWER
 
 
+def test_a_constrained_reply_is_content_even_where_the_prompt_opens_the_block(r1: Served) -> None:
+    """The grammar writes JSON from the first token, so no block is written, and none is split off."""
+    reply = r1.client.chat.completions.create(
+        model=MODEL, messages=ASK, temperature=0, max_tokens=8, response_format={"type": "json_object"}
+    )
+    message = reply.choices[0].message
+    assert message.content is not None and message.content.startswith("{")
+    assert "reasoning_content" not in _extra(message)
+    assert reply.usage is not None and reply.usage.completion_tokens_details is not None
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 0
+
+
 def test_the_model_shows_its_reasoning_markers(qwen: Served) -> None:
     model = qwen.http.get(f"/v1/models/{MODEL}").json()
     assert model["capabilities"]["reasoning"] == [THINK_START, THINK_END]

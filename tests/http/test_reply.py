@@ -44,3 +44,13 @@ def test_without_markers_the_reply_is_all_content() -> None:
     reply.feed(event("<think>x</think>y"))
     reply.finish()
     assert (reply.reasoning, reply.content, reply.reasoning_tokens) == ("", "<think>x</think>y", 0)
+
+
+def test_logprobs_before_the_reply_shows_a_block_wait_to_see_whose_they_are() -> None:
+    opened = ReplyAssembler(ReplyParsing(reasoning=TAGS))
+    shown = [opened.feed(event(text, -0.5)) for text in ["\n", "<think>", "hm", "</think>", "Yes"]]
+    assert [len(delta.logprobs) for delta in shown] == [0, 0, 0, 0, 1]  # the newline opened a block: not the answer's
+    plain = ReplyAssembler(ReplyParsing(reasoning=TAGS))
+    shown = [plain.feed(event(text, -0.5)) for text in ["\n", "Yes"]]
+    assert [len(delta.logprobs) for delta in shown] == [0, 2]  # no block: the held one comes with the answer
+    assert [entry.token for entry in plain.logprobs] == ["\n", "Yes"]

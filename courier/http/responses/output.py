@@ -43,7 +43,8 @@ class OutputAssembler(ReplyAssembler):
 
     def partial(self) -> list[JsonObject]:
         """What a cancelled or failed generation leaves: its reasoning and text so far, marked incomplete."""
-        items = [self.reasoning_item(status="incomplete")] if self.reasoning else []
+        status = "completed" if self.reasoning_closed else "incomplete"
+        items = [self.reasoning_item(status=status)] if self.reasoning else []
         return items + ([self.message(status="incomplete")] if self.text else [])
 
 

@@ -92,8 +92,9 @@ def _template_options(body: Mapping[str, Any]) -> TemplateOptions:
     if value is not None and not isinstance(value, dict):
         raise ApiError.invalid("'reasoning' must be an object", param="reasoning")
     value = value or {}
-    if value.get("summary") is not None or value.get("generate_summary") is not None:
-        raise ApiError.invalid("reasoning summaries are not supported", param="reasoning.summary")
+    for key in ("summary", "generate_summary"):
+        if value.get(key) is not None:
+            raise ApiError.invalid("reasoning summaries are not supported", param=f"reasoning.{key}")
     try:
         effort = reasoning_effort(value.get("effort"), "reasoning.effort")
         kwargs = template_kwargs(body.get("chat_template_kwargs"))
@@ -127,7 +128,7 @@ def _include(value: Any) -> bool:
     if not isinstance(value, list):
         raise ApiError.invalid("'include' must be a list of strings", param="include")
     for index, entry in enumerate(value):
-        if entry not in INCLUDABLE:
+        if not isinstance(entry, str) or entry not in INCLUDABLE:
             raise ApiError.invalid(
                 f"include[{index}]: {str(entry)[:80]!r} is not supported; one of {sorted(INCLUDABLE)}",
                 param=f"include[{index}]",
