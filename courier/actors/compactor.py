@@ -55,9 +55,9 @@ from courier.messages.asking import Refused, call
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage, CompactReply
 from courier.messages.generation_reader import (
-    ENDED_WITHOUT_RESULT,
     Cancellation,
     GenerationCancelled,
+    ended_without_result,
     generated_events,
 )
 from courier.messages.ingress import AdmitGeneration, ChatPrompt, IngressMessage
@@ -302,7 +302,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             # The passes share one deadline: name the whole of it, not what was left for this pass.
             whole = f"the request did not finish within {self._limits.timeout_s:g} s"
             raise Refused(dataclasses.replace(refused.failure, message=whole)) from None
-        raise Refused(RequestFailed(kind=FailureKind.INTERNAL, message=ENDED_WITHOUT_RESULT))
+        raise Refused(ended_without_result())
 
 
 def _spent(passes: Sequence[SummaryPass]) -> GenerationFinished:

@@ -140,11 +140,11 @@ def _max_tokens_key(body: dict[str, Any]) -> str:
     if body.get("max_completion_tokens") is None:
         return "max_tokens"
     if body.get("max_tokens") is not None:
-        _positive_int(body, "max_tokens")
+        optional_positive_int(body, "max_tokens")
     return "max_completion_tokens"
 
 
-def _positive_int(body: dict[str, Any], key: str) -> int | None:
+def optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ApiError.invalid(f"'{key}' must be a positive integer", param=key)
@@ -162,7 +162,7 @@ def sampling_params(
 ) -> SamplingParams:
     """The sampling fields chat, completions and the Responses API share (`max_tokens_key`: the body's name for
     the limit; 0 for none, then the context decides)."""
-    max_tokens = _positive_int(body, max_tokens_key)
+    max_tokens = optional_positive_int(body, max_tokens_key)
     return SamplingParams(
         max_tokens=default_max if max_tokens is None else max_tokens,
         temperature=number_in(body, "temperature", 0.0, MAX_TEMPERATURE, defaults.temperature),

@@ -11,15 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from courier.core.failure_codes import FailureCode
 from courier.core.reasoning import ReasoningFormat, ReasoningSplitter
 from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
 from courier.engine.generation import GenerationFinished, TokenLogprob, TokensGenerated
 from courier.grammar.output_spec import OutputSpec
 from courier.messages.asking import Refused
-from courier.messages.base import FailureKind, RequestFailed
-from courier.messages.generation_reader import ENDED_WITHOUT_RESULT, Cancellation, generated_events
+from courier.messages.generation_reader import Cancellation, ended_without_result, generated_events
 from courier.messages.ingress import Admitted
+from courier.status.service_state import ServiceState
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +115,22 @@ class ReplyAssembler:
         return ReplyDelta(reasoning, text)
 
 
+def reply_parsing(
+    state: ServiceState,
+    admitted: Admitted,
+    tools: Sequence[Mapping[str, Any]] | None,
+    output: OutputSpec,
+) -> ReplyParsing:
+    """How to read the reply of `admitted`: the served model's markers and formats, the request's tools."""
+    return ReplyParsing(
+        reasoning=state.reasoning,
+        opens_in_reasoning=admitted.opens_in_reasoning,
+        tool_format=state.tool_format,
+        tools=tools,
+        output=output,
+    )
+
+
 async def assemble(
     admitted: Admitted,
     timeout_s: float,
@@ -131,7 +146,5 @@ async def assemble(
         else:
             finishes[event.choice] = event
     if len(finishes) < len(replies):
-        raise Refused(
-            RequestFailed(kind=FailureKind.INTERNAL, message=ENDED_WITHOUT_RESULT, code=FailureCode.GENERATION_FAILED)
-        )
+        raise Refused(ended_without_result())
     return [finishes[choice] for choice in range(len(replies))]

@@ -117,7 +117,12 @@ async def collect(admitted: Admitted, timeout_s: float, cancellation: Cancellati
             logprobs.extend(event.logprobs)
         else:
             return Collected(text="".join(texts), logprobs=logprobs, finished=event)
-    raise Refused(_failure(GenerationFailed(message=ENDED_WITHOUT_RESULT)))
+    raise Refused(ended_without_result())
+
+
+def ended_without_result() -> RequestFailed:
+    """The failure of a generation whose events stopped before its (last) finish."""
+    return _failure(GenerationFailed(message=ENDED_WITHOUT_RESULT))
 
 
 def _failure(event: GenerationFailed) -> RequestFailed:

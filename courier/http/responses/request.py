@@ -22,6 +22,7 @@ from courier.http.openai_requests import (
     MAX_TOP_LOGPROBS_CHAT,
     int_in,
     model_name,
+    optional_positive_int,
     sampling_params,
     session_key,
 )
@@ -55,7 +56,7 @@ def parse_responses_request(
     items = input_items(raw_input) if raw_input is not None else []
     instructions = optional_str(body, "instructions") or None
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
-    max_output_tokens = _optional_positive_int(body, "max_output_tokens")
+    max_output_tokens = optional_positive_int(body, "max_output_tokens")
     logprobs = _include(body.get("include")) or top_logprobs > 0
     # Beyond OpenAI's fields, the sampling extensions chat takes (seed, stop, top_k, min_p, penalties, logit_bias).
     sampling = sampling_params(
@@ -208,7 +209,7 @@ def _output(body: Mapping[str, Any]) -> OutputSpec:
         output_spec.tool_choice(body.get("tool_choice"), responses=True),
         optional_bool(dict(body), "parallel_tool_calls", True),
         body.get("tools") if isinstance(body.get("tools"), list) else None,
-        _optional_positive_int(body, "max_tool_calls"),
+        optional_positive_int(body, "max_tool_calls"),
     )
 
 
@@ -259,12 +260,3 @@ def _tools(value: Any) -> tuple[JsonObject, ...]:
         if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
             raise ApiError.invalid(f"{param}.parameters must be an object", param=f"{param}.parameters")
     return tuple(value)
-
-
-def _optional_positive_int(body: Mapping[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ApiError.invalid(f"'{key}' must be a positive integer", param=key)
-    return value

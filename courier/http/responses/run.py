@@ -39,16 +39,14 @@ from courier.conversation.response_object import (
     response_object,
 )
 from courier.conversation.turn import Plan, Rendered, Turn, TurnServices, admit_turn, compact
-from courier.core.failure_codes import FailureCode
 from courier.engine.generation import GenerationFinished, TokenLogprob, TokensGenerated
 from courier.http.context import AppContext
-from courier.http.reply import ReplyParsing, assemble
+from courier.http.reply import ReplyParsing, assemble, reply_parsing
 from courier.http.responses.events import EventWriter
 from courier.http.responses.in_flight import InFlightResponse
 from courier.http.responses.output import OutputAssembler, logprob_objects
 from courier.messages.asking import Refused
-from courier.messages.base import FailureKind, RequestFailed
-from courier.messages.generation_reader import ENDED_WITHOUT_RESULT, GenerationCancelled, generated_events
+from courier.messages.generation_reader import GenerationCancelled, ended_without_result, generated_events
 from courier.storage.records import JsonObject
 
 logger = logging.getLogger(__name__)
@@ -219,7 +217,7 @@ class _Stream:
             for chunk in items.delta(rest.reasoning, rest.content, (), message=not calls):
                 yield chunk
             if finished is None:
-                raise Refused(_ended_without_result())
+                raise Refused(ended_without_result())
             calls_output = [item for item in assembler.output_items(calls) if item["type"] == "function_call"]
             output = items.finished() + calls_output
             self._generated = finished_outcome(finished, output, assembler.reasoning_tokens)
@@ -365,15 +363,4 @@ def _function_call_events(emit: EventWriter, index: int, item: JsonObject) -> li
 
 
 def _parsing(context: AppContext, turn: Turn) -> ReplyParsing:
-    state = context.state
-    return ReplyParsing(
-        reasoning=state.reasoning,
-        opens_in_reasoning=turn.admitted.opens_in_reasoning,
-        tool_format=state.tool_format,
-        tools=turn.request.template_tools,
-        output=turn.request.output,
-    )
-
-
-def _ended_without_result() -> RequestFailed:
-    return RequestFailed(kind=FailureKind.INTERNAL, message=ENDED_WITHOUT_RESULT, code=FailureCode.GENERATION_FAILED)
+    return reply_parsing(context.state, turn.admitted, turn.request.template_tools, turn.request.output)

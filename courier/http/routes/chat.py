@@ -18,7 +18,7 @@ from courier.http.generation import admit, new_request_id, sse
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_chat_request
-from courier.http.reply import ReplyAssembler, ReplyParsing, assemble
+from courier.http.reply import ReplyAssembler, ReplyParsing, assemble, reply_parsing
 from courier.http.streaming import event_stream_response
 from courier.messages.generation_reader import generated_events
 from courier.messages.ingress import Admitted, ChatPrompt
@@ -104,14 +104,7 @@ async def _stream(
 
 
 def _parsing(context: AppContext, request: GenerationRequest, admitted: Admitted) -> ReplyParsing:
-    state = context.state
-    return ReplyParsing(
-        reasoning=state.reasoning,
-        opens_in_reasoning=admitted.opens_in_reasoning,
-        tool_format=state.tool_format,
-        tools=request.tools,
-        output=request.output,
-    )
+    return reply_parsing(context.state, admitted, request.tools, request.output)
 
 
 def _warm_up_next_turn(
