@@ -353,6 +353,20 @@ class Settings:
     prompt_cache_snapshot_ttl: float = setting(
         7200.0, parse_positive_float, "seconds a snapshot is kept after its last use", metavar="SECONDS"
     )
+    prompt_cache_dir: Path | None = setting(  # noqa: RUF009
+        None,
+        _optional_path,
+        "where the prompt cache's disk tier keeps snapshot files, one private subdirectory per model (default: "
+        "prompt-cache under --cache-dir)",
+        metavar="DIR",
+    )
+    prompt_cache_disk_bytes: int | None = setting(
+        None,
+        parse_bytes,
+        "byte budget of the prompt cache's disk tier, which keeps conversations warm through evictions and "
+        "restarts; 0 turns it off (default: sized from the model's state, at most half the free disk space)",
+        metavar="BYTES",
+    )
     prompt_cache_min_prefix: int = setting(
         16,
         parse_positive_int,

@@ -1,27 +1,35 @@
 """SnapshotStoreActor: owns the snapshot store (the prompt cache of model states); no one else touches it.
 
 Receives `LookupPrefix` (replies `PrefixFound` or `PrefixMissed`), `InsertSnapshot`
-(no reply), `ReadSnapshotStats` (replies a copy of its figures) and `ResetSnapshots`
-(replies freed entries and bytes). The store's invariants (supersede before byte
-accounting; the byte cap never exceeded) live in `core/snapshot_store.py`; this
-shell moves messages, sweeps expired entries on a periodic tick, and records what
-each operation did on its span.
+(no reply), `ReadSnapshotStats` (replies a copy of its figures), `ResetSnapshots`
+(replies freed entries, memory bytes and disk bytes) and `FlushSnapshots` (replies how many it wrote).
+The store's invariants (supersede before byte accounting; both tiers' byte caps
+never exceeded) live in `core/snapshot_store.py`; this shell moves messages, hands
+what the store asks of the disk to the disk tier's worker (`snapshot_disk.py`),
+sweeps expired entries on a periodic tick, and records what each operation did on
+its span. A lookup that hits an entry only on disk is answered from a side task once
+the file is read back, so other lookups and inserts do not wait for the disk.
 """
 
 from __future__ import annotations
 
 import logging
 from contextlib import suppress
-from typing import TypeVar
+from dataclasses import replace
+from functools import partial
+from typing import Any, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 from opentelemetry import trace
 
-from courier.core.snapshot_store import SnapshotStore
+from courier.actors.snapshot_disk import SnapshotDisk
+from courier.core.snapshot_store import LookupResult, SnapshotStore, StoreStats
 from courier.messages.snapshot_store import (
+    FlushSnapshots,
     InsertSnapshot,
     LookupPrefix,
+    LookupReply,
     PrefixFound,
     PrefixMissed,
     ReadSnapshotStats,
@@ -30,11 +38,14 @@ from courier.messages.snapshot_store import (
 )
 from courier.runtime import trace_attributes
 from courier.runtime.actor import Actor
+from courier.runtime.concurrent_actor import SideTasks
 
 T = TypeVar("T")
 
 SWEEP_INTERVAL_S = 60.0
 MAX_LOGGED_SESSIONS = 1024
+# Files read back at once; a lookup beyond them is a miss (counted), never a queue behind the disk.
+MAX_RESTORES = 4
 
 logger = logging.getLogger(__name__)
 
@@ -42,27 +53,58 @@ logger = logging.getLogger(__name__)
 class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
     name = "snapshot_store"
 
-    def __init__(self, store: SnapshotStore) -> None:
+    def __init__(self, store: SnapshotStore, disk: SnapshotDisk | None = None) -> None:
         self._store = store
+        self._disk = disk
+        self._restores: SideTasks[LookupPrefix] = SideTasks(MAX_RESTORES, self.fault)
         # Bounded: beyond this many sessions, further self-evictions are only counted.
         self._self_evicted_sessions: set[str] = set()
 
     async def background(self) -> None:
-        """Sweep expired snapshots on a periodic tick (lookups also sweep lazily)."""
-        while True:
-            await anyio.sleep(SWEEP_INTERVAL_S)
-            self._store.sweep()
+        """Sweep expired snapshots on a periodic tick (lookups also sweep lazily); run the disk tier's writer."""
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._restores.run)
+            if self._disk is not None:
+                group.start_soon(self._disk.run_writer, self._store)
+            while True:
+                await anyio.sleep(SWEEP_INTERVAL_S)
+                self._store.sweep()
+                self._dispatch()
 
     async def handle(self, message: SnapshotStoreMessage) -> None:
-        match message:
-            case LookupPrefix():
-                await self._on_lookup_prefix(message)
-            case InsertSnapshot():
-                self._on_insert_snapshot(message)
-            case ReadSnapshotStats():
-                await _answer(message.reply, self._store.stats())
-            case ResetSnapshots():
-                await _answer(message.reply, self._store.reset())
+        try:
+            match message:
+                case LookupPrefix():
+                    await self._on_lookup_prefix(message)
+                case InsertSnapshot():
+                    self._on_insert_snapshot(message)
+                case ReadSnapshotStats():
+                    await _answer(message.reply, self._stats())
+                case ResetSnapshots():
+                    memory, disk = self._store.nbytes, self._store.disk_nbytes
+                    entries, _ = self._store.reset()
+                    await _answer(message.reply, (entries, memory, disk))
+                case FlushSnapshots():
+                    await self._on_flush(message)
+        finally:
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        if self._disk is not None:
+            self._disk.dispatch(self._store)
+
+    def _stats(self) -> StoreStats:
+        stats = self._store.stats()
+        if self._disk is None:
+            return stats
+        return replace(stats, disk_io=replace(self._disk.io), disk_directory=str(self._disk.directory.path))
+
+    async def _on_flush(self, message: FlushSnapshots) -> None:
+        written = self._store.flush()
+        if self._disk is not None:
+            self._dispatch()
+            await self._disk.drained()
+        await _answer(message.reply, written)
 
     async def _on_lookup_prefix(self, message: LookupPrefix) -> None:
         if message.check_extended and self._store.extended(message.bucket, message.session, message.tokens):
@@ -71,17 +113,26 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
         result = self._store.lookup(message.bucket, message.session, message.tokens)
         span = trace.get_current_span()
         span.set_attribute(trace_attributes.SNAPSHOT_MATCHED, result.matched)
-        if result.snapshot is None:
+        snapshot = result.snapshot
+        if snapshot is None:
             await _answer(message.reply, PrefixMissed())
             return
-        found = PrefixFound(
-            state=result.snapshot.state,
-            length=len(result.snapshot.tokens),
-            matched=result.matched,
-            trimmed=result.trimmed,
-            continues=result.continues,
-        )
-        await _answer(message.reply, found)
+        span.set_attribute(trace_attributes.SNAPSHOT_TIER, "memory" if snapshot.state_held else "disk")
+        if snapshot.state_held:
+            await _answer(message.reply, _found(result, snapshot.state))
+            return
+        if not await self._restores.start(message, partial(self._restore, result), wait=False):
+            assert self._disk is not None
+            self._disk.io.restores_refused += 1
+            await _answer(message.reply, PrefixMissed())
+
+    async def _restore(
+        self, result: LookupResult, message: LookupPrefix, reply: MemoryObjectSendStream[LookupReply]
+    ) -> None:
+        """Read the entry's file back (a side task: the inbox goes on meanwhile) and answer with it, or a miss."""
+        assert self._disk is not None and result.snapshot is not None
+        state = await self._disk.restore(self._store, result.snapshot)
+        await _answer(reply, PrefixMissed() if state is None else _found(result, state))
 
     def _on_insert_snapshot(self, message: InsertSnapshot) -> None:
         result = self._store.insert(
@@ -107,6 +158,17 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
                 "(--prompt-cache-snapshot-capacity-bytes) is too small for the conversations it serves",
                 message.session or "<anonymous>",
             )
+
+
+def _found(result: LookupResult, state: Any) -> PrefixFound:
+    assert result.snapshot is not None
+    return PrefixFound(
+        state=state,
+        length=len(result.snapshot.tokens),
+        matched=result.matched,
+        trimmed=result.trimmed,
+        continues=result.continues,
+    )
 
 
 async def _answer(reply: MemoryObjectSendStream[T], value: T) -> None:

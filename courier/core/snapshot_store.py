@@ -38,6 +38,20 @@ in its idle warm-up (which starts from the prompt instead) or, when its next tur
 comes first and the reply re-tokenizes as generated, in that turn. Lookup's
 `continues` already lets the next completion of a repeated history supersede such a
 sibling, so the anonymous session keeps the rule every session has.
+
+Two tiers: with a disk budget (`StoreLimits.disk_capacity_bytes` > 0) an entry lives
+in memory, on disk, or both, under one index. Every accepted snapshot is also written
+to disk behind the request (write-behind: a restart, even `kill -9`, keeps it), so an
+entry the memory tier evicts by LRU usually has its file already and only lets go of
+its state; one without a file is spilled (written) instead of dropped. A lookup may
+answer with an entry that is only on disk: its owner reads the file back and
+`promote`s it. The disk tier evicts least-recently-used files within its own budget;
+an entry neither tier holds is gone. The store stays pure: what the disk must do is
+queued as `WriteFile` / `DeleteFile` effects that its owner takes (`take_effects`) and
+carries out in order, reporting back (`write_done`, `write_failed`, `drop_unreadable`).
+A file's bytes are charged before it is written (`disk_footprint`, an upper bound), so
+the disk cap holds at every moment too. Supersede removes a conversation's older
+entries from both tiers.
 """
 
 from __future__ import annotations
@@ -53,6 +67,14 @@ from courier.core.radix_index import PathMatch, RadixIndex
 
 ANONYMOUS_SESSION = ""
 EntryId = int
+# What a snapshot file may need beyond its arrays and tokens (format header: identity, shapes, layer layout).
+DISK_HEADER_ALLOWANCE = 64 * 1024
+TOKEN_BYTES = 4
+
+
+def disk_footprint(nbytes: int, token_count: int) -> int:
+    """The bytes a snapshot's file is charged (and may take at most): arrays, tokens and the header allowance."""
+    return nbytes + TOKEN_BYTES * token_count + DISK_HEADER_ALLOWANCE
 
 
 class Origin(Enum):
@@ -85,6 +107,17 @@ class Snapshot:
     last_used: float
     # How many of `tokens` were the prompt (the rest was generated); all of them for a boundary snapshot.
     prompt_length: int
+    # Tiers: held in memory (state kept, `nbytes` charged there); on disk (file written or being written,
+    # `disk_bytes` charged there). While `writing`, the state is kept for the writer even when not in memory.
+    in_memory: bool = True
+    on_disk: bool = False
+    writing: bool = False
+    disk_bytes: int = 0
+
+    @property
+    def state_held(self) -> bool:
+        """Whether the state can be handed out without reading the file back."""
+        return self.in_memory or self.writing
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,10 +126,32 @@ class StoreLimits:
     max_entries: int
     ttl_s: float
     min_prefix: int
+    disk_capacity_bytes: int = 0  # 0: no disk tier
 
     def __post_init__(self) -> None:
         if self.capacity_bytes <= 0 or self.max_entries <= 0 or self.ttl_s <= 0 or self.min_prefix < 1:
             raise ValueError(f"snapshot store limits must be positive: {self}")
+        if self.disk_capacity_bytes < 0:
+            raise ValueError(f"the disk budget must not be negative: {self.disk_capacity_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFile:
+    """Write this entry's state to disk (the state as it was when the write was asked for)."""
+
+    snapshot: Snapshot
+    state: Any
+    max_bytes: int  # what the disk tier was charged for it: the file may not be larger
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteFile:
+    """Delete this entry's file (one not written yet is never written)."""
+
+    entry_id: EntryId
+
+
+DiskEffect = WriteFile | DeleteFile
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +191,33 @@ class StoreCounters:
     evictions_ttl: int = 0
     rejections_oversized: int = 0
     self_evictions: int = 0
+    # The disk tier (all zero without one).
+    disk_hits: int = 0  # lookups answered with an entry only on disk
+    spills: int = 0  # memory LRU evictions that kept the entry on disk
+    restores: int = 0  # entries read back from disk into memory
+    evictions_disk: int = 0  # entries the disk tier evicted by LRU while memory did not hold them: gone
+    disk_copies_evicted: int = 0  # files the disk tier evicted of entries memory still holds
+    disk_write_failures: int = 0
+    disk_write_losses: int = 0  # write failures of entries memory no longer held: gone
+    disk_unreadable: int = 0  # corrupt, truncated or foreign files found on reading: entry gone, file deleted
+    adopted: int = 0  # entries indexed from the files of an earlier run
+
+
+@dataclass(slots=True)
+class DiskIoCounters:
+    """What the disk tier's worker has done (kept by the store's owner, which does the I/O)."""
+
+    writes: int = 0
+    write_bytes: int = 0
+    write_seconds: float = 0.0
+    writes_skipped: int = 0  # asked for, but the entry was superseded or evicted before its turn came
+    writes_refused: int = 0  # the writer had too many bytes waiting: memory only, counted, never a stall
+    write_errors: int = 0  # a full disk, an I/O error
+    reads: int = 0
+    read_bytes: int = 0
+    read_seconds: float = 0.0
+    read_errors: int = 0  # unreadable, corrupt or vanished files
+    restores_refused: int = 0  # every reader busy: answered as a miss
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,6 +228,11 @@ class StoreStats:
     nbytes: int
     limits: StoreLimits
     counters: StoreCounters
+    memory_entries: int = 0
+    disk_entries: int = 0
+    disk_nbytes: int = 0
+    disk_io: DiskIoCounters = field(default_factory=DiskIoCounters)
+    disk_directory: str = ""
 
 
 @dataclass(slots=True)
@@ -159,11 +246,15 @@ class SnapshotStore:
         self.counters = StoreCounters()
         self._trimmable = trimmable
         self._clock = clock
-        self._entries: OrderedDict[EntryId, Snapshot] = OrderedDict()  # least recently used first
+        self._entries: OrderedDict[EntryId, Snapshot] = OrderedDict()  # least recently used first, both tiers
+        self._memory: OrderedDict[EntryId, Snapshot] = OrderedDict()  # the memory tier, least recently used first
+        self._disk: OrderedDict[EntryId, Snapshot] = OrderedDict()  # the disk tier, least recently used first
         self._buckets: dict[Bucket, _BucketIndex] = {}
         # Completion snapshots per conversation (bucket, session): few each, so a continuation is found cheaply.
         self._completions: dict[tuple[Bucket, str], set[EntryId]] = {}
         self._bytes = 0
+        self._disk_bytes = 0
+        self._effects: list[DiskEffect] = []
         self._ids = itertools.count(1)
 
     @property
@@ -172,16 +263,43 @@ class SnapshotStore:
 
     @property
     def nbytes(self) -> int:
+        """Bytes charged to the memory tier."""
         return self._bytes
 
+    @property
+    def disk_nbytes(self) -> int:
+        """Bytes charged to the disk tier (files written and being written)."""
+        return self._disk_bytes
+
+    @property
+    def has_disk(self) -> bool:
+        return self.limits.disk_capacity_bytes > 0
+
     def stats(self) -> StoreStats:
-        return StoreStats(entries=self.entries, nbytes=self.nbytes, limits=self.limits, counters=replace(self.counters))
+        return StoreStats(
+            entries=self.entries,
+            nbytes=self.nbytes,
+            limits=self.limits,
+            counters=replace(self.counters),
+            memory_entries=len(self._memory),
+            disk_entries=len(self._disk),
+            disk_nbytes=self._disk_bytes,
+        )
 
     def snapshots(self) -> list[Snapshot]:
         return list(self._entries.values())
 
+    def get(self, entry_id: EntryId) -> Snapshot | None:
+        return self._entries.get(entry_id)
+
+    def take_effects(self) -> list[DiskEffect]:
+        """What the disk must do, in the order it must be done; taken once."""
+        effects, self._effects = self._effects, []
+        return effects
+
     def lookup(self, bucket: Bucket, session: str, tokens: Sequence[int]) -> LookupResult:
-        """The longest usable prefix of `tokens` held for `bucket`; same-session entries win ties."""
+        """The longest usable prefix of `tokens` held for `bucket`; same-session entries win ties. The snapshot may
+        be on disk only (`state_held` False): its owner reads it back and `promote`s it."""
         self.counters.lookups += 1
         self._sweep_expired()
         vector = tuple(tokens)
@@ -193,10 +311,11 @@ class SnapshotStore:
         result = replace(self._best_match(match, session, vector), continues=continued)
         if result.snapshot is None or result.matched < self.limits.min_prefix:
             return MISS
-        result.snapshot.last_used = self._clock()
-        self._entries.move_to_end(result.snapshot.entry_id)
+        self._touch(result.snapshot)
         self.counters.hits += 1
         self.counters.tokens_reused += result.matched
+        if not result.snapshot.state_held:
+            self.counters.disk_hits += 1
         return result
 
     def extended(self, bucket: Bucket, session: str, tokens: Sequence[int]) -> bool:
@@ -239,7 +358,6 @@ class SnapshotStore:
             superseded, freed = superseded + 1, freed + ancestor.nbytes
             self.counters.supersedes += 1
             self._remove(ancestor)
-        evicted, self_evicted = self._make_room(nbytes, session)
         now = self._clock()
         snapshot = Snapshot(
             entry_id=next(self._ids),
@@ -253,28 +371,146 @@ class SnapshotStore:
             last_used=now,
             prompt_length=len(vector) if prompt_length is None else prompt_length,
         )
-        self._entries[snapshot.entry_id] = snapshot
-        if origin is Origin.COMPLETION:
-            self._completions.setdefault((bucket, session), set()).add(snapshot.entry_id)
-        self._buckets.setdefault(bucket, _BucketIndex()).index.add(vector, snapshot.entry_id)
+        evicted, self_evicted = self._make_entry_room(session)
+        self._index(snapshot)
+        self._memory[snapshot.entry_id] = snapshot
         self._bytes += nbytes
         self.counters.inserts += 1
+        lost, self_lost = self._fit_memory(session)
+        if self.has_disk:
+            self._persist(snapshot)  # write-behind: a restart keeps it; a later eviction only lets go of the state
         return InsertResult(
-            accepted=True, superseded=superseded, freed_bytes=freed, evicted=evicted, self_evicted=self_evicted
+            accepted=True,
+            superseded=superseded,
+            freed_bytes=freed,
+            evicted=evicted + lost,
+            self_evicted=self_evicted + self_lost,
         )
+
+    def adopt(
+        self,
+        *,
+        bucket: Bucket,
+        session: str,
+        origin: Origin,
+        tokens: Sequence[int],
+        nbytes: int,
+        prompt_length: int,
+        age_s: float,
+    ) -> EntryId | None:
+        """Index an entry whose file an earlier run wrote (on disk only), `age_s` since its last use. Adopt oldest
+        first, before serving. None: it does not fit the limits now (its owner deletes the file)."""
+        vector = tuple(tokens)
+        footprint = disk_footprint(nbytes, len(vector))
+        too_big = nbytes > self.limits.capacity_bytes or footprint > self.limits.disk_capacity_bytes
+        if too_big or age_s >= self.limits.ttl_s or not vector:
+            return None
+        self._supersede(bucket, session, origin, vector)  # an older turn's file that a kill left behind
+        used = self._clock() - max(0.0, age_s)
+        snapshot = Snapshot(
+            entry_id=next(self._ids),
+            tokens=vector,
+            state=None,
+            nbytes=nbytes,
+            bucket=bucket,
+            session=session,
+            origin=origin,
+            created=used,
+            last_used=used,
+            prompt_length=prompt_length,
+            in_memory=False,
+            on_disk=True,
+            disk_bytes=footprint,
+        )
+        self._make_entry_room(session)
+        self._make_disk_room(footprint)
+        self._index(snapshot)
+        self._disk[snapshot.entry_id] = snapshot
+        self._disk_bytes += footprint
+        self.counters.adopted += 1
+        return snapshot.entry_id
+
+    def promote(self, entry_id: EntryId, state: Any) -> bool:
+        """A disk-only entry read back: hold `state` in memory again (evicting others there as an insert does).
+        False when the entry is gone or already in memory meanwhile (the state is still good for its reader)."""
+        snapshot = self._entries.get(entry_id)
+        if snapshot is None or snapshot.in_memory:
+            return False
+        snapshot.state = state
+        snapshot.in_memory = True
+        self._memory[entry_id] = snapshot
+        self._bytes += snapshot.nbytes
+        self.counters.restores += 1
+        self._fit_memory(snapshot.session)
+        return True
+
+    def write_done(self, entry_id: EntryId) -> None:
+        snapshot = self._entries.get(entry_id)
+        if snapshot is None or not snapshot.writing:
+            return
+        snapshot.writing = False
+        if not snapshot.in_memory:
+            snapshot.state = None
+
+    def write_failed(self, entry_id: EntryId) -> None:
+        """The file could not be written (disk full, an I/O error, the writer busy): the entry stays in memory
+        only, or is gone if memory no longer holds it."""
+        snapshot = self._entries.get(entry_id)
+        if snapshot is None or not snapshot.on_disk:
+            return
+        self.counters.disk_write_failures += 1
+        self._off_disk(snapshot)
+        if not snapshot.in_memory:
+            self.counters.disk_write_losses += 1
+            self._remove(snapshot)
+
+    def drop_unreadable(self, entry_id: EntryId) -> None:
+        """The entry's file is corrupt, truncated or foreign: forget the entry and delete the file."""
+        snapshot = self._entries.get(entry_id)
+        if snapshot is None:
+            return
+        self.counters.disk_unreadable += 1
+        self._remove(snapshot)
+
+    def flush(self) -> int:
+        """Write every entry memory holds that has no file yet (before a clean stop); returns how many."""
+        if not self.has_disk:
+            return 0
+        pending = [snapshot for snapshot in self._memory.values() if not snapshot.on_disk]
+        return sum(self._persist(snapshot) for snapshot in reversed(pending))  # most recently used first
+
+    def wants_file(self, entry_id: EntryId) -> bool:
+        """Whether the write asked for this entry is still wanted (it may have been superseded or evicted)."""
+        snapshot = self._entries.get(entry_id)
+        return snapshot is not None and snapshot.writing
 
     def sweep(self) -> int:
         """Remove expired entries (the periodic tick); lookups also sweep lazily."""
         return self._sweep_expired()
 
     def reset(self) -> tuple[int, int]:
-        """Drop everything; counters are kept. Returns (entries, bytes) freed."""
-        freed = (len(self._entries), self._bytes)
+        """Drop everything, files included; counters are kept. Returns (entries, bytes) freed, both tiers."""
+        freed = (len(self._entries), self._bytes + self._disk_bytes)
+        self._effects.extend(DeleteFile(entry_id) for entry_id in self._disk)
         self._entries.clear()
+        self._memory.clear()
+        self._disk.clear()
         self._buckets.clear()
         self._completions.clear()
-        self._bytes = 0
+        self._bytes = self._disk_bytes = 0
         return freed
+
+    def _touch(self, snapshot: Snapshot) -> None:
+        snapshot.last_used = self._clock()
+        for tier in (self._entries, self._memory, self._disk):
+            if snapshot.entry_id in tier:
+                tier.move_to_end(snapshot.entry_id)
+
+    def _index(self, snapshot: Snapshot) -> None:
+        self._entries[snapshot.entry_id] = snapshot
+        if snapshot.origin is Origin.COMPLETION:
+            self._completions.setdefault((snapshot.bucket, snapshot.session), set()).add(snapshot.entry_id)
+        self._buckets.setdefault(snapshot.bucket, _BucketIndex()).index.add(snapshot.tokens, snapshot.entry_id)
 
     def _continued(self, bucket: Bucket, session: str, vector: tuple[int, ...]) -> EntryId | None:
         """This conversation's completion whose whole prompt the new prompt starts with: its previous turn."""
@@ -348,11 +584,10 @@ class SnapshotStore:
                     self._remove(completion)
         return superseded, freed
 
-    def _make_room(self, nbytes: int, session: str) -> tuple[int, int]:
+    def _make_entry_room(self, session: str) -> tuple[int, int]:
+        """Room for one more entry under the entry cap: the least recently used entries go, from both tiers."""
         evicted = self_evicted = 0
-        while self._entries and (
-            self._bytes + nbytes > self.limits.capacity_bytes or len(self._entries) + 1 > self.limits.max_entries
-        ):
+        while self._entries and len(self._entries) + 1 > self.limits.max_entries:
             oldest = next(iter(self._entries.values()))
             self._remove(oldest)
             evicted += 1
@@ -361,6 +596,61 @@ class SnapshotStore:
                 self_evicted += 1
                 self.counters.self_evictions += 1
         return evicted, self_evicted
+
+    def _fit_memory(self, session: str) -> tuple[int, int]:
+        """Evict least-recently-used entries from memory until its cap holds (the newest entry, which fits alone,
+        is last in line): each keeps its file, is spilled to disk, or, with neither, is gone."""
+        lost = self_lost = 0
+        while self._bytes > self.limits.capacity_bytes:
+            oldest = next(iter(self._memory.values()))
+            if self.has_disk and (oldest.on_disk or self._persist(oldest)):
+                self._off_memory(oldest)
+                self.counters.spills += 1
+                continue
+            self._remove(oldest)
+            lost += 1
+            self.counters.evictions_lru += 1
+            if oldest.session == session:
+                self_lost += 1
+                self.counters.self_evictions += 1
+        return lost, self_lost
+
+    def _persist(self, snapshot: Snapshot) -> bool:
+        """Charge the disk tier for `snapshot`'s file and ask for it to be written; False when it cannot fit."""
+        footprint = disk_footprint(snapshot.nbytes, len(snapshot.tokens))
+        if footprint > self.limits.disk_capacity_bytes:
+            return False
+        self._make_disk_room(footprint)
+        snapshot.on_disk = snapshot.writing = True
+        snapshot.disk_bytes = footprint
+        self._disk[snapshot.entry_id] = snapshot
+        self._disk_bytes += footprint
+        self._effects.append(WriteFile(snapshot, snapshot.state, footprint))
+        return True
+
+    def _make_disk_room(self, footprint: int) -> None:
+        while self._disk and self._disk_bytes + footprint > self.limits.disk_capacity_bytes:
+            oldest = next(iter(self._disk.values()))
+            if oldest.in_memory:
+                self.counters.disk_copies_evicted += 1
+                self._off_disk(oldest)
+            else:
+                self.counters.evictions_disk += 1
+                self._remove(oldest)
+
+    def _off_memory(self, snapshot: Snapshot) -> None:
+        del self._memory[snapshot.entry_id]
+        self._bytes -= snapshot.nbytes
+        snapshot.in_memory = False
+        if not snapshot.writing:
+            snapshot.state = None
+
+    def _off_disk(self, snapshot: Snapshot) -> None:
+        del self._disk[snapshot.entry_id]
+        self._disk_bytes -= snapshot.disk_bytes
+        snapshot.on_disk = snapshot.writing = False
+        snapshot.disk_bytes = 0
+        self._effects.append(DeleteFile(snapshot.entry_id))
 
     def _sweep_expired(self) -> int:
         deadline = self._clock() - self.limits.ttl_s
@@ -376,7 +666,12 @@ class SnapshotStore:
 
     def _remove(self, snapshot: Snapshot) -> None:
         del self._entries[snapshot.entry_id]
-        self._bytes -= snapshot.nbytes
+        if snapshot.in_memory:
+            del self._memory[snapshot.entry_id]
+            self._bytes -= snapshot.nbytes
+            snapshot.in_memory = False
+        if snapshot.on_disk:
+            self._off_disk(snapshot)
         indexed = self._buckets[snapshot.bucket]
         indexed.index.remove(snapshot.tokens, snapshot.entry_id)
         if snapshot.origin is Origin.COMPLETION:

@@ -20,6 +20,11 @@ from courier.engine.model_state import compact_copy
 MIN_BUDGET = 512 * 1024**2
 TYPICAL_CONVERSATIONS = 8
 TYPICAL_TOKENS = 4096
+# The disk tier's default: room for this many conversations (and at least this many memory budgets), at least
+# MIN_DISK_BUDGET, at most half the disk space free to it.
+DISK_CONVERSATIONS = 128
+DISK_MEMORY_MULTIPLE = 8
+MIN_DISK_BUDGET = 1024**3
 _SHORT, _LONG = 8, 24
 
 
@@ -53,6 +58,18 @@ def default_budget(footprint: StateFootprint, available_bytes: int) -> Budget:
         f"at least {MIN_BUDGET} B, at most a quarter of {available_bytes} B available"
     )
     return Budget(capacity_bytes=capacity, explanation=explanation)
+
+
+def default_disk_budget(footprint: StateFootprint, memory_capacity: int, disk_available: int) -> Budget:
+    """`disk_available`: the bytes free on the disk tier's file system plus those its files already take."""
+    per_conversation = footprint.per_token_bytes * TYPICAL_TOKENS + footprint.fixed_bytes
+    wanted = max(DISK_CONVERSATIONS * per_conversation, DISK_MEMORY_MULTIPLE * memory_capacity, MIN_DISK_BUDGET)
+    ceiling = disk_available // 2
+    explanation = (
+        f"room for {DISK_CONVERSATIONS} conversations of {TYPICAL_TOKENS} tokens or {DISK_MEMORY_MULTIPLE} memory "
+        f"budgets, at least {MIN_DISK_BUDGET} B = {wanted} B, at most half of {disk_available} B free"
+    )
+    return Budget(capacity_bytes=min(wanted, ceiling), explanation=explanation)
 
 
 def available_memory() -> int:

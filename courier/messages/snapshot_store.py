@@ -1,4 +1,5 @@
-"""The snapshot store's inbox: find the longest cached prefix of a prompt; keep a new snapshot; report; reset."""
+"""The snapshot store's inbox: find the longest cached prefix of a prompt; keep a new snapshot; report; reset; flush
+to disk."""
 
 from __future__ import annotations
 
@@ -55,8 +56,14 @@ class InsertSnapshot(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ResetSnapshots(Request[tuple[int, int]]):
-    """Drop every snapshot; replies (entries, bytes) freed."""
+class ResetSnapshots(Request[tuple[int, int, int]]):
+    """Drop every snapshot, files included; replies (entries, memory bytes, disk bytes) freed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlushSnapshots(Request[int]):
+    """Write every snapshot memory holds that has no file yet, and wait for the disk to finish what it was asked
+    (before a clean stop); replies how many were written. Without a disk tier, 0 at once."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,4 +71,4 @@ class ReadSnapshotStats(Request[StoreStats]):
     """What the store holds and has done (for `/v1/cache/stats` and `/metrics`); replies a copy."""
 
 
-SnapshotStoreMessage: TypeAlias = LookupPrefix | InsertSnapshot | ResetSnapshots | ReadSnapshotStats
+SnapshotStoreMessage: TypeAlias = LookupPrefix | InsertSnapshot | ResetSnapshots | ReadSnapshotStats | FlushSnapshots

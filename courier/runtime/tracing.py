@@ -108,12 +108,17 @@ def current_carrier() -> TraceCarrier:
 def message_span(actor: str, message: object, carrier: TraceCarrier) -> Iterator[trace.Span]:
     """A span `<actor>.<Message>` parented on the context the message carried."""
     message_name = type(message).__name__
+    attributes = {trace_attributes.ACTOR: actor, trace_attributes.MESSAGE: message_name}
+    with carried_span(f"{actor}.{message_name}", carrier, attributes) as span:
+        yield span
+
+
+@contextmanager
+def carried_span(name: str, carrier: TraceCarrier, attributes: Mapping[str, str] | None = None) -> Iterator[trace.Span]:
+    """A span `name` parented on a context captured earlier: a message's handling, or work done later for it."""
     token = otel_context.attach(propagate.extract(carrier))
     try:
-        with tracer().start_as_current_span(
-            f"{actor}.{message_name}",
-            attributes={trace_attributes.ACTOR: actor, trace_attributes.MESSAGE: message_name},
-        ) as span:
+        with tracer().start_as_current_span(name, attributes=attributes) as span:
             yield span
     finally:
         otel_context.detach(token)

@@ -14,13 +14,13 @@ is cancelled. A second signal cancels at once.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import signal
 import socket
 import sqlite3
 import time
 from collections.abc import Mapping
+from contextlib import suppress
 from functools import partial
 from typing import Any, TypeVar
 
@@ -41,19 +41,18 @@ from courier.actors.token_counter import TokenCounterActor
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
 from courier.core.sampling_defaults import resolve
-from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
 from courier.engine.batch_engine import BatchEngine, BatchLimits
-from courier.engine.snapshot_budget import available_memory, default_budget, measure_footprint
 from courier.grammar.compiler import GrammarCompiler
 from courier.http.app import create_app
 from courier.http.auth import ApiKeys
 from courier.http.context import AppContext, Outboxes
 from courier.media.fetcher import FetchLimits, MediaFetcher
+from courier.messages.base import RequestFailed
 from courier.messages.compactor import CompactorMessage
 from courier.messages.ingress import IngressMessage
 from courier.messages.media import MediaFetcherMessage
 from courier.messages.scheduler import SchedulerMessage
-from courier.messages.snapshot_store import SnapshotStoreMessage
+from courier.messages.snapshot_store import FlushSnapshots, SnapshotStoreMessage
 from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
 from courier.model.loader import (
@@ -68,13 +67,14 @@ from courier.model.progress import Progress
 from courier.model.source import ModelSource
 from courier.platform.blas import BlasReport
 from courier.platform.mlx_memory import limit_cache
-from courier.runtime.actor import Actor
+from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.message import Message
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.tracing import configure_tracing
 from courier.server.connection_cap import cap_for_open_files, install_connection_cap
 from courier.server.errors import ServerFailed
 from courier.server.keys import load_api_keys, load_capsule_codec
+from courier.server.prompt_cache import open_prompt_cache
 from courier.settings import Settings
 from courier.status.connections import ConnectionStats
 from courier.status.metrics import CourierMetrics
@@ -139,6 +139,7 @@ class Supervisor:
         )
         self._api_keys = ApiKeys(())
         self._metrics = CourierMetrics(self._state)
+        self._snapshot_disk = False  # whether the prompt cache has a disk tier to flush at a clean stop
 
     async def run(self) -> None:
         self._capsules = load_capsule_codec(self._settings)
@@ -350,28 +351,11 @@ class Supervisor:
         return self._media_send
 
     async def _start_snapshot_store(self, task_group: TaskGroup, loaded: LoadedModel) -> PromptCaching:
-        settings = self._settings
-        capacity = settings.prompt_cache_snapshot_capacity_bytes
-        if capacity is None:
-            footprint = await self._mlx.call(partial(measure_footprint, loaded.model))
-            budget = default_budget(footprint, available_memory())
-            capacity = budget.capacity_bytes
-            logger.info("prompt cache budget %d bytes: %s", capacity, budget.explanation)
-        else:
-            logger.info("prompt cache budget %d bytes (configured)", capacity)
-        limits = StoreLimits(
-            capacity_bytes=capacity,
-            max_entries=settings.prompt_cache_snapshot_max_entries,
-            ttl_s=settings.prompt_cache_snapshot_ttl,
-            min_prefix=settings.prompt_cache_min_prefix,
-        )
-        store = SnapshotStore(limits, trimmable=loaded.info.prompt_cache_trimmable, clock=time.monotonic)
-        actor = SnapshotStoreActor(store)
+        cache = await open_prompt_cache(self._settings, loaded, self._mlx)
+        self._snapshot_disk = cache.disk is not None
+        actor = SnapshotStoreActor(cache.store, cache.disk)
         await task_group.start(self._run_actor, actor, self._snapshots_receive, self._snapshots_send)
-        template = str(getattr(loaded.tokenizer, "chat_template", None) or "")
-        signature = hashlib.sha256(template.encode()).hexdigest()[:16]
-        bucket = Bucket(model_id=loaded.info.model_id, template_signature=signature)
-        return PromptCaching(store=self._snapshots_send, bucket=bucket)
+        return PromptCaching(store=self._snapshots_send, bucket=cache.bucket)
 
     async def _run_actor(
         self,
@@ -391,8 +375,10 @@ class Supervisor:
     async def _drain(self, task_group: TaskGroup, http_done: anyio.Event) -> None:
         self._state.mark_draining()
         logger.info("draining: finishing in-flight requests (up to %.0f s)", self._settings.shutdown_timeout)
+        deadline = time.monotonic() + self._settings.shutdown_timeout
         with anyio.move_on_after(self._settings.shutdown_timeout):
             await http_done.wait()
+        await self._flush_snapshots(max(deadline - time.monotonic(), ACTOR_STOP_GRACE_S))
         # Past the deadline, or with nothing left in flight: close the inboxes, dependants first. Each actor answers
         # what is queued and ends; the scheduler fails what still runs, so open streams get a clear error event.
         with anyio.move_on_after(ACTOR_STOP_GRACE_S):
@@ -413,6 +399,19 @@ class Supervisor:
             await http_done.wait()
         task_group.cancel_scope.cancel()
         logger.info("stopped")
+
+    async def _flush_snapshots(self, budget_s: float) -> None:
+        """Write the conversations memory holds to the prompt cache's disk tier, so a restart keeps them warm."""
+        if not self._snapshot_disk:
+            return
+        written: int | RequestFailed | None = None
+        with anyio.move_on_after(budget_s):
+            with suppress(ActorBusy, ActorStopped):
+                written = await ask(self._snapshots_send, lambda reply: FlushSnapshots(reply=reply))
+        if isinstance(written, int):
+            logger.info("prompt cache: %d snapshots written to disk for the next start", written)
+        else:
+            logger.warning("prompt cache: could not flush the memory tier to disk within %.1f s", budget_s)
 
     async def _watch_signals(self, task_group: TaskGroup) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

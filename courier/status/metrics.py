@@ -152,4 +152,42 @@ class _StateCollector(Collector):
         evictions = CounterMetricFamily(f"{prefix}_evictions", "Snapshots evicted, by reason", labels=["reason"])
         evictions.add_metric(["lru"], counters.evictions_lru)
         evictions.add_metric(["ttl"], counters.evictions_ttl)
+        evictions.add_metric(["disk_lru"], counters.evictions_disk)
+        evictions.add_metric(["disk_unreadable"], counters.disk_unreadable)
+        evictions.add_metric(["disk_write_failed"], counters.disk_write_losses)
         yield evictions
+        yield from _tiers(store)
+
+
+def _tiers(store: StoreStats) -> Iterator[Metric]:
+    """The prompt cache's memory and disk tiers, labelled by tier; the disk tier's I/O."""
+    prefix = "courier_prompt_cache"
+    counters, io = store.counters, store.disk_io
+    for name, help_text, memory, disk in (
+        ("tier_entries", "Snapshots held, by tier (an entry may be in both)", store.memory_entries, store.disk_entries),
+        ("tier_bytes", "Bytes charged, by tier", store.nbytes, store.disk_nbytes),
+        ("tier_capacity_bytes", "Byte budget, by tier", store.limits.capacity_bytes, store.limits.disk_capacity_bytes),
+    ):
+        gauge = GaugeMetricFamily(f"{prefix}_{name}", help_text, labels=["tier"])
+        gauge.add_metric(["memory"], memory)
+        gauge.add_metric(["disk"], disk)
+        yield gauge
+    hits = CounterMetricFamily(f"{prefix}_tier_hits", "Lookup hits, by the tier that held the state", labels=["tier"])
+    hits.add_metric(["memory"], counters.hits - counters.disk_hits)
+    hits.add_metric(["disk"], counters.disk_hits)
+    yield hits
+    for name, help_text, value in (
+        ("spills", "Memory evictions that kept the snapshot on disk", counters.spills),
+        ("restores", "Snapshots read back from disk into memory", counters.restores),
+        ("disk_adopted", "Snapshots kept from an earlier run's files", counters.adopted),
+        ("disk_writes", "Snapshot files written", io.writes),
+        ("disk_write_bytes", "Bytes of snapshot files written", io.write_bytes),
+        ("disk_write_seconds", "Seconds spent writing snapshot files (encode, hash, write, fsync)", io.write_seconds),
+        ("disk_write_errors", "Snapshot files that could not be written (a full disk among them)", io.write_errors),
+        ("disk_writes_refused", "Writes refused because the writer had too much waiting", io.writes_refused),
+        ("disk_reads", "Snapshot files read back", io.reads),
+        ("disk_read_bytes", "State bytes read back from snapshot files", io.read_bytes),
+        ("disk_read_seconds", "Seconds spent reading snapshot files back (read, verify, build)", io.read_seconds),
+        ("disk_read_errors", "Snapshot files found corrupt, truncated, foreign or gone on reading", io.read_errors),
+    ):
+        yield CounterMetricFamily(f"{prefix}_{name}", help_text, value=value)

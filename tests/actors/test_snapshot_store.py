@@ -210,7 +210,7 @@ async def test_reset_answers_what_it_freed_and_empties_the_store() -> None:
         freed = await call(outbox, lambda reply: ResetSnapshots(reply=reply))
         figures = await stats(outbox)
         missed = await lookup(outbox, BASE)
-    assert freed == (2, 150)
+    assert freed == (2, 150, 0)  # no disk tier: no disk bytes
     assert (figures.entries, figures.nbytes) == (0, 0)
     assert figures.counters.inserts == 2  # counters survive a reset
     assert missed == PrefixMissed()

@@ -160,9 +160,10 @@ def test_reset_frees_everything_and_keeps_counters(server: RunningServer) -> Non
     assert freed == {
         "cleared": True,
         "freed_bytes": before["snapshot_bytes"],
+        "freed_disk_bytes": before["snapshot_disk_bytes"],
         "freed_entries": before["snapshot_entries"],
     }
-    assert (after["snapshot_entries"], after["snapshot_bytes"]) == (0, 0)
+    assert (after["snapshot_entries"], after["snapshot_bytes"], after["snapshot_disk_bytes"]) == (0, 0, 0)
     assert after["snapshot_inserts"] == before["snapshot_inserts"]
 
 

@@ -93,11 +93,16 @@ def running_server(
 ) -> Iterator[RunningServer]:
     environment = {key: value for key, value in os.environ.items() if not key.startswith(("COURIER_", "OTEL_"))}
     environment.update(env or {})
-    # Stored responses go to a fresh directory unless the test chose one.
+    # Stored responses and the prompt cache's disk tier go to fresh directories unless the test chose them: a
+    # server never starts warm from another test's snapshots.
     data_dir = None
     if "--data-dir" not in args and "COURIER_DATA_DIR" not in environment:
         data_dir = tempfile.TemporaryDirectory(prefix="courier-data-")
         environment["COURIER_DATA_DIR"] = data_dir.name
+    prompt_cache_dir = None
+    if "--prompt-cache-dir" not in args and "COURIER_PROMPT_CACHE_DIR" not in environment:
+        prompt_cache_dir = tempfile.TemporaryDirectory(prefix="courier-prompt-cache-")
+        environment["COURIER_PROMPT_CACHE_DIR"] = prompt_cache_dir.name
     process = subprocess.Popen(
         server_command(args),
         stdin=subprocess.DEVNULL,
@@ -119,8 +124,9 @@ def running_server(
             process.wait()
         assert process.stderr is not None
         process.stderr.close()
-        if data_dir is not None:
-            data_dir.cleanup()
+        for directory in (data_dir, prompt_cache_dir):
+            if directory is not None:
+                directory.cleanup()
 
 
 @contextmanager

@@ -6,6 +6,7 @@ from typing import Any
 
 from quart import Blueprint
 
+from courier.core.snapshot_store import StoreStats
 from courier.http.auth import require_admin
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
@@ -42,13 +43,14 @@ def blueprint(context: AppContext) -> Blueprint:
             "snapshot_evictions_ttl": counters.evictions_ttl,
             "snapshot_rejections_oversized": counters.rejections_oversized,
             "snapshot_self_evictions": counters.self_evictions,
-            "snapshot_bytes_per_entry": store.nbytes // store.entries if store.entries else 0,
+            "snapshot_bytes_per_entry": store.nbytes // store.memory_entries if store.memory_entries else 0,
             "tokens_reused": counters.tokens_reused,
             "snapshot_warmups_run": scheduler.warmups_run,
             "snapshot_warmups_skipped": scheduler.warmups_skipped,
             "snapshot_warmups_pending": scheduler.warmups_pending,
             "snapshot_warmups_queued": scheduler.warmups_queued,
             "snapshot_lookups_timed_out": scheduler.lookups_timed_out,
+            **_tier_figures(store),
         }
 
     @routes.post("/v1/cache/reset")
@@ -58,7 +60,40 @@ def blueprint(context: AppContext) -> Blueprint:
         context.require_ready()
         if outbox is None:
             raise ApiError.invalid("the prompt cache is disabled (--no-prompt-cache)")
-        freed_entries, freed_bytes = await call(outbox, lambda reply: ResetSnapshots(reply=reply))
-        return {"cleared": True, "freed_bytes": freed_bytes, "freed_entries": freed_entries}
+        entries, memory, disk = await call(outbox, lambda reply: ResetSnapshots(reply=reply))
+        return {"cleared": True, "freed_bytes": memory, "freed_disk_bytes": disk, "freed_entries": entries}
 
     return routes
+
+
+def _tier_figures(store: StoreStats) -> dict[str, Any]:
+    """Both tiers apart: memory, and the disk tier (zeros and an empty directory without one)."""
+    counters, io = store.counters, store.disk_io
+    return {
+        "snapshot_memory_entries": store.memory_entries,
+        "snapshot_memory_hits": counters.hits - counters.disk_hits,
+        "snapshot_spills": counters.spills,
+        "snapshot_disk_directory": store.disk_directory,
+        "snapshot_disk_entries": store.disk_entries,
+        "snapshot_disk_bytes": store.disk_nbytes,
+        "snapshot_disk_capacity_bytes": store.limits.disk_capacity_bytes,
+        "snapshot_disk_hits": counters.disk_hits,
+        "snapshot_disk_restores": counters.restores,
+        "snapshot_disk_adopted": counters.adopted,
+        "snapshot_disk_evictions_lru": counters.evictions_disk,
+        "snapshot_disk_copies_evicted": counters.disk_copies_evicted,
+        "snapshot_disk_unreadable": counters.disk_unreadable,
+        "snapshot_disk_write_failures": counters.disk_write_failures,
+        "snapshot_disk_write_losses": counters.disk_write_losses,
+        "snapshot_disk_writes": io.writes,
+        "snapshot_disk_write_bytes": io.write_bytes,
+        "snapshot_disk_write_ms_mean": 1000 * io.write_seconds / io.writes if io.writes else 0.0,
+        "snapshot_disk_writes_skipped": io.writes_skipped,
+        "snapshot_disk_writes_refused": io.writes_refused,
+        "snapshot_disk_write_errors": io.write_errors,
+        "snapshot_disk_reads": io.reads,
+        "snapshot_disk_read_bytes": io.read_bytes,
+        "snapshot_disk_read_ms_mean": 1000 * io.read_seconds / io.reads if io.reads else 0.0,
+        "snapshot_disk_read_errors": io.read_errors,
+        "snapshot_disk_restores_refused": io.restores_refused,
+    }

@@ -1,0 +1,87 @@
+"""The disk tier's directory: private, held by one server at a time, and what an earlier run left in it.
+
+`DIR/<model identity>/` (0700) holds one model's snapshot files (0600). A lock file
+(`flock`, released by the kernel however the process ends, `kill -9` included)
+keeps a second server from sharing the directory: it would count and delete files
+the first one owns. Opening it reads every file's header (never a payload):
+unreadable, foreign or half-written files are deleted and counted; the rest come
+back oldest first, with their token vectors, for the store to index again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from courier.engine.snapshot_files import SUFFIX, TEMPORARY_SUFFIX, SnapshotHeader, UnreadableSnapshot, read_index_entry
+
+LOCK_NAME = "lock"
+
+
+class DirectoryBusy(OSError):
+    """Another process holds the directory."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FoundFile:
+    path: Path
+    header: SnapshotHeader
+    tokens: tuple[int, ...]
+    age_s: float  # since it was last written or used
+
+
+@dataclass(slots=True, kw_only=True)
+class SnapshotDirectory:
+    path: Path
+    found: list[FoundFile]  # oldest first
+    unreadable: int
+    _lock: int = field(repr=False)
+
+    def release(self) -> None:
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
+
+
+def open_directory(root: Path, identity: str) -> SnapshotDirectory:
+    """Create (0700), lock and scan `root/<identity>`. Raises `DirectoryBusy` or `OSError`."""
+    directory = root / identity[:32]
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    lock = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock)
+        raise DirectoryBusy(f"{directory} is in use by another Courier process") from None
+    found: list[FoundFile] = []
+    unreadable = 0
+    now = time.time()
+    for path in directory.iterdir():
+        if path.name.endswith(TEMPORARY_SUFFIX):
+            path.unlink(missing_ok=True)  # a write a crash cut short
+            continue
+        if not path.name.endswith(SUFFIX):
+            continue
+        try:
+            header, tokens = read_index_entry(path, identity)
+            modified = path.stat().st_mtime
+        except (UnreadableSnapshot, OSError):
+            unreadable += 1
+            path.unlink(missing_ok=True)
+            continue
+        found.append(FoundFile(path=path, header=header, tokens=tokens, age_s=max(0.0, now - modified)))
+    found.sort(key=lambda item: -item.age_s)
+    return SnapshotDirectory(path=directory, found=found, unreadable=unreadable, _lock=lock)
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free to this user on the file system holding `path` (or its nearest existing parent)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    stats = os.statvfs(probe)
+    return stats.f_bavail * stats.f_frsize

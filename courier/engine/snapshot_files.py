@@ -1,0 +1,252 @@
+"""Snapshot files: one model state on disk, written atomically, checked on every read.
+
+A file is `PREFIX | header | payload`. The prefix holds the magic, the format
+version, the header's length and the SHA-256 of the header and of the payload. The
+header (JSON) says whose state it is (the model identity and the store's bucket,
+session, origin and prompt length), the token vector's length and digest, the layer
+layout and every array's dtype, shape and place. The payload is the token vector
+(int32, little-endian) and then the arrays' bytes.
+
+Writes go to a temporary name in the same directory (0600), are fsynced, renamed
+into place and the directory fsynced: a crash leaves the old state or the new,
+never half a file under a real name. Reads map the file, check both digests, the
+identity and the token digest before anything is built from it: a truncated,
+altered or foreign file raises `UnreadableSnapshot` (the caller deletes it and
+counts a miss). Plain files and threads: no MLX here (see `snapshot_codec`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from courier.core.snapshot_store import DISK_HEADER_ALLOWANCE, Bucket, Origin
+from courier.engine.snapshot_codec import EncodedState
+
+MAGIC = b"COURIER-SNAPSHOT"
+FORMAT_VERSION = 1
+SUFFIX = ".snap"
+TEMPORARY_SUFFIX = ".tmp"
+_PREFIX = struct.Struct("<16sII32s32s")  # magic, version, header length, header digest, payload digest
+_TOKEN = struct.Struct("<i")
+_PAYLOAD_DIGEST_AT = 16 + 4 + 4 + 32
+_WRITE_CHUNK = 8 * 1024**2
+_BUCKET_FIELDS = ("model_id", "adapter_id", "template_signature", "media_digest", "tenant")
+
+
+class UnreadableSnapshot(ValueError):
+    """A snapshot file that is truncated, altered, foreign or of another format."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotHeader:
+    identity: str
+    bucket: Bucket
+    session: str
+    origin: Origin
+    prompt_length: int
+    token_count: int
+    token_digest: str
+    nbytes: int  # the arrays' bytes (what the memory tier is charged)
+    layout: Any
+    arrays: list[tuple[str, tuple[int, ...], int, int]]  # dtype, shape, offset in the arrays' part, length
+
+
+@dataclass(slots=True)
+class ReadSnapshot:
+    """A verified file, still mapped: its tokens and array bytes are views into the map. Close it when the state
+    has been built."""
+
+    header: SnapshotHeader
+    tokens: tuple[int, ...]
+    arrays: list[tuple[str, tuple[int, ...], memoryview]]
+    _map: mmap.mmap
+    _views: list[memoryview]
+
+    def close(self) -> None:
+        for view in self._views:
+            view.release()
+        self._views.clear()
+        self._map.close()
+
+
+def write_snapshot(
+    path: Path,
+    *,
+    identity: str,
+    bucket: Bucket,
+    session: str,
+    origin: Origin,
+    prompt_length: int,
+    tokens: Sequence[int],
+    encoded: EncodedState,
+    max_bytes: int,
+) -> int:
+    """Write the file atomically (temporary name, fsync, rename, directory fsync); returns its size. Raises
+    `OSError` (a full disk among them) and `ValueError` when the file would exceed `max_bytes`."""
+    token_bytes = b"".join(_TOKEN.pack(token) for token in tokens)
+    offsets: list[tuple[str, tuple[int, ...], int, int]] = []
+    offset = 0
+    for blob in encoded.arrays:
+        offsets.append((blob.dtype, blob.shape, offset, blob.nbytes))
+        offset += blob.nbytes
+    header = orjson.dumps(
+        {
+            "identity": identity,
+            "bucket": [getattr(bucket, name) for name in _BUCKET_FIELDS],
+            "session": session,
+            "origin": origin.value,
+            "prompt_length": prompt_length,
+            "token_count": len(tokens),
+            "token_digest": hashlib.sha256(token_bytes).hexdigest(),
+            "nbytes": encoded.nbytes,
+            "layout": encoded.layout,
+            "arrays": [[dtype, list(shape), start, length] for dtype, shape, start, length in offsets],
+        }
+    )
+    if len(header) > DISK_HEADER_ALLOWANCE - _PREFIX.size:
+        raise ValueError(f"a snapshot header of {len(header)} bytes is over its {DISK_HEADER_ALLOWANCE}-byte allowance")
+    size = _PREFIX.size + len(header) + len(token_bytes) + offset
+    if size > max_bytes:
+        raise ValueError(f"a snapshot file of {size} bytes is over the {max_bytes} bytes it was charged")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}{TEMPORARY_SUFFIX}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            payload_digest = hashlib.sha256()
+            file.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), hashlib.sha256(header).digest(), bytes(32)))
+            file.write(header)
+            for part in (memoryview(token_bytes), *(blob.data for blob in encoded.arrays)):
+                for start in range(0, part.nbytes, _WRITE_CHUNK):
+                    chunk = part[start : start + _WRITE_CHUNK]
+                    payload_digest.update(chunk)
+                    file.write(chunk)
+            file.seek(_PAYLOAD_DIGEST_AT)
+            file.write(payload_digest.digest())
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return size
+
+
+def read_index_entry(path: Path, identity: str) -> tuple[SnapshotHeader, tuple[int, ...]]:
+    """The file's header and token vector, checked (digests, format, identity), without reading its arrays."""
+    with path.open("rb") as file:
+        prefix = file.read(_PREFIX.size)
+        length, header_digest = _check_prefix(prefix)
+        header = _parse_header(file.read(length), header_digest, identity)
+        token_bytes = file.read(header.token_count * _TOKEN.size)
+    if hashlib.sha256(token_bytes).hexdigest() != header.token_digest:
+        raise UnreadableSnapshot(f"{path.name}: the token vector does not match its digest")
+    return header, tuple(value for (value,) in _TOKEN.iter_unpack(token_bytes))
+
+
+def read_snapshot(path: Path, identity: str) -> ReadSnapshot:
+    """The whole file, mapped and verified (header, payload digest, token digest, array bounds); marked used."""
+    os.utime(path)  # its age after a restart counts from its last use
+    with path.open("rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size < _PREFIX.size:
+            raise UnreadableSnapshot(f"{path.name}: truncated ({size} bytes)")
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    views: list[memoryview] = []
+    try:
+        whole = memoryview(mapped)
+        views.append(whole)
+        length, header_digest = _check_prefix(bytes(whole[: _PREFIX.size]))
+        payload_digest = bytes(whole[_PAYLOAD_DIGEST_AT : _PAYLOAD_DIGEST_AT + 32])
+        start = _PREFIX.size + length
+        if start > size:
+            raise UnreadableSnapshot(f"{path.name}: truncated inside its header")
+        header = _parse_header(bytes(whole[_PREFIX.size : start]), header_digest, identity)
+        payload = whole[start:]
+        views.append(payload)
+        expected = header.token_count * _TOKEN.size + sum(length for *_, length in header.arrays)
+        if payload.nbytes != expected:
+            raise UnreadableSnapshot(f"{path.name}: {payload.nbytes} payload bytes where the header says {expected}")
+        if hashlib.sha256(payload).digest() != payload_digest:
+            raise UnreadableSnapshot(f"{path.name}: the payload does not match its digest")
+        token_part = payload[: header.token_count * _TOKEN.size]
+        views.append(token_part)
+        if hashlib.sha256(token_part).hexdigest() != header.token_digest:
+            raise UnreadableSnapshot(f"{path.name}: the token vector does not match its digest")
+        tokens = tuple(value for (value,) in _TOKEN.iter_unpack(token_part))
+        arrays_part = payload[header.token_count * _TOKEN.size :]
+        views.append(arrays_part)
+        arrays: list[tuple[str, tuple[int, ...], memoryview]] = []
+        for dtype, shape, offset, nbytes in header.arrays:
+            view = arrays_part[offset : offset + nbytes]
+            views.append(view)
+            arrays.append((dtype, shape, view))
+        return ReadSnapshot(header=header, tokens=tokens, arrays=arrays, _map=mapped, _views=views)
+    except BaseException:
+        for view in reversed(views):
+            view.release()
+        mapped.close()
+        raise
+
+
+def _check_prefix(prefix: bytes) -> tuple[int, bytes]:
+    if len(prefix) < _PREFIX.size:
+        raise UnreadableSnapshot("truncated before its header")
+    magic, version, length, header_digest, _ = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise UnreadableSnapshot("not a Courier snapshot file")
+    if version != FORMAT_VERSION:
+        raise UnreadableSnapshot(f"snapshot format {version}, this server reads {FORMAT_VERSION}")
+    if length > DISK_HEADER_ALLOWANCE:
+        raise UnreadableSnapshot(f"a header of {length} bytes")
+    return length, header_digest
+
+
+def _parse_header(raw: bytes, digest: bytes, identity: str) -> SnapshotHeader:
+    if hashlib.sha256(raw).digest() != digest:
+        raise UnreadableSnapshot("the header does not match its digest")
+    try:
+        fields = orjson.loads(raw)
+        if fields["identity"] != identity:
+            raise UnreadableSnapshot("written for another model")
+        bucket_fields = [str(item) for item in fields["bucket"]]
+        arrays = [
+            (str(dtype), tuple(int(size) for size in shape), int(offset), int(length))
+            for dtype, shape, offset, length in fields["arrays"]
+        ]
+        header = SnapshotHeader(
+            identity=fields["identity"],
+            bucket=Bucket(*bucket_fields),
+            session=str(fields["session"]),
+            origin=Origin(fields["origin"]),
+            prompt_length=int(fields["prompt_length"]),
+            token_count=int(fields["token_count"]),
+            token_digest=str(fields["token_digest"]),
+            nbytes=int(fields["nbytes"]),
+            layout=fields["layout"],
+            arrays=arrays,
+        )
+    except UnreadableSnapshot:
+        raise
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise UnreadableSnapshot(f"a malformed header: {error}") from error
+    if header.token_count < 1 or not 0 < header.prompt_length <= header.token_count:
+        raise UnreadableSnapshot("a header with an impossible token count")
+    return header
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

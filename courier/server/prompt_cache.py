@@ -1,0 +1,113 @@
+"""Setting up the prompt cache: both tiers' budgets, the disk tier's directory, and what an earlier run left there.
+
+The memory budget is configured or sized from the model's state and the device's
+memory; the disk budget is configured (0: no disk tier) or sized from the model's
+state and the free disk space. The disk tier lives in a private subdirectory named
+by the model's identity (`model/identity.py`), so another model, or the same name
+with other weights, never even opens these files. A directory another server holds,
+or one that cannot be created, leaves the cache memory-only, with a warning: a cache
+never stops a server from starting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import anyio.to_thread
+
+from courier.actors.snapshot_disk import DiskTierConfig, SnapshotDisk
+from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
+from courier.engine.snapshot_budget import available_memory, default_budget, default_disk_budget, measure_footprint
+from courier.engine.snapshot_directory import SnapshotDirectory, free_bytes, open_directory
+from courier.model.identity import model_identity
+from courier.model.loader import LoadedModel
+from courier.runtime.mlx_thread import MlxThread
+from courier.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+PROMPT_CACHE_SUBDIRECTORY = "prompt-cache"
+# The disk writer may hold state for unfinished writes up to this share of the memory budget (most of it is
+# state memory holds anyway: only entries evicted from memory before their write is done cost more).
+PENDING_WRITE_SHARE = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptCache:
+    store: SnapshotStore
+    disk: SnapshotDisk | None
+    bucket: Bucket
+
+
+async def open_prompt_cache(settings: Settings, loaded: LoadedModel, mlx: MlxThread) -> PromptCache:
+    footprint = await mlx.call(partial(measure_footprint, loaded.model))
+    capacity = settings.prompt_cache_snapshot_capacity_bytes
+    if capacity is None:
+        budget = default_budget(footprint, available_memory())
+        capacity = budget.capacity_bytes
+        logger.info("prompt cache budget %d bytes: %s", capacity, budget.explanation)
+    else:
+        logger.info("prompt cache budget %d bytes (configured)", capacity)
+    template = str(getattr(loaded.tokenizer, "chat_template", None) or "")
+    signature = hashlib.sha256(template.encode()).hexdigest()[:16]
+    bucket = Bucket(model_id=loaded.info.model_id, template_signature=signature)
+    directory = await _open_disk_directory(settings, loaded, signature)
+    disk_capacity = 0
+    if directory is not None:
+        disk_capacity = settings.prompt_cache_disk_bytes or 0
+        if settings.prompt_cache_disk_bytes is None:
+            held = sum(found.path.stat().st_size for found in directory.found)
+            disk_budget = default_disk_budget(footprint, capacity, free_bytes(directory.path) + held)
+            disk_capacity = disk_budget.capacity_bytes
+            logger.info("prompt cache disk budget %d bytes: %s", disk_capacity, disk_budget.explanation)
+        else:
+            logger.info("prompt cache disk budget %d bytes (configured)", disk_capacity)
+        if disk_capacity <= 0:
+            directory.release()
+            directory = None
+    limits = StoreLimits(
+        capacity_bytes=capacity,
+        max_entries=settings.prompt_cache_snapshot_max_entries,
+        ttl_s=settings.prompt_cache_snapshot_ttl,
+        min_prefix=settings.prompt_cache_min_prefix,
+        disk_capacity_bytes=disk_capacity,
+    )
+    store = SnapshotStore(limits, trimmable=loaded.info.prompt_cache_trimmable, clock=time.monotonic)
+    if directory is None:
+        return PromptCache(store=store, disk=None, bucket=bucket)
+    identity = directory.path.name
+    config = DiskTierConfig(identity=identity, max_pending_write_bytes=capacity // PENDING_WRITE_SHARE)
+    disk = SnapshotDisk(directory, config, mlx)
+    found, unreadable = len(directory.found), directory.unreadable
+    adopted = disk.adopt(store)
+    disk.dispatch(store)  # files of turns that adopted ones supersede: deleted once the writer runs
+    logger.info(
+        "prompt cache disk tier %s: %d snapshots kept from earlier runs (%d bytes); %d no longer fit, %d unreadable "
+        "files deleted",
+        directory.path,
+        adopted,
+        store.disk_nbytes,
+        found - adopted,
+        unreadable,
+    )
+    return PromptCache(store=store, disk=disk, bucket=bucket)
+
+
+async def _open_disk_directory(settings: Settings, loaded: LoadedModel, signature: str) -> SnapshotDirectory | None:
+    if settings.prompt_cache_disk_bytes == 0:
+        logger.info("prompt cache disk tier off (--prompt-cache-disk-bytes 0)")
+        return None
+    root = settings.prompt_cache_dir or settings.cache_dir / PROMPT_CACHE_SUBDIRECTORY
+    info = loaded.info
+    try:
+        identity = await anyio.to_thread.run_sync(
+            partial(model_identity, info.path, weight_format=info.weight_format, template_signature=signature)
+        )
+        return await anyio.to_thread.run_sync(open_directory, root, identity)
+    except OSError as error:
+        logger.warning("prompt cache: no disk tier (%s); conversations stay warm in memory only", error)
+        return None
