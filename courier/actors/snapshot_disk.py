@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -102,13 +102,17 @@ class SnapshotDisk:
                         self._pending_write_bytes > 0
                     ):
                         self.io.writes_refused += 1
-                        store.write_failed(effect.snapshot.entry_id)  # may queue more effects: the loop takes them
+                        store.write_failed(effect.snapshot.entry_id, effect.ticket)  # may queue more effects
                         continue
                     self._pending_write_bytes += nbytes
                 self._queue.append((effect, carrier))
         if self._queue:
             self._idle = anyio.Event() if self._idle.is_set() else self._idle
             self._wake.set()
+
+    def figures(self) -> DiskIoCounters:
+        """A copy of the I/O counters, with the work not done yet."""
+        return replace(self.io, pending=len(self._queue) + (0 if self._idle.is_set() else 1))
 
     async def drained(self) -> None:
         """Wait until every queued write and delete is done."""
@@ -167,7 +171,7 @@ class SnapshotDisk:
 
     async def _write(self, store: SnapshotStore, effect: WriteFile, carrier: TraceCarrier) -> None:
         snapshot = effect.snapshot
-        if not store.wants_file(snapshot.entry_id):
+        if not store.wants_file(snapshot.entry_id, effect.ticket):
             self.io.writes_skipped += 1  # superseded or evicted while it waited: nothing to keep
             return
         path = self.directory.path / f"{uuid.uuid4().hex}{SUFFIX}"
@@ -176,7 +180,7 @@ class SnapshotDisk:
             started = time.monotonic()
             try:
                 encoded = await self._mlx.call(partial(encode_state, effect.state))
-                if not store.wants_file(snapshot.entry_id):
+                if not store.wants_file(snapshot.entry_id, effect.ticket):
                     self.io.writes_skipped += 1  # superseded while it was encoded
                     return
                 size = await anyio.to_thread.run_sync(
@@ -197,7 +201,7 @@ class SnapshotDisk:
                 self.io.write_errors += 1
                 span.set_attribute(trace_attributes.FAILURE, str(error))
                 self._warn_write_failed(error)
-                store.write_failed(snapshot.entry_id)
+                store.write_failed(snapshot.entry_id, effect.ticket)
                 return
             span.set_attribute(trace_attributes.SNAPSHOT_FILE_BYTES, size)
         self._disk_full_warned = False
@@ -205,8 +209,7 @@ class SnapshotDisk:
         self.io.write_bytes += size
         self.io.write_seconds += time.monotonic() - started
         self._paths[snapshot.entry_id] = path
-        if store.wants_file(snapshot.entry_id):
-            store.write_done(snapshot.entry_id)
+        store.write_done(snapshot.entry_id, effect.ticket)
         # else: dropped while it was written; its DeleteFile is queued behind this write and removes it
 
     async def _delete(self, effect: DeleteFile) -> None:

@@ -97,7 +97,7 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
         stats = self._store.stats()
         if self._disk is None:
             return stats
-        return replace(stats, disk_io=replace(self._disk.io), disk_directory=str(self._disk.directory.path))
+        return replace(stats, disk_io=self._disk.figures(), disk_directory=str(self._disk.directory.path))
 
     async def _on_flush(self, message: FlushSnapshots) -> None:
         written = self._store.flush()

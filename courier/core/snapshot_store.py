@@ -113,6 +113,9 @@ class Snapshot:
     on_disk: bool = False
     writing: bool = False
     disk_bytes: int = 0
+    # Which write is the wanted one: an entry whose file was evicted and that is spilled again is asked to be written
+    # twice; only the report of the second write may end its `writing`.
+    write_ticket: int = 0
 
     @property
     def state_held(self) -> bool:
@@ -142,6 +145,7 @@ class WriteFile:
     snapshot: Snapshot
     state: Any
     max_bytes: int  # what the disk tier was charged for it: the file may not be larger
+    ticket: int  # the entry's write this is (pass it back to `wants_file`, `write_done`, `write_failed`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +222,7 @@ class DiskIoCounters:
     read_seconds: float = 0.0
     read_errors: int = 0  # unreadable, corrupt or vanished files
     restores_refused: int = 0  # every reader busy: answered as a miss
+    pending: int = 0  # writes and deletes queued or under way, at the moment the figures were read
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -444,20 +449,21 @@ class SnapshotStore:
         self._fit_memory(snapshot.session)
         return True
 
-    def write_done(self, entry_id: EntryId) -> None:
-        snapshot = self._entries.get(entry_id)
-        if snapshot is None or not snapshot.writing:
+    def write_done(self, entry_id: EntryId, ticket: int | None = None) -> None:
+        """The file of write `ticket` (default: the latest asked for) is in place."""
+        if not self.wants_file(entry_id, ticket):
             return
+        snapshot = self._entries[entry_id]
         snapshot.writing = False
         if not snapshot.in_memory:
             snapshot.state = None
 
-    def write_failed(self, entry_id: EntryId) -> None:
-        """The file could not be written (disk full, an I/O error, the writer busy): the entry stays in memory
-        only, or is gone if memory no longer holds it."""
-        snapshot = self._entries.get(entry_id)
-        if snapshot is None or not snapshot.on_disk:
+    def write_failed(self, entry_id: EntryId, ticket: int | None = None) -> None:
+        """The file of write `ticket` (default: the latest) could not be written (disk full, an I/O error, the
+        writer busy): the entry stays in memory only, or is gone if memory no longer holds it."""
+        if not self.wants_file(entry_id, ticket):
             return
+        snapshot = self._entries[entry_id]
         self.counters.disk_write_failures += 1
         self._off_disk(snapshot)
         if not snapshot.in_memory:
@@ -477,12 +483,19 @@ class SnapshotStore:
         if not self.has_disk:
             return 0
         pending = [snapshot for snapshot in self._memory.values() if not snapshot.on_disk]
-        return sum(self._persist(snapshot) for snapshot in reversed(pending))  # most recently used first
+        # Least recently used first: when the disk cannot hold them all, the newer evict the older (whose writes,
+        # no longer wanted by then, are skipped).
+        for snapshot in pending:
+            self._persist(snapshot)
+        return sum(snapshot.on_disk for snapshot in pending)
 
-    def wants_file(self, entry_id: EntryId) -> bool:
-        """Whether the write asked for this entry is still wanted (it may have been superseded or evicted)."""
+    def wants_file(self, entry_id: EntryId, ticket: int | None = None) -> bool:
+        """Whether write `ticket` (default: the latest) of this entry is still wanted: the entry may have been
+        superseded or evicted since, or its file evicted and asked for again."""
         snapshot = self._entries.get(entry_id)
-        return snapshot is not None and snapshot.writing
+        if snapshot is None or not snapshot.writing:
+            return False
+        return ticket is None or ticket == snapshot.write_ticket
 
     def sweep(self) -> int:
         """Remove expired entries (the periodic tick); lookups also sweep lazily."""
@@ -623,9 +636,10 @@ class SnapshotStore:
         self._make_disk_room(footprint)
         snapshot.on_disk = snapshot.writing = True
         snapshot.disk_bytes = footprint
+        snapshot.write_ticket += 1
         self._disk[snapshot.entry_id] = snapshot
         self._disk_bytes += footprint
-        self._effects.append(WriteFile(snapshot, snapshot.state, footprint))
+        self._effects.append(WriteFile(snapshot, snapshot.state, footprint, snapshot.write_ticket))
         return True
 
     def _make_disk_room(self, footprint: int) -> None:

@@ -36,6 +36,7 @@ class FoundFile:
 @dataclass(slots=True, kw_only=True)
 class SnapshotDirectory:
     path: Path
+    identity: str  # the model identity every file here must carry
     found: list[FoundFile]  # oldest first
     unreadable: int
     _lock: int = field(repr=False)
@@ -75,7 +76,7 @@ def open_directory(root: Path, identity: str) -> SnapshotDirectory:
             continue
         found.append(FoundFile(path=path, header=header, tokens=tokens, age_s=max(0.0, now - modified)))
     found.sort(key=lambda item: -item.age_s)
-    return SnapshotDirectory(path=directory, found=found, unreadable=unreadable, _lock=lock)
+    return SnapshotDirectory(path=directory, identity=identity, found=found, unreadable=unreadable, _lock=lock)
 
 
 def free_bytes(path: Path) -> int:

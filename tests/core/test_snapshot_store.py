@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from courier.core.snapshot_store import ANONYMOUS_SESSION, Bucket, Origin, SnapshotStore, StoreLimits
+from courier.core.snapshot_store import (
+    ANONYMOUS_SESSION,
+    Bucket,
+    DeleteFile,
+    DiskEffect,
+    Origin,
+    Snapshot,
+    SnapshotStore,
+    StoreLimits,
+    WriteFile,
+    disk_footprint,
+)
 
 BUCKET = Bucket(model_id="m")
 OTHER_BUCKET = Bucket(model_id="m", template_signature="other")
@@ -415,3 +426,392 @@ def test_the_next_turn_continues_a_completion_even_if_its_last_prompt_token_re_t
     (completion,) = s.snapshots()
     next_turn = (*BASE[:30], 22342, 7, 8, 9)  # "\n" + the reply's newlines re-rendered as one token
     assert s._continued(BUCKET, "a", next_turn) == completion.entry_id
+
+
+# The disk tier. KEYS[i]: a 10-token vector of its own; each entry holds 10 bytes, so its file is charged FOOTPRINT.
+KEYS = [(i,) * 10 for i in range(10)]
+FOOTPRINT = disk_footprint(10, 10)
+
+
+def disk_store(
+    *, capacity: int = 30, disk: int = 3 * FOOTPRINT, entries: int = 100, ttl: float = 60.0, trimmable: bool = True
+) -> tuple[SnapshotStore, Clock]:
+    clock = Clock()
+    limits = StoreLimits(
+        capacity_bytes=capacity, max_entries=entries, ttl_s=ttl, min_prefix=8, disk_capacity_bytes=disk
+    )
+    return SnapshotStore(limits, trimmable=trimmable, clock=clock), clock
+
+
+def put_key(s: SnapshotStore, clock: Clock, key: int, *, nbytes: int = 10) -> Snapshot:
+    """Insert KEYS[key] in a session of its own, a second after the last insert; returns its snapshot."""
+    clock.now += 1
+    assert put(s, KEYS[key], session=str(key), nbytes=nbytes)
+    return s.snapshots()[-1]
+
+
+def described(effects: list[DiskEffect]) -> list[tuple[str, int, object]]:
+    """Effects as (kind, entry id, state written): comparable at a glance."""
+    return [
+        ("write", effect.snapshot.entry_id, effect.state)
+        if isinstance(effect, WriteFile)
+        else ("delete", effect.entry_id, None)
+        for effect in effects
+    ]
+
+
+def tiers(snapshot: Snapshot) -> tuple[bool, bool, bool]:
+    return snapshot.in_memory, snapshot.on_disk, snapshot.writing
+
+
+def hit(s: SnapshotStore, key: int) -> Snapshot | None:
+    return s.lookup(BUCKET, str(key), (*KEYS[key], 99)).snapshot
+
+
+def test_an_insert_with_a_disk_tier_is_written_behind_and_held_in_both_tiers() -> None:
+    s, clock = disk_store()
+    x = put_key(s, clock, 1)
+    assert described(s.take_effects()) == [("write", x.entry_id, KEYS[1])]
+    assert s.take_effects() == []  # taken once
+    assert tiers(x) == (True, True, True)
+    assert (x.state_held, x.disk_bytes, x.state) == (True, FOOTPRINT, KEYS[1])
+    assert (s.nbytes, s.disk_nbytes) == (10, FOOTPRINT)
+    stats = s.stats()
+    assert (stats.entries, stats.memory_entries, stats.disk_entries, stats.disk_nbytes) == (1, 1, 1, FOOTPRINT)
+    assert s.wants_file(x.entry_id)
+    s.write_done(x.entry_id)
+    assert tiers(x) == (True, True, False)
+    assert (x.state_held, x.state) == (True, KEYS[1])  # memory still holds it
+    assert not s.wants_file(x.entry_id)
+    assert s.take_effects() == []
+    assert (s.counters.spills, s.counters.disk_write_failures, s.counters.evictions_lru) == (0, 0, 0)
+
+
+def test_memory_pressure_spills_the_least_recently_used_entry_to_disk() -> None:
+    s, clock = disk_store(capacity=20)
+    x, y = put_key(s, clock, 1), put_key(s, clock, 2)
+    s.take_effects()
+    s.write_done(x.entry_id)
+    s.write_done(y.entry_id)
+    z = put_key(s, clock, 3)
+    assert described(s.take_effects()) == [("write", z.entry_id, KEYS[3])]  # x already has its file
+    assert tiers(x) == (False, True, False)
+    assert (x.state_held, x.state) == (False, None)
+    assert [snapshot.entry_id for snapshot in s.snapshots()] == [x.entry_id, y.entry_id, z.entry_id]
+    assert (s.counters.spills, s.counters.evictions_lru, s.counters.evictions_disk) == (1, 0, 0)
+    assert (s.entries, s.nbytes, s.disk_nbytes) == (3, 20, 3 * FOOTPRINT)
+    stats = s.stats()
+    assert (stats.memory_entries, stats.disk_entries) == (2, 3)
+
+    clock.now += 1
+    assert hit(s, 1) is x  # answered from disk: the owner reads it back
+    assert (x.state_held, s.counters.hits, s.counters.disk_hits) == (False, 1, 1)
+    assert s.promote(x.entry_id, "read back")
+    assert tiers(x) == (True, True, False)
+    assert x.state == "read back"
+    assert tiers(y) == (False, True, False)  # now the least recently used in memory: spilled in turn
+    assert y.state is None
+    assert (s.counters.restores, s.counters.spills, s.counters.evictions_lru) == (1, 2, 0)
+    assert (s.entries, s.nbytes, s.disk_nbytes) == (3, 20, 3 * FOOTPRINT)
+    assert s.take_effects() == []
+    assert not s.promote(x.entry_id, "again")  # already in memory
+    assert x.state == "read back"
+    assert not s.promote(12345, "gone")  # no such entry
+    assert s.counters.restores == 1
+
+
+def test_an_entry_spilled_while_its_write_is_pending_keeps_its_state_until_the_write_is_done() -> None:
+    s, clock = disk_store(capacity=10)
+    x = put_key(s, clock, 1)
+    y = put_key(s, clock, 2)
+    assert described(s.take_effects()) == [("write", x.entry_id, KEYS[1]), ("write", y.entry_id, KEYS[2])]
+    assert tiers(x) == (False, True, True)
+    assert (x.state_held, x.state) == (True, KEYS[1])  # the writer still needs it
+    assert hit(s, 1) is x
+    assert s.counters.disk_hits == 0  # served from the state still held
+    s.write_done(x.entry_id)
+    assert tiers(x) == (False, True, False)
+    assert (x.state_held, x.state) == (False, None)
+    assert hit(s, 1) is x
+    assert s.counters.disk_hits == 1
+
+
+def test_an_entry_whose_write_failed_is_spilled_again_when_memory_lets_go_of_it() -> None:
+    s, clock = disk_store(capacity=20)
+    x = put_key(s, clock, 1)
+    s.take_effects()
+    s.write_failed(x.entry_id)
+    assert described(s.take_effects()) == [("delete", x.entry_id, None)]  # whatever part of it was written
+    assert tiers(x) == (True, False, False)
+    assert (x.state, x.disk_bytes, s.disk_nbytes) == (KEYS[1], 0, 0)
+    assert (s.counters.disk_write_failures, s.counters.disk_write_losses) == (1, 0)
+    assert not s.wants_file(x.entry_id)
+    y = put_key(s, clock, 2)
+    z = put_key(s, clock, 3)
+    assert described(s.take_effects()) == [
+        ("write", y.entry_id, KEYS[2]),
+        ("write", x.entry_id, KEYS[1]),  # spilled: written now instead of dropped
+        ("write", z.entry_id, KEYS[3]),
+    ]
+    assert tiers(x) == (False, True, True)
+    assert (s.counters.spills, s.counters.evictions_lru) == (1, 0)
+    assert (s.entries, s.nbytes, s.disk_nbytes) == (3, 20, 3 * FOOTPRINT)
+
+
+def test_an_entry_too_big_for_the_disk_is_dropped_when_memory_lets_go_of_it() -> None:
+    s, clock = disk_store(capacity=20, disk=FOOTPRINT)
+    x = put_key(s, clock, 1, nbytes=11)  # its file would not fit the whole disk budget
+    assert s.take_effects() == []
+    assert tiers(x) == (True, False, False)
+    y = put_key(s, clock, 2, nbytes=9)
+    assert described(s.take_effects()) == [("write", y.entry_id, KEYS[2])]
+    z = put_key(s, clock, 3, nbytes=9)  # 29 bytes: x goes, and its file cannot be written
+    assert described(s.take_effects()) == [("delete", y.entry_id, None), ("write", z.entry_id, KEYS[3])]
+    assert [snapshot.entry_id for snapshot in s.snapshots()] == [y.entry_id, z.entry_id]
+    assert (s.counters.evictions_lru, s.counters.spills, s.counters.disk_copies_evicted) == (1, 0, 1)
+    assert tiers(y) == (True, False, False)  # memory keeps it; only its file went
+    assert (s.nbytes, s.disk_nbytes) == (18, disk_footprint(9, 10))
+
+
+def test_disk_pressure_deletes_the_least_recently_used_disk_only_entry() -> None:
+    s, clock = disk_store(capacity=10, disk=2 * FOOTPRINT)
+    x, y = put_key(s, clock, 1), put_key(s, clock, 2)
+    s.take_effects()
+    for snapshot in (x, y):
+        s.write_done(snapshot.entry_id)
+    z = put_key(s, clock, 3)
+    assert described(s.take_effects()) == [("delete", x.entry_id, None), ("write", z.entry_id, KEYS[3])]
+    assert [snapshot.entry_id for snapshot in s.snapshots()] == [y.entry_id, z.entry_id]
+    assert (s.counters.evictions_disk, s.counters.disk_copies_evicted, s.counters.spills) == (1, 0, 2)
+    assert (s.entries, s.nbytes, s.disk_nbytes) == (2, 10, 2 * FOOTPRINT)
+    assert hit(s, 1) is None
+    clock.now += 1
+    assert hit(s, 2) is y  # a lookup makes y the most recently used on disk too
+    w = put_key(s, clock, 4)
+    assert described(s.take_effects()) == [("delete", z.entry_id, None), ("write", w.entry_id, KEYS[4])]
+    assert [snapshot.entry_id for snapshot in s.snapshots()] == [y.entry_id, w.entry_id]
+    assert s.counters.evictions_disk == 2
+
+
+def test_disk_pressure_only_deletes_the_file_of_an_entry_memory_holds() -> None:
+    s, clock = disk_store(capacity=30, disk=2 * FOOTPRINT)
+    x, y = put_key(s, clock, 1), put_key(s, clock, 2)
+    s.take_effects()
+    z = put_key(s, clock, 3)
+    assert described(s.take_effects()) == [("delete", x.entry_id, None), ("write", z.entry_id, KEYS[3])]
+    assert tiers(x) == (True, False, False)
+    assert (x.state, x.disk_bytes) == (KEYS[1], 0)
+    assert not s.wants_file(x.entry_id)
+    s.write_done(x.entry_id)  # the write it no longer wants, reported late: nothing changes
+    assert tiers(x) == (True, False, False)
+    assert (s.counters.disk_copies_evicted, s.counters.evictions_disk, s.counters.evictions_lru) == (1, 0, 0)
+    assert (s.entries, s.nbytes, s.disk_nbytes) == (3, 30, 2 * FOOTPRINT)
+    assert hit(s, 1) is x
+    assert s.counters.disk_hits == 0
+    assert [snapshot.entry_id for snapshot in (y, z) if snapshot.on_disk] == [y.entry_id, z.entry_id]
+
+
+def test_a_newer_turn_removes_the_older_one_from_disk_before_charging_its_own_file() -> None:
+    footprint = disk_footprint(10, len(BASE))
+    s, clock = disk_store(capacity=10, disk=2 * footprint)
+    put(s, BASE[:20], session="a")
+    (older,) = s.snapshots()
+    clock.now += 1
+    put(s, (1,) * len(BASE), session="b")  # the older turn is spilled: only its file is left
+    other = s.snapshots()[-1]
+    s.take_effects()
+    assert tiers(older) == (False, True, True)
+    clock.now += 1
+    assert put(s, BASE, session="a")
+    newer = s.snapshots()[-1]
+    assert described(s.take_effects()) == [("delete", older.entry_id, None), ("write", newer.entry_id, BASE)]
+    assert [snapshot.entry_id for snapshot in s.snapshots()] == [other.entry_id, newer.entry_id]
+    assert tiers(other) == (False, True, True)  # spilled, and its file kept: the older turn's bytes made room
+    assert (s.counters.supersedes, s.counters.evictions_disk, s.counters.evictions_lru) == (1, 0, 0)
+    assert s.disk_nbytes == 2 * footprint == s.limits.disk_capacity_bytes
+    assert not s.wants_file(older.entry_id)
+
+
+def test_an_unreadable_file_forgets_its_entry() -> None:
+    s, clock = disk_store(capacity=10)
+    x, y = put_key(s, clock, 1), put_key(s, clock, 2)
+    s.take_effects()
+    s.write_done(x.entry_id)
+    assert hit(s, 1) is x and not x.state_held
+    s.drop_unreadable(x.entry_id)
+    assert described(s.take_effects()) == [("delete", x.entry_id, None)]
+    assert [snapshot.entry_id for snapshot in s.snapshots()] == [y.entry_id]
+    assert (s.counters.disk_unreadable, s.entries, s.nbytes, s.disk_nbytes) == (1, 1, 10, FOOTPRINT)
+    assert not s.promote(x.entry_id, "too late")
+    assert hit(s, 1) is None
+    s.drop_unreadable(x.entry_id)  # twice: nothing more
+    assert s.take_effects() == []
+    assert s.counters.disk_unreadable == 1
+
+
+def test_a_failed_write_of_an_entry_only_on_disk_loses_it() -> None:
+    s, clock = disk_store(capacity=10)
+    x, y = put_key(s, clock, 1), put_key(s, clock, 2)
+    s.take_effects()
+    assert tiers(x) == (False, True, True)
+    s.write_failed(x.entry_id)
+    assert described(s.take_effects()) == [("delete", x.entry_id, None)]
+    assert [snapshot.entry_id for snapshot in s.snapshots()] == [y.entry_id]
+    assert (s.counters.disk_write_failures, s.counters.disk_write_losses) == (1, 1)
+    assert (s.entries, s.nbytes, s.disk_nbytes) == (1, 10, FOOTPRINT)
+    s.write_failed(x.entry_id)  # reported twice: nothing more
+    assert s.take_effects() == []
+    assert s.counters.disk_write_failures == 1
+
+
+def test_reset_deletes_every_file() -> None:
+    s, clock = disk_store(capacity=20)
+    x, y = put_key(s, clock, 1), put_key(s, clock, 2)
+    s.take_effects()
+    s.write_failed(y.entry_id)  # y: memory only
+    z = put_key(s, clock, 3)  # x: spilled, disk only
+    s.take_effects()
+    assert [tiers(snapshot)[:2] for snapshot in (x, y, z)] == [(False, True), (True, False), (True, True)]
+    assert s.reset() == (3, 20 + 2 * FOOTPRINT)
+    assert described(s.take_effects()) == [("delete", x.entry_id, None), ("delete", z.entry_id, None)]
+    assert (s.entries, s.nbytes, s.disk_nbytes) == (0, 0, 0)
+    stats = s.stats()
+    assert (stats.memory_entries, stats.disk_entries, stats.disk_nbytes) == (0, 0, 0)
+    assert hit(s, 1) is None
+
+
+def adopt(s: SnapshotStore, tokens: tuple[int, ...], *, session: str = "a", nbytes: int = 10, age: float) -> int | None:
+    return s.adopt(
+        bucket=BUCKET,
+        session=session,
+        origin=Origin.BOUNDARY,
+        tokens=tokens,
+        nbytes=nbytes,
+        prompt_length=len(tokens),
+        age_s=age,
+    )
+
+
+def test_adopting_the_files_of_an_earlier_run_rebuilds_the_index_on_disk() -> None:
+    s, clock = disk_store()
+    first = adopt(s, KEYS[1], session="1", age=30)
+    second = adopt(s, KEYS[2], session="2", age=10)
+    assert first is not None and second is not None
+    assert s.take_effects() == []
+    x, y = s.snapshots()
+    assert [x.entry_id, y.entry_id] == [first, second]
+    assert [tiers(x), tiers(y)] == [(False, True, False)] * 2
+    assert (x.state, x.state_held, x.disk_bytes, x.last_used, y.last_used) == (None, False, FOOTPRINT, 970, 990)
+    assert (s.counters.adopted, s.counters.inserts, s.entries, s.nbytes, s.disk_nbytes) == (2, 0, 2, 0, 2 * FOOTPRINT)
+    assert hit(s, 1) is x
+    assert (s.counters.hits, s.counters.disk_hits) == (1, 1)
+    assert s.promote(x.entry_id, "read back")
+    assert (tiers(x), x.state, s.nbytes) == ((True, True, False), "read back", 10)
+    clock.now += 51  # y was last used 61 s ago by this clock (adopted 10 s old): its file goes with it
+    assert s.sweep() == 1
+    assert described(s.take_effects()) == [("delete", y.entry_id, None)]
+    assert s.counters.evictions_ttl == 1
+
+
+def test_an_adopted_older_turn_is_superseded_by_the_newer_one() -> None:
+    s, _ = disk_store()
+    older = adopt(s, BASE[:20], age=30)
+    newer = adopt(s, BASE, age=10)
+    assert older is not None and newer is not None
+    assert described(s.take_effects()) == [("delete", older, None)]
+    assert [snapshot.entry_id for snapshot in s.snapshots()] == [newer]
+    assert (s.counters.adopted, s.counters.supersedes, s.entries) == (2, 1, 1)
+    assert s.disk_nbytes == disk_footprint(10, len(BASE))
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "age", "disk"),
+    [
+        (10, 60.0, 3 * FOOTPRINT),  # as old as the TTL
+        (10, 100.0, 3 * FOOTPRINT),
+        (11, 1.0, FOOTPRINT),  # its file is over the whole disk budget
+        (31, 1.0, 100 * FOOTPRINT),  # over the whole memory budget: it could never be read back
+        (10, 1.0, 0),  # no disk tier
+    ],
+)
+def test_an_entry_that_does_not_fit_is_not_adopted(nbytes: int, age: float, disk: int) -> None:
+    s, _ = disk_store(disk=disk)
+    assert adopt(s, KEYS[1], nbytes=nbytes, age=age) is None
+    assert (s.entries, s.disk_nbytes, s.counters.adopted) == (0, 0, 0)
+    assert s.take_effects() == []
+
+
+def test_flush_writes_only_the_entries_without_a_file() -> None:
+    s, clock = disk_store()
+    x, y = put_key(s, clock, 1), put_key(s, clock, 2)
+    s.take_effects()
+    s.write_done(y.entry_id)
+    s.write_failed(x.entry_id)
+    s.take_effects()
+    assert s.flush() == 1
+    assert described(s.take_effects()) == [("write", x.entry_id, KEYS[1])]
+    assert tiers(x) == (True, True, True)
+    assert (s.disk_nbytes, s.counters.spills) == (2 * FOOTPRINT, 0)
+    assert s.flush() == 0  # x's write is under way
+    assert s.take_effects() == []
+
+
+def test_flush_keeps_the_most_recently_used_entries_when_the_disk_cannot_hold_all() -> None:
+    s, clock = disk_store(disk=FOOTPRINT)
+    x, y = put_key(s, clock, 1), put_key(s, clock, 2)  # y's file replaced x's
+    s.take_effects()
+    s.write_failed(y.entry_id)  # neither has a file now
+    s.take_effects()
+    s.flush()
+    assert tiers(y)[1] and not tiers(x)[1]  # y, the most recently used, should be the one on disk
+
+
+def test_without_a_disk_tier_no_effects_are_queued() -> None:
+    s, clock = disk_store(capacity=20, disk=0)
+    x, y = put_key(s, clock, 1), put_key(s, clock, 2)
+    z = put_key(s, clock, 3)  # x is dropped, not spilled
+    assert [snapshot.entry_id for snapshot in s.snapshots()] == [y.entry_id, z.entry_id]
+    assert tiers(z) == (True, False, False)
+    assert hit(s, 2) is y
+    s.write_done(y.entry_id)
+    s.write_failed(y.entry_id)
+    assert s.flush() == 0
+    assert not s.promote(x.entry_id, "gone")
+    assert adopt(s, KEYS[4], age=1) is None
+    s.drop_unreadable(y.entry_id)
+    clock.now += 100
+    s.sweep()
+    put_key(s, clock, 5)
+    s.reset()
+    assert s.take_effects() == []
+    counters = s.counters
+    assert (counters.evictions_lru, counters.spills, counters.disk_hits, counters.disk_write_failures) == (1, 0, 0, 0)
+    assert (counters.disk_unreadable, counters.evictions_ttl, counters.evictions_disk) == (1, 1, 0)
+    assert s.stats().disk_entries == s.stats().disk_nbytes == 0
+
+
+def test_an_entry_asked_to_be_written_twice_keeps_its_file_when_the_owner_carries_out_the_effects_in_order() -> None:
+    s, clock = disk_store(capacity=30, disk=2 * FOOTPRINT)  # memory holds three entries, the disk two files
+    x, y, z, w = (put_key(s, clock, key) for key in (1, 2, 3, 4))
+    effects = s.take_effects()
+    assert described(effects) == [
+        ("write", x.entry_id, KEYS[1]),
+        ("write", y.entry_id, KEYS[2]),
+        ("delete", x.entry_id, None),  # x's file makes room for z's; memory still holds x
+        ("write", z.entry_id, KEYS[3]),
+        ("delete", y.entry_id, None),
+        ("write", x.entry_id, KEYS[1]),  # then memory lets go of x: it is written again
+        ("delete", z.entry_id, None),
+        ("write", w.entry_id, KEYS[4]),
+    ]
+    files = set()
+    for effect in effects:  # the owner's part, in order: a write no longer wanted is skipped
+        if isinstance(effect, DeleteFile):
+            files.discard(effect.entry_id)
+        elif s.wants_file(effect.snapshot.entry_id, effect.ticket):
+            files.add(effect.snapshot.entry_id)
+            s.write_done(effect.snapshot.entry_id, effect.ticket)
+    assert s.take_effects() == []
+    on_disk = {snapshot.entry_id for snapshot in s.snapshots() if snapshot.on_disk}
+    assert on_disk == {x.entry_id, w.entry_id}
+    assert on_disk <= files  # x's first write, reported done, ended its second before it was carried out

@@ -47,7 +47,7 @@ def write(path: Path, state: list[Any], nbytes: int, *, tokens: tuple[int, ...] 
 
 
 def next_logits(model: Any, state: list[Any]) -> mx.array:
-    logits = model(mx.array([[7]]), cache=state)
+    logits: mx.array = model(mx.array([[7]]), cache=state)
     mx.eval(logits)
     return logits
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -89,8 +89,13 @@ def server_command(args: Sequence[str]) -> list[str]:
 
 @contextmanager
 def running_server(
-    args: Sequence[str], *, env: Mapping[str, str] | None = None, wait_ready: bool = True
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    wait_ready: bool = True,
+    launcher: Callable[[list[str]], list[str]] | None = None,
 ) -> Iterator[RunningServer]:
+    """`launcher`: turns the server's command line into the one to run (e.g. inside a mount namespace)."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith(("COURIER_", "OTEL_"))}
     environment.update(env or {})
     # Stored responses and the prompt cache's disk tier go to fresh directories unless the test chose them: a
@@ -103,8 +108,9 @@ def running_server(
     if "--prompt-cache-dir" not in args and "COURIER_PROMPT_CACHE_DIR" not in environment:
         prompt_cache_dir = tempfile.TemporaryDirectory(prefix="courier-prompt-cache-")
         environment["COURIER_PROMPT_CACHE_DIR"] = prompt_cache_dir.name
+    command = server_command(args)
     process = subprocess.Popen(
-        server_command(args),
+        launcher(command) if launcher else command,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

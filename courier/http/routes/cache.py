@@ -96,4 +96,5 @@ def _tier_figures(store: StoreStats) -> dict[str, Any]:
         "snapshot_disk_read_ms_mean": 1000 * io.read_seconds / io.reads if io.reads else 0.0,
         "snapshot_disk_read_errors": io.read_errors,
         "snapshot_disk_restores_refused": io.restores_refused,
+        "snapshot_disk_pending": io.pending,
     }

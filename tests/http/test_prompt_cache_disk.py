@@ -1,0 +1,232 @@
+"""The prompt cache's disk tier through the real server: conversations that no longer fit in memory, a restart (clean
+or `kill -9`), corrupt and foreign files, and a full disk, on a dense (trimmable) and a hybrid (not trimmable) model."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.support.server import RunningServer, running_server
+
+GENERATION_PROMPT = 3  # "<|im_start|>assistant\n": only a trimmable cache can skip it
+# A tiny model's conversation snapshot here is ~130-150 KB: memory holds two, so six conversations need the disk.
+MEMORY_BUDGET = "320KiB"
+DISK_BUDGET = "64MiB"
+CONVERSATIONS = 6
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def model(request: pytest.FixtureRequest) -> Path:
+    directory: Path = request.getfixturevalue("tiny_llama_dir" if request.param == "dense" else "tiny_qwen3_next_dir")
+    return directory
+
+
+@contextmanager
+def serving(
+    model: Path, cache_dir: Path, prompt_cache_dir: Path, *extra: str, **options: Any
+) -> Iterator[RunningServer]:
+    args = [
+        "--model",
+        str(model),
+        "--cache-dir",
+        str(cache_dir),
+        "--served-model-name",
+        "tiny",
+        "--prompt-cache-dir",
+        str(prompt_cache_dir),
+        "--prompt-cache-snapshot-capacity-bytes",
+        MEMORY_BUDGET,
+        "--prompt-cache-disk-bytes",
+        DISK_BUDGET,
+        *extra,
+    ]
+    with running_server(args, **options) as running:
+        yield running
+
+
+def stats(server: RunningServer) -> dict[str, Any]:
+    with server.http() as http:
+        figures: dict[str, Any] = http.get("/v1/cache/stats").json()
+        return figures
+
+
+def settled(server: RunningServer) -> dict[str, Any]:
+    """Stats once every idle warm-up has run and the disk has done all it was asked (polled, never slept)."""
+    for _ in range(5000):
+        figures = stats(server)
+        warmups_done = figures["snapshot_warmups_run"] + figures["snapshot_warmups_skipped"]
+        if (
+            warmups_done == figures["snapshot_warmups_queued"]
+            and figures["snapshot_warmups_pending"] == 0
+            and figures["snapshot_disk_pending"] == 0
+        ):
+            return figures
+    raise AssertionError(f"the cache never settled: {figures}")
+
+
+class Conversations:
+    """CONVERSATIONS conversations, each with its own customer and session, advanced one turn at a time."""
+
+    def __init__(self, count: int = CONVERSATIONS) -> None:
+        self.histories: list[list[ChatCompletionMessageParam]] = [
+            [{"role": "system", "content": f"Customer {index} of the shop. " + "Answer with care. " * 30}]
+            for index in range(count)
+        ]
+        self.last_prompt: list[int] = [0] * count
+
+    def turn(self, client: openai.OpenAI) -> list[tuple[int, int, int]]:
+        """One more turn of every conversation, interleaved: (previous prompt, prompt, cached) per conversation."""
+        seen = []
+        for index, messages in enumerate(self.histories):
+            messages.append({"role": "user", "content": f"Question {len(messages)}: where is my parcel?"})
+            reply = client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=8, temperature=0, user=f"customer-{index}"
+            )
+            assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+            cached = reply.usage.prompt_tokens_details.cached_tokens or 0
+            seen.append((self.last_prompt[index], reply.usage.prompt_tokens, cached))
+            self.last_prompt[index] = reply.usage.prompt_tokens
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+        return seen
+
+
+def assert_warm(turns: list[tuple[int, int, int]]) -> None:
+    """Each turn reused at least its conversation's whole previous prompt (but the generation prompt)."""
+    cold = [(previous, prompt, cached) for previous, prompt, cached in turns if cached < previous - GENERATION_PROMPT]
+    assert not cold, f"turns served cold (previous prompt, prompt, cached): {cold}"
+
+
+def snapshot_files(prompt_cache_dir: Path) -> list[Path]:
+    return sorted(prompt_cache_dir.glob("*/*.snap"))
+
+
+def test_conversations_beyond_the_memory_budget_stay_warm_on_disk(model: Path, cache_dir: Path, tmp_path: Path) -> None:
+    with serving(model, cache_dir, tmp_path) as server, server.openai_client() as client:
+        conversations = Conversations()
+        conversations.turn(client)
+        for _ in range(2):
+            assert_warm(conversations.turn(client))
+        figures = settled(server)
+        assert server.stop() == 0
+    assert figures["snapshot_spills"] > 0 and figures["snapshot_disk_hits"] > 0
+    assert figures["snapshot_disk_restores"] > 0 and figures["snapshot_disk_read_errors"] == 0
+    assert figures["snapshot_memory_entries"] < CONVERSATIONS <= figures["snapshot_disk_entries"]
+    assert figures["snapshot_bytes"] <= figures["snapshot_capacity_bytes"]
+    assert figures["snapshot_disk_bytes"] <= figures["snapshot_disk_capacity_bytes"]
+    files = snapshot_files(tmp_path)
+    assert len(files) >= CONVERSATIONS
+    assert sum(path.stat().st_size for path in files) <= figures["snapshot_disk_bytes"]
+    assert {stat.S_IMODE(path.stat().st_mode) for path in files} == {0o600}
+    assert stat.S_IMODE(files[0].parent.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["clean-stop", "kill-9"])
+def test_a_restart_keeps_every_conversation_warm(
+    model: Path, cache_dir: Path, tmp_path: Path, stop: signal.Signals
+) -> None:
+    conversations = Conversations()
+    with serving(model, cache_dir, tmp_path, "--log-level", "info") as server, server.openai_client() as client:
+        conversations.turn(client)
+        conversations.turn(client)
+        settled(server)  # for kill -9: the files are all written (a clean stop flushes by itself)
+        code = server.stop(stop)
+    assert code == (0 if stop is signal.SIGTERM else -signal.SIGKILL)
+    with serving(model, cache_dir, tmp_path) as server, server.openai_client() as client:
+        adopted = stats(server)["snapshot_disk_adopted"]
+        assert_warm(conversations.turn(client))
+        figures = settled(server)
+        assert server.stop() == 0
+    assert adopted >= CONVERSATIONS
+    assert figures["snapshot_disk_hits"] >= CONVERSATIONS
+
+
+def test_corrupt_files_are_misses_that_are_deleted_and_counted(model: Path, cache_dir: Path, tmp_path: Path) -> None:
+    conversations = Conversations(count=2)
+    with serving(model, cache_dir, tmp_path) as server, server.openai_client() as client:
+        conversations.turn(client)
+        settled(server)
+        assert server.stop() == 0
+    damaged = snapshot_files(tmp_path)
+    for path in damaged:
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF  # the last byte of the last array: the header still reads, the payload digest fails
+        path.write_bytes(bytes(data))
+    with serving(model, cache_dir, tmp_path) as server, server.openai_client() as client:
+        turns = conversations.turn(client)
+        figures = settled(server)
+        with server.http() as http:
+            assert http.get("/health").status_code == 200
+        assert server.stop() == 0
+    assert [cached for _, _, cached in turns] == [0, 0]  # nothing corrupt was used
+    assert figures["snapshot_disk_unreadable"] >= 2 and figures["snapshot_disk_read_errors"] >= 2, figures
+    assert not set(damaged) & set(snapshot_files(tmp_path))  # deleted, and replaced by this run's own
+
+
+def test_another_model_never_reads_these_files(
+    tiny_llama_dir: Path, tiny_qwen3_next_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    conversations = Conversations(count=2)
+    with serving(tiny_llama_dir, cache_dir, tmp_path) as server, server.openai_client() as client:
+        conversations.turn(client)
+        assert server.stop() == 0
+    (llama_files,) = {path.parent for path in snapshot_files(tmp_path)}
+    # The other model's directory, with one of these files planted in it: a foreign file is deleted on start-up.
+    with serving(tiny_qwen3_next_dir, cache_dir, tmp_path) as server:
+        hybrid_directory = Path(stats(server)["snapshot_disk_directory"])
+        assert server.stop() == 0
+    planted = hybrid_directory / "planted.snap"
+    shutil.copy(next(llama_files.glob("*.snap")), planted)
+    with serving(tiny_qwen3_next_dir, cache_dir, tmp_path) as server, server.openai_client() as client:
+        figures = stats(server)
+        turns = conversations.turn(client)
+        assert server.stop() == 0
+    assert hybrid_directory != llama_files
+    assert figures["snapshot_disk_adopted"] == 0
+    assert "1 unreadable files deleted" in server.log()
+    assert not planted.exists()
+    assert [cached for _, _, cached in turns] == [0, 0]
+    assert len(list(llama_files.glob("*.snap"))) >= 2  # the other model's files are left alone
+
+
+def test_a_second_server_on_the_same_directory_runs_memory_only(model: Path, cache_dir: Path, tmp_path: Path) -> None:
+    with serving(model, cache_dir, tmp_path) as first, serving(model, cache_dir, tmp_path) as second:
+        assert stats(first)["snapshot_disk_directory"]
+        assert stats(second)["snapshot_disk_directory"] == ""
+        assert "in use by another Courier process" in second.log()
+        assert second.stop() == 0 and first.stop() == 0
+
+
+def in_a_small_tmpfs(directory: Path, size: str) -> Any:
+    def launch(command: list[str]) -> list[str]:
+        script = f'mount -t tmpfs -o size={size} tmpfs "{directory}" && exec "$@"'
+        return ["unshare", "--map-root-user", "--mount", "sh", "-c", script, "sh", *command]
+
+    return launch
+
+
+def test_a_full_disk_degrades_to_memory_only_with_a_warning(model: Path, cache_dir: Path, tmp_path: Path) -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) to mount a small tmpfs in a private mount namespace")
+    disk = tmp_path / "small"
+    disk.mkdir()
+    with serving(model, cache_dir, disk, launcher=in_a_small_tmpfs(disk, "200k")) as server:
+        with server.openai_client() as client:
+            conversations = Conversations(count=2)
+            conversations.turn(client)
+            turns = conversations.turn(client)
+        figures = settled(server)
+        with server.http() as http:
+            assert http.get("/health").status_code == 200
+        assert server.stop() == 0
+    assert "is full; snapshots stay in memory only" in server.log()
+    assert figures["snapshot_disk_write_errors"] > 0
+    assert_warm(turns)  # two conversations fit in memory: the disk's failure costs nothing here
