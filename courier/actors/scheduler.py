@@ -4,8 +4,10 @@ Receives `SubmitGeneration`; replies `GenerationQueued`, or `RequestFailed`
 (OVERLOADED) when the running batch and the waiting queue are both full. Sends
 each request's `GenerationEvent`s on the stream the request came with and closes
 it after the terminal event. With prompt caching, asks the snapshot store for a
-request's longest cached prefix before it joins the batch (`LookupPrefix`) and
-tells it the snapshots the engine takes (`InsertSnapshot`). Receives
+request's longest cached prefix before it joins the batch (`LookupPrefix`, in a
+task of its own once the request could join next: the batch steps on while it is
+out, and a request waits for its answer at most the lookup timeout) and tells it
+the snapshots the engine takes (`InsertSnapshot`). Receives
 `QueueWarmUp` (no reply): run when idle, it extends a conversation's snapshot
 over the reply just given, and stops as soon as live requests arrive.
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import anyio
+from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.core.failure_codes import FailureCode
@@ -60,9 +63,10 @@ SHUTDOWN_MESSAGE = "the server is shutting down"
 WARM_UP_QUEUE = 8
 # An idle scheduler gathers a burst for at most this many admission windows.
 _BURST_WINDOWS = 5
-# How long a request's prefix lookup may hold up its joining the batch: a store that is slow to answer (a long
-# insert ahead of it) makes it a miss, never a stall of the whole batch.
-STORE_LOOKUP_TIMEOUT_S = 0.5
+# How long a request waits for its prefix lookup before it runs without a cached prefix (a miss, counted). The
+# lookup runs beside the batch, so only the request itself waits: a store busy behind other work, or reading a
+# large snapshot back from disk, holds up no one else's decode steps.
+STORE_LOOKUP_TIMEOUT_S = 2.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -78,6 +82,11 @@ class _Queued:
     bucket: Bucket | None = None
     first_token_seen: bool = False
     finished: int = 0  # samples finished (a request of `n` ends with its last)
+    # Its prefix lookup: started once it could join the batch next, done when the store answered (or the deadline
+    # passed); `prefix` is what it found.
+    lookup_started: bool = False
+    looked_up: bool = False
+    prefix: CachedPrefix | None = None
 
     @property
     def width(self) -> int:
@@ -120,13 +129,16 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._wake = anyio.Event()
         self._engine: BatchEngine | None = None
         self._warm_ups: OrderedDict[str, QueueWarmUp] = OrderedDict()
+        self._lookups: TaskGroup | None = None
 
     async def setup(self) -> None:
         self._engine = await self._mlx.call(self._make_engine)
 
     async def background(self) -> None:
         assert self._engine is not None, "setup() builds the engine"
-        await self._drive(self._engine)
+        async with anyio.create_task_group() as lookups:
+            self._lookups = lookups
+            await self._drive(self._engine)
 
     def stopped(self) -> None:
         self._fail_everything(SHUTDOWN_MESSAGE)
@@ -182,6 +194,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         )
         self._waiting.append(queued)
         self._update_counts()
+        self._start_lookups()  # while the current step runs
         self._wake.set()
         await message.reply.send(GenerationQueued(request_id=message.request_id, queue_position=len(self._waiting)))
 
@@ -200,7 +213,12 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 await self._gather_burst()
                 continue
             self._drop_abandoned()
-            added = await self._promote()
+            self._start_lookups()
+            added = self._promote()
+            if not added and not self._running and not self._cancelled:
+                self._wake = anyio.Event()  # only requests whose lookups are out: wait for an answer
+                await self._wake.wait()
+                continue
             cancelled, self._cancelled = self._cancelled, []
             outputs = await self._mlx.call(partial(engine.step, added, cancelled))
             self._deliver(outputs)
@@ -223,27 +241,47 @@ class SchedulerActor(Actor[SchedulerMessage]):
             if not arrived or len(self._waiting) >= self._stats.max_batch or time.monotonic() >= deadline:
                 return
 
-    async def _promote(self) -> list[EngineRequest]:
-        """Waiting requests join the batch in order while their samples fit (the first that does not waits). Their
-        prefix lookups share one deadline, so a slow store delays a step by at most that, however many join."""
+    def _start_lookups(self) -> None:
+        """Ask the store for the prefixes of the waiting requests that fit in the batch's free slots (in order), each
+        in its own task: a lookup that takes long holds up only its own request."""
+        if self._lookups is None:
+            return  # the drive loop has not started: it starts them
+        free = self._stats.max_batch - self._running_sequences()
+        for queued in self._waiting:
+            free -= queued.width
+            if free < 0:
+                return
+            if queued.lookup_started:
+                continue
+            queued.lookup_started = True
+            if not queued.cache_prompt:
+                queued.looked_up = True
+                continue
+            self._lookups.start_soon(self._look_up, queued)
+
+    async def _look_up(self, queued: _Queued) -> None:
+        try:
+            found = await self._ask_store(queued.session, queued.request.prompt_tokens, queued.trace, queued.bucket)
+            queued.prefix = _cached_prefix(found)
+        finally:
+            queued.looked_up = True
+            self._wake.set()
+
+    def _promote(self) -> list[EngineRequest]:
+        """Waiting requests join the batch in order while their samples fit and their lookups have answered (the
+        first that does not fit, or is still being looked up, waits; the batch steps on without it)."""
         added: list[EngineRequest] = []
-        deadline = time.monotonic() + self._lookup_timeout_s
         while self._waiting and self._running_sequences() + self._waiting[0].width <= self._stats.max_batch:
-            queued = self._waiting.popleft()
+            queued = self._waiting[0]
+            if not queued.looked_up:
+                break
+            self._waiting.popleft()
             self._running[queued.request.request_id] = queued
-            added.append(await self._with_cached_prefix(queued, deadline))
+            request = queued.request
+            added.append(replace(request, prefix=queued.prefix) if queued.prefix is not None else request)
+            queued.prefix = None  # the engine holds it now
         self._update_counts()
         return added
-
-    async def _with_cached_prefix(self, queued: _Queued, deadline: float) -> EngineRequest:
-        request = queued.request
-        if not queued.cache_prompt:
-            return request
-        found = await self._ask_store(
-            queued.session, request.prompt_tokens, queued.trace, queued.bucket, deadline=deadline
-        )
-        prefix = _cached_prefix(found)
-        return replace(request, prefix=prefix) if prefix is not None else request
 
     def _bucket(self, media_digest: str, tenant: str) -> Bucket | None:
         return replace(self._caching.bucket, media_digest=media_digest, tenant=tenant) if self._caching else None
@@ -256,17 +294,13 @@ class SchedulerActor(Actor[SchedulerMessage]):
         bucket: Bucket | None,
         *,
         check_extended: bool = False,
-        deadline: float | None = None,
     ) -> LookupReply | None:
-        """The store's answer, or None (a miss) when it is busy, stopped, or silent past `deadline` (default: the
-        lookup timeout from now)."""
+        """The store's answer, or None (a miss) when it is busy, stopped, or silent past the lookup timeout."""
         caching = self._caching
         if caching is None or bucket is None:
             return None
         try:
-            if deadline is None:
-                deadline = time.monotonic() + self._lookup_timeout_s
-            with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+            with anyio.move_on_after(self._lookup_timeout_s):
                 found: LookupReply = await ask(
                     caching.store,
                     lambda reply: LookupPrefix(

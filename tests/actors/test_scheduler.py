@@ -542,3 +542,40 @@ async def test_a_store_that_answers_too_late_is_a_miss_and_the_request_runs() ->
             mlx.close(timeout=TIMEOUT_S)
     assert engine.steps[0] == Step((engine_request("r1", boundary=BOUNDARY, snapshots=True),), ())  # no prefix
     assert (stats.lookups_timed_out, stats.completed) == (1, 1)
+
+
+@pytest.mark.anyio
+async def test_a_lookup_still_out_holds_up_only_its_own_request() -> None:
+    release = anyio.Event()
+
+    async def slow(message: SnapshotStoreMessage) -> LookupReply | None:
+        if isinstance(message, LookupPrefix):
+            await release.wait()  # a store reading a large snapshot back from disk
+            return HISTORY_FOUND
+        return None
+
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    async with caching_scheduler(engine, stats, slow) as (store, inbox):
+        running_send, running_receive = event_stream()
+        assert isinstance(await submit(inbox, "r1", running_send), GenerationQueued)  # no lookup
+        await engine.wait_for_steps(1)
+        waiting_send, waiting_receive = event_stream()
+        assert isinstance(await submit(inbox, "r2", waiting_send, cache_prompt=True), GenerationQueued)
+        await store.wait_for(1)  # r2's lookup is out
+        engine.then(out("r1", text("a", 1)))
+        engine.then(out("r1", text("b", 2)))
+        engine.then(out("r1", finished(2)))
+        assert await read_all(running_receive) == [text("a", 1), text("b", 2), finished(2)]
+        release.set()
+        engine.then(out("r2", finished(1, cached_tokens=3)))
+        assert await read_all(waiting_receive) == [finished(1, cached_tokens=3)]
+    prefix = CachedPrefix(state="history-state", length=3, matched=3, continues=41)
+    added = [step.added for step in engine.steps if step.added]
+    # r1 stepped to its end while r2's lookup was out; r2 joined with what the lookup found.
+    assert added == [
+        (engine_request("r1", boundary=0, snapshots=False),),
+        (engine_request("r2", prefix=prefix, boundary=BOUNDARY, snapshots=True),),
+    ]
+    assert [step.added for step in engine.steps[:3]] == [(engine_request("r1", boundary=0, snapshots=False),), (), ()]
+    assert stats.lookups_timed_out == 0
