@@ -127,13 +127,18 @@ class SnapshotDisk:
                 await self._wake.wait()
                 continue
             effect, carrier = self._queue.popleft()
-            if isinstance(effect, WriteFile):
-                try:
-                    await self._write(store, effect, carrier)
-                finally:
-                    self._pending_write_bytes -= effect.snapshot.nbytes
-            else:
-                await self._delete(effect)
+            try:
+                if isinstance(effect, WriteFile):
+                    try:
+                        await self._write(store, effect, carrier)
+                    finally:
+                        self._pending_write_bytes -= effect.snapshot.nbytes
+                else:
+                    await self._delete(effect)
+            except Exception as error:  # one file's trouble never stops the writer (or the store)
+                logger.error("prompt cache: the disk writer failed on %s: %r", type(effect).__name__, error)
+                if isinstance(effect, WriteFile):
+                    store.write_failed(effect.snapshot.entry_id, effect.ticket)
             self.dispatch(store)
 
     async def restore(self, store: SnapshotStore, snapshot: Snapshot) -> Any | None:
@@ -153,7 +158,8 @@ class SnapshotDisk:
                     state = await self._mlx.call(partial(decode_state, read.header.layout, read.arrays))
                 finally:
                     read.close()
-            except (UnreadableSnapshot, UndecodableState, OSError) as error:
+            except (UnreadableSnapshot, UndecodableState, OSError, ValueError, RuntimeError) as error:
+                # RuntimeError: MLX refusing the arrays, or its thread too busy to build them
                 if store.get(snapshot.entry_id) is None:
                     return None  # superseded or evicted while it was read: its file went with it
                 self.io.read_errors += 1

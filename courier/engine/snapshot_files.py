@@ -22,6 +22,7 @@ import mmap
 import os
 import struct
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,8 @@ def read_index_entry(path: Path, identity: str) -> tuple[SnapshotHeader, tuple[i
 
 def read_snapshot(path: Path, identity: str) -> ReadSnapshot:
     """The whole file, mapped and verified (header, payload digest, token digest, array bounds); marked used."""
-    os.utime(path)  # its age after a restart counts from its last use
+    with suppress(OSError):
+        os.utime(path)  # its age after a restart counts from its last use
     with path.open("rb") as file:
         size = os.fstat(file.fileno()).st_size
         if size < _PREFIX.size:
