@@ -20,6 +20,7 @@ new requests join the running batch at the next step.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -60,6 +61,8 @@ from courier.status.scheduler_stats import SchedulerStats
 
 SHUTDOWN_MESSAGE = "the server is shutting down"
 # Warm-ups waiting for an idle moment, one per session, newest kept.
+logger = logging.getLogger(__name__)
+
 WARM_UP_QUEUE = 8
 # An idle scheduler gathers a burst for at most this many admission windows.
 _BURST_WINDOWS = 5
@@ -67,6 +70,8 @@ _BURST_WINDOWS = 5
 # lookup runs beside the batch, so only the request itself waits: a store busy behind other work, or reading a
 # large snapshot back from disk, holds up no one else's decode steps.
 STORE_LOOKUP_TIMEOUT_S = 2.0
+# An idle warm-up's lookup waits in the drive loop itself (live requests arriving meanwhile wait for it): shorter.
+WARM_UP_LOOKUP_TIMEOUT_S = 0.5
 
 
 @dataclass(slots=True, kw_only=True)
@@ -216,9 +221,10 @@ class SchedulerActor(Actor[SchedulerMessage]):
             self._start_lookups()
             added = self._promote()
             if not added and not self._running and not self._cancelled:
-                self._wake = anyio.Event()  # only requests whose lookups are out: wait for an answer
-                await self._wake.wait()
-                continue
+                if self._waiting:
+                    self._wake = anyio.Event()  # only requests whose lookups are out: wait for an answer
+                    await self._wake.wait()
+                continue  # (none left: their consumers went away) back to idle, and its warm-ups
             cancelled, self._cancelled = self._cancelled, []
             outputs = await self._mlx.call(partial(engine.step, added, cancelled))
             self._deliver(outputs)
@@ -263,19 +269,23 @@ class SchedulerActor(Actor[SchedulerMessage]):
         try:
             found = await self._ask_store(queued.session, queued.request.prompt_tokens, queued.trace, queued.bucket)
             queued.prefix = _cached_prefix(found)
+        except Exception:  # a lookup's trouble is a miss for its request, never the scheduler's end
+            logger.exception("prompt cache: a prefix lookup failed; the request runs without a cached prefix")
         finally:
             queued.looked_up = True
             self._wake.set()
 
     def _promote(self) -> list[EngineRequest]:
-        """Waiting requests join the batch in order while their samples fit and their lookups have answered (the
-        first that does not fit, or is still being looked up, waits; the batch steps on without it)."""
+        """Waiting requests join the batch in order while their samples fit (the first that does not fit waits, and
+        so do those behind it). One whose lookup is still out keeps its place while those behind it that are ready
+        go ahead: a slow lookup holds up its own request only, and the batch steps on meanwhile."""
         added: list[EngineRequest] = []
-        while self._waiting and self._running_sequences() + self._waiting[0].width <= self._stats.max_batch:
-            queued = self._waiting[0]
-            if not queued.looked_up:
+        for queued in list(self._waiting):
+            if self._running_sequences() + queued.width > self._stats.max_batch:
                 break
-            self._waiting.popleft()
+            if not queued.looked_up:
+                continue
+            self._waiting.remove(queued)
             self._running[queued.request.request_id] = queued
             request = queued.request
             added.append(replace(request, prefix=queued.prefix) if queued.prefix is not None else request)
@@ -294,13 +304,15 @@ class SchedulerActor(Actor[SchedulerMessage]):
         bucket: Bucket | None,
         *,
         check_extended: bool = False,
+        timeout_s: float | None = None,
     ) -> LookupReply | None:
-        """The store's answer, or None (a miss) when it is busy, stopped, or silent past the lookup timeout."""
+        """The store's answer, or None (a miss) when it is busy, stopped, or silent past `timeout_s` (default: the
+        lookup timeout)."""
         caching = self._caching
         if caching is None or bucket is None:
             return None
         try:
-            with anyio.move_on_after(self._lookup_timeout_s):
+            with anyio.move_on_after(self._lookup_timeout_s if timeout_s is None else timeout_s):
                 found: LookupReply = await ask(
                     caching.store,
                     lambda reply: LookupPrefix(
@@ -322,7 +334,14 @@ class SchedulerActor(Actor[SchedulerMessage]):
         """Extend the session's snapshot over `message.tokens`, yielding to live requests between chunks."""
         tokens = message.tokens
         bucket = self._bucket("", message.tenant)
-        found = await self._ask_store(message.session, tokens, message.trace, bucket, check_extended=True)
+        found = await self._ask_store(
+            message.session,
+            tokens,
+            message.trace,
+            bucket,
+            check_extended=True,
+            timeout_s=min(self._lookup_timeout_s, WARM_UP_LOOKUP_TIMEOUT_S),
+        )
         prefix = _cached_prefix(found)
         already = isinstance(found, PrefixMissed) and found.extended
         if already or (prefix is not None and prefix.matched >= len(tokens) - 1):

@@ -5,8 +5,8 @@ The store (owned by the snapshot store actor) decides; this carries out its
 lookup that hit an entry only on disk. Nothing here runs on the event loop or the
 MLX thread longer than it must: encoding a state is taking byte views of its
 arrays (no copy, on the MLX thread), writing and hashing run on a worker thread;
-a read maps and verifies the file on a worker thread, and building the arrays back
-is the one copy, on the MLX thread. A writer that falls behind refuses new writes
+a read loads and verifies the file on a worker thread, and building the arrays back
+from those bytes is the one copy on the MLX thread. A writer that falls behind refuses new writes
 (the entry stays in memory, counted) instead of holding more state; a file that
 fails its checks is deleted, counted, and answered as a miss.
 """
@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, replace
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,11 @@ class SnapshotDisk:
         self._paths: dict[EntryId, Path] = {}
         self._pending_write_bytes = 0
         self._readers = anyio.CapacityLimiter(READERS)
+        self._restoring: dict[EntryId, _Restore] = {}
         self._disk_full_warned = False
+        # Whether the last write succeeded: only then does an idle writer catch up on refused writes (a full disk
+        # is not retried in a loop; the next snapshot's own write tries again).
+        self._writes_healthy = True
 
     def adopt(self, store: SnapshotStore) -> int:
         """Index the files an earlier run left (oldest first); delete those that no longer fit. Returns how many
@@ -89,18 +95,22 @@ class SnapshotDisk:
             self._paths[entry_id] = found.path
             adopted += 1
         self.directory.found.clear()
+        store.counters.disk_unreadable += self.directory.unreadable  # deleted while the directory was opened
         return adopted
 
-    def dispatch(self, store: SnapshotStore) -> None:
-        """Queue what the store asked of the disk (writes beyond the pending-bytes bound are refused at once)."""
+    def dispatch(self, store: SnapshotStore, *, bounded: bool = True) -> None:
+        """Queue what the store asked of the disk (writes beyond the pending-bytes bound are refused at once, unless
+        not `bounded`: a flush before stopping, whose states memory holds anyway)."""
         carrier = current_carrier()
         while effects := store.take_effects():
             for effect in effects:
                 if isinstance(effect, WriteFile):
                     nbytes = effect.snapshot.nbytes
-                    if self._pending_write_bytes + nbytes > self._config.max_pending_write_bytes and (
-                        self._pending_write_bytes > 0
-                    ):
+                    # A spill (memory has let go of the entry: refusing it loses it) gets twice the room of a write
+                    # behind an entry memory still holds (refused, it is caught up on later, or spilled).
+                    limit = self._config.max_pending_write_bytes * (1 if effect.snapshot.in_memory else 2)
+                    over = self._pending_write_bytes + nbytes > limit
+                    if bounded and over and self._pending_write_bytes > 0:
                         self.io.writes_refused += 1
                         store.write_failed(effect.snapshot.entry_id, effect.ticket)  # may queue more effects
                         continue
@@ -114,6 +124,13 @@ class SnapshotDisk:
         """A copy of the I/O counters, with the work not done yet."""
         return replace(self.io, pending=len(self._queue) + (0 if self._idle.is_set() else 1))
 
+    async def stamp_use_times(self, store: SnapshotStore) -> None:
+        """Set each file's modification time to its entry's last use (memory hits never touch the file), so the
+        next start ages it right."""
+        now = time.time()
+        stamps = [(self._paths[key], now - age) for key, age in store.disk_ages() if key in self._paths]
+        await anyio.to_thread.run_sync(_stamp, stamps)
+
     async def drained(self) -> None:
         """Wait until every queued write and delete is done."""
         await self._idle.wait()
@@ -121,6 +138,8 @@ class SnapshotDisk:
     async def run_writer(self, store: SnapshotStore) -> None:
         """Carry out the queued effects in order, forever (cancelled with the actor)."""
         while True:
+            if not self._queue and self._writes_healthy and store.flush(evict=False):
+                self.dispatch(store)  # idle: catch up on writes refused while it was busy (kill -9 keeps them too)
             if not self._queue:
                 self._idle.set()
                 self._wake = anyio.Event()
@@ -142,15 +161,29 @@ class SnapshotDisk:
             self.dispatch(store)
 
     async def restore(self, store: SnapshotStore, snapshot: Snapshot) -> Any | None:
-        """Read `snapshot`'s file back and hold it in memory again; None (the entry forgotten, its file deleted)
-        when the file cannot be used."""
-        path = self._paths.get(snapshot.entry_id)
+        """Read `snapshot`'s file back and hold it in memory again; None (a miss) when it cannot be. One read per
+        entry at a time: a second lookup of an entry being read waits for that read."""
+        entry_id = snapshot.entry_id
+        pending = self._restoring.get(entry_id)
+        if pending is not None:
+            await pending.done.wait()
+            return pending.state
+        pending = self._restoring[entry_id] = _Restore()
+        try:
+            pending.state = await self._read_back(store, snapshot)
+            return pending.state
+        finally:
+            del self._restoring[entry_id]
+            pending.done.set()
+
+    async def _read_back(self, store: SnapshotStore, snapshot: Snapshot) -> Any | None:
+        entry_id = snapshot.entry_id
+        path = self._paths.get(entry_id)
         with carried_span("snapshot_store.restore", current_carrier()) as span:
-            span.set_attribute(trace_attributes.SNAPSHOT_FILE_BYTES, snapshot.disk_bytes)
             started = time.monotonic()
             try:
                 if path is None:
-                    raise UnreadableSnapshot("no file was ever written for it")
+                    raise FileNotFoundError(f"no file for entry {entry_id}")
                 read = await anyio.to_thread.run_sync(read_snapshot, path, self._config.identity, limiter=self._readers)
                 try:
                     if read.tokens != snapshot.tokens:
@@ -158,20 +191,25 @@ class SnapshotDisk:
                     state = await self._mlx.call(partial(decode_state, read.header.layout, read.arrays))
                 finally:
                     read.close()
-            except (UnreadableSnapshot, UndecodableState, OSError, ValueError, RuntimeError) as error:
-                # RuntimeError: MLX refusing the arrays, or its thread too busy to build them
-                if store.get(snapshot.entry_id) is None:
-                    return None  # superseded or evicted while it was read: its file went with it
+            except (UnreadableSnapshot, UndecodableState) as error:
                 self.io.read_errors += 1
                 span.set_attribute(trace_attributes.FAILURE, str(error))
-                logger.warning("prompt cache: dropping an unusable snapshot file: %s", error)
-                store.drop_unreadable(snapshot.entry_id)
-                self.dispatch(store)
+                # Forget the entry only if this is still its file and the state is nowhere else.
+                if store.get(entry_id) is snapshot and not snapshot.state_held and self._paths.get(entry_id) == path:
+                    logger.warning("prompt cache: deleting an unusable snapshot file: %s", error)
+                    store.drop_unreadable(entry_id)
+                    self.dispatch(store)
+                return None
+            except (OSError, RuntimeError) as error:
+                # Gone meanwhile (superseded, evicted), or a passing trouble (too many open files, the MLX thread
+                # busy): a miss, counted; the file stays for the next lookup.
+                self.io.read_errors += 1
+                span.set_attribute(trace_attributes.FAILURE, f"{type(error).__name__}: {error}")
                 return None
             self.io.reads += 1
             self.io.read_bytes += snapshot.nbytes
             self.io.read_seconds += time.monotonic() - started
-            store.promote(snapshot.entry_id, state)
+            store.promote(entry_id, state)
             self.dispatch(store)
             return state
 
@@ -205,12 +243,14 @@ class SnapshotDisk:
                 )
             except (OSError, ValueError, TypeError) as error:
                 self.io.write_errors += 1
+                self._writes_healthy = False
                 span.set_attribute(trace_attributes.FAILURE, str(error))
                 self._warn_write_failed(error)
                 store.write_failed(snapshot.entry_id, effect.ticket)
                 return
             span.set_attribute(trace_attributes.SNAPSHOT_FILE_BYTES, size)
         self._disk_full_warned = False
+        self._writes_healthy = True
         self.io.writes += 1
         self.io.write_bytes += size
         self.io.write_seconds += time.monotonic() - started
@@ -234,3 +274,17 @@ class SnapshotDisk:
             )
         elif not full:
             logger.warning("prompt cache: a snapshot could not be written to disk: %s", error)
+
+
+def _stamp(stamps: list[tuple[Path, float]]) -> None:
+    for path, used in stamps:
+        with suppress(OSError):
+            os.utime(path, (used, used))
+
+
+@dataclass(slots=True)
+class _Restore:
+    """A file being read back, for the lookups that ask for the same entry meanwhile."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    state: Any | None = None

@@ -100,11 +100,16 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
         return replace(stats, disk_io=self._disk.figures(), disk_directory=str(self._disk.directory.path))
 
     async def _on_flush(self, message: FlushSnapshots) -> None:
-        written = self._store.flush()
-        if self._disk is not None:
-            self._dispatch()
-            await self._disk.drained()
-        await _answer(message.reply, written)
+        if self._disk is None:
+            await _answer(message.reply, 0)
+            return
+        unwritten = [entry.entry_id for entry in self._store.snapshots() if entry.in_memory and not entry.on_disk]
+        self._store.flush()
+        self._disk.dispatch(self._store, bounded=False)
+        await self._disk.drained()
+        await self._disk.stamp_use_times(self._store)
+        entries = [self._store.get(entry_id) for entry_id in unwritten]
+        await _answer(message.reply, sum(1 for entry in entries if entry and entry.on_disk and not entry.writing))
 
     async def _on_lookup_prefix(self, message: LookupPrefix) -> None:
         if message.check_extended and self._store.extended(message.bucket, message.session, message.tokens):
@@ -132,7 +137,10 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
         """Read the entry's file back (a side task: the inbox goes on meanwhile) and answer with it, or a miss."""
         assert self._disk is not None and result.snapshot is not None
         state = await self._disk.restore(self._store, result.snapshot)
-        await _answer(reply, PrefixMissed() if state is None else _found(result, state))
+        if state is None:
+            await _answer(reply, PrefixMissed())
+        elif await _answer(reply, _found(result, state)):
+            self._store.count_disk_hit(result.matched)
 
     def _on_insert_snapshot(self, message: InsertSnapshot) -> None:
         result = self._store.insert(
@@ -171,7 +179,10 @@ def _found(result: LookupResult, state: Any) -> PrefixFound:
     )
 
 
-async def _answer(reply: MemoryObjectSendStream[T], value: T) -> None:
-    """Reply, unless the asker has stopped waiting (the scheduler gives a lookup a deadline): nothing to tell."""
+async def _answer(reply: MemoryObjectSendStream[T], value: T) -> bool:
+    """Reply, unless the asker has stopped waiting (the scheduler gives a lookup a deadline): nothing to tell.
+    Whether the reply was delivered."""
     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
         await reply.send(value)
+        return True
+    return False

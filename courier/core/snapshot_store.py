@@ -196,7 +196,7 @@ class StoreCounters:
     rejections_oversized: int = 0
     self_evictions: int = 0
     # The disk tier (all zero without one).
-    disk_hits: int = 0  # lookups answered with an entry only on disk
+    disk_hits: int = 0  # lookups answered with an entry read back from disk (counted in `hits` too)
     spills: int = 0  # memory LRU evictions that kept the entry on disk
     restores: int = 0  # entries read back from disk into memory
     evictions_disk: int = 0  # entries the disk tier evicted by LRU while memory did not hold them: gone
@@ -304,7 +304,8 @@ class SnapshotStore:
 
     def lookup(self, bucket: Bucket, session: str, tokens: Sequence[int]) -> LookupResult:
         """The longest usable prefix of `tokens` held for `bucket`; same-session entries win ties. The snapshot may
-        be on disk only (`state_held` False): its owner reads it back and `promote`s it."""
+        be on disk only (`state_held` False): its owner reads it back, `promote`s it and, if its asker still waits,
+        counts the hit (`count_disk_hit`)."""
         self.counters.lookups += 1
         self._sweep_expired()
         vector = tuple(tokens)
@@ -317,11 +318,17 @@ class SnapshotStore:
         if result.snapshot is None or result.matched < self.limits.min_prefix:
             return MISS
         self._touch(result.snapshot)
-        self.counters.hits += 1
-        self.counters.tokens_reused += result.matched
-        if not result.snapshot.state_held:
-            self.counters.disk_hits += 1
+        if result.snapshot.state_held:
+            self.counters.hits += 1
+            self.counters.tokens_reused += result.matched
         return result
+
+    def count_disk_hit(self, matched: int) -> None:
+        """A lookup answered with an entry only on disk got its state read back: now it is a hit (one whose file
+        turned out unreadable, or was read too late for its asker's deadline, is not)."""
+        self.counters.hits += 1
+        self.counters.disk_hits += 1
+        self.counters.tokens_reused += matched
 
     def extended(self, bucket: Bucket, session: str, tokens: Sequence[int]) -> bool:
         """Whether `session` already holds a live snapshot at or beyond `tokens` (a vector that starts with them)."""
@@ -478,15 +485,18 @@ class SnapshotStore:
         self.counters.disk_unreadable += 1
         self._remove(snapshot)
 
-    def flush(self) -> int:
-        """Write every entry memory holds that has no file yet (before a clean stop); returns how many."""
+    def flush(self, *, evict: bool = True) -> int:
+        """Write every entry memory holds that has no file yet (before a clean stop; or, not `evict`ing, only those
+        the disk has room for as it is: an idle writer catching up); returns how many were asked for."""
         if not self.has_disk:
             return 0
         pending = [snapshot for snapshot in self._memory.values() if not snapshot.on_disk]
         # Least recently used first: when the disk cannot hold them all, the newer evict the older (whose writes,
         # no longer wanted by then, are skipped).
         for snapshot in pending:
-            self._persist(snapshot)
+            footprint = disk_footprint(snapshot.nbytes, len(snapshot.tokens))
+            if evict or self._disk_bytes + footprint <= self.limits.disk_capacity_bytes:
+                self._persist(snapshot)
         return sum(snapshot.on_disk for snapshot in pending)
 
     def wants_file(self, entry_id: EntryId, ticket: int | None = None) -> bool:
@@ -496,6 +506,11 @@ class SnapshotStore:
         if snapshot is None or not snapshot.writing:
             return False
         return ticket is None or ticket == snapshot.write_ticket
+
+    def disk_ages(self) -> list[tuple[EntryId, float]]:
+        """Seconds since each entry with a file written was last used (its file's use time, for the next start)."""
+        now = self._clock()
+        return [(key, now - entry.last_used) for key, entry in self._disk.items() if not entry.writing]
 
     def sweep(self) -> int:
         """Remove expired entries (the periodic tick); lookups also sweep lazily."""

@@ -22,8 +22,8 @@ TYPICAL_CONVERSATIONS = 8
 TYPICAL_TOKENS = 4096
 # The disk tier's default: room for this many conversations (and at least this many memory budgets), at least
 # MIN_DISK_BUDGET, at most half the disk space free to it.
-DISK_CONVERSATIONS = 128
-DISK_MEMORY_MULTIPLE = 8
+DISK_CONVERSATIONS = 32
+DISK_MEMORY_MULTIPLE = 4
 MIN_DISK_BUDGET = 1024**3
 _SHORT, _LONG = 8, 24
 

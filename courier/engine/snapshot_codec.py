@@ -3,7 +3,7 @@
 Encoding runs on the MLX thread and copies nothing: each array is viewed as bytes
 (a memoryview the file writer reads on its own thread, kept alive by the view).
 Decoding runs on the MLX thread too and is the one copy a restore needs: from the
-file's mapped bytes into new arrays. The layout is plain JSON: per layer, its cache
+file's bytes, read into memory by a worker thread, into new arrays. The layout is plain JSON: per layer, its cache
 class (only `mlx_lm.models.cache`'s own classes are ever built back) and its
 `state` tree, arrays replaced by their index in the buffer list.
 """
@@ -49,6 +49,9 @@ class EncodedState:
 def encode_state(layers: Sequence[Any]) -> EncodedState:
     """On the MLX thread: `layers` (evaluated cache objects) as a layout and byte views of their arrays."""
     arrays: list[mx.array] = []
+    for layer in layers:
+        if type(layer).__module__ != cache_module.__name__:
+            raise TypeError(f"{type(layer).__module__}.{type(layer).__name__} is not an mlx-lm cache: not written")
     layout = [{"class": type(layer).__name__, "state": _encode_tree(layer.state, arrays)} for layer in layers]
     flat = [array.reshape(-1).view(mx.uint8) if array.size else array.reshape(-1) for array in arrays]
     mx.eval(flat)

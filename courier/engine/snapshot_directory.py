@@ -58,6 +58,16 @@ def open_directory(root: Path, identity: str) -> SnapshotDirectory:
     except BlockingIOError:
         os.close(lock)
         raise DirectoryBusy(f"{directory} is in use by another Courier process") from None
+    try:
+        found, unreadable = _scan(directory, identity)
+    except BaseException:
+        os.close(lock)
+        raise
+    return SnapshotDirectory(path=directory, identity=identity, found=found, unreadable=unreadable, _lock=lock)
+
+
+def _scan(directory: Path, identity: str) -> tuple[list[FoundFile], int]:
+    """The readable files oldest first, and how many unreadable ones were deleted."""
     found: list[FoundFile] = []
     unreadable = 0
     now = time.time()
@@ -76,7 +86,7 @@ def open_directory(root: Path, identity: str) -> SnapshotDirectory:
             continue
         found.append(FoundFile(path=path, header=header, tokens=tokens, age_s=max(0.0, now - modified)))
     found.sort(key=lambda item: -item.age_s)
-    return SnapshotDirectory(path=directory, identity=identity, found=found, unreadable=unreadable, _lock=lock)
+    return found, unreadable
 
 
 def free_bytes(path: Path) -> int:

@@ -9,7 +9,7 @@ layout and every array's dtype, shape and place. The payload is the token vector
 
 Writes go to a temporary name in the same directory (0600), are fsynced, renamed
 into place and the directory fsynced: a crash leaves the old state or the new,
-never half a file under a real name. Reads map the file, check both digests, the
+never half a file under a real name. Reads load the file, check both digests, the
 identity and the token digest before anything is built from it: a truncated,
 altered or foreign file raises `UnreadableSnapshot` (the caller deletes it and
 counts a miss). Plain files and threads: no MLX here (see `snapshot_codec`).
@@ -18,7 +18,6 @@ counts a miss). Plain files and threads: no MLX here (see `snapshot_codec`).
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import struct
 from collections.abc import Sequence
@@ -63,20 +62,17 @@ class SnapshotHeader:
 
 @dataclass(slots=True)
 class ReadSnapshot:
-    """A verified file, still mapped: its tokens and array bytes are views into the map. Close it when the state
-    has been built."""
+    """A verified file in memory: its arrays are views into the bytes read. Close it once the state is built."""
 
     header: SnapshotHeader
     tokens: tuple[int, ...]
     arrays: list[tuple[str, tuple[int, ...], memoryview]]
-    _map: mmap.mmap
     _views: list[memoryview]
 
     def close(self) -> None:
-        for view in self._views:
+        for view in reversed(self._views):
             view.release()
         self._views.clear()
-        self._map.close()
 
 
 def write_snapshot(
@@ -138,7 +134,8 @@ def write_snapshot(
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    _fsync_directory(path.parent)
+    with suppress(OSError):
+        _fsync_directory(path.parent)  # the file is in place either way; only its durability across a crash waits
     return size
 
 
@@ -155,18 +152,21 @@ def read_index_entry(path: Path, identity: str) -> tuple[SnapshotHeader, tuple[i
 
 
 def read_snapshot(path: Path, identity: str) -> ReadSnapshot:
-    """The whole file, mapped and verified (header, payload digest, token digest, array bounds); marked used."""
+    """The whole file, read into memory and verified (header, payload digest, token digest, array bounds); marked
+    used. Read, not mapped: the MLX thread then copies from memory, never waits on the disk, and a failing disk is an
+    `OSError` here rather than a fault in whatever thread touched a mapped page."""
     with suppress(OSError):
         os.utime(path)  # its age after a restart counts from its last use
-    with path.open("rb") as file:
+    with path.open("rb", buffering=0) as file:
         size = os.fstat(file.fileno()).st_size
         if size < _PREFIX.size:
             raise UnreadableSnapshot(f"{path.name}: truncated ({size} bytes)")
-        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    views: list[memoryview] = []
+        data = bytearray(size)
+        if file.readinto(data) != size:
+            raise UnreadableSnapshot(f"{path.name}: shorter than it was a moment ago")
+    whole = memoryview(data)
+    views: list[memoryview] = [whole]
     try:
-        whole = memoryview(mapped)
-        views.append(whole)
         length, header_digest = _check_prefix(bytes(whole[: _PREFIX.size]))
         payload_digest = bytes(whole[_PAYLOAD_DIGEST_AT : _PAYLOAD_DIGEST_AT + 32])
         start = _PREFIX.size + length
@@ -192,11 +192,10 @@ def read_snapshot(path: Path, identity: str) -> ReadSnapshot:
             view = arrays_part[offset : offset + nbytes]
             views.append(view)
             arrays.append((dtype, shape, view))
-        return ReadSnapshot(header=header, tokens=tokens, arrays=arrays, _map=mapped, _views=views)
+        return ReadSnapshot(header=header, tokens=tokens, arrays=arrays, _views=views)
     except BaseException:
         for view in reversed(views):
             view.release()
-        mapped.close()
         raise
 
 

@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import anyio.to_thread
 
@@ -67,6 +68,7 @@ async def open_prompt_cache(settings: Settings, loaded: LoadedModel, mlx: MlxThr
         else:
             logger.info("prompt cache disk budget %d bytes (configured)", disk_capacity)
         if disk_capacity <= 0:
+            logger.warning("prompt cache: no disk tier: no free space under %s", directory.path)
             directory.release()
             directory = None
     limits = StoreLimits(
@@ -100,8 +102,16 @@ async def _open_disk_directory(settings: Settings, loaded: LoadedModel, signatur
     if settings.prompt_cache_disk_bytes == 0:
         logger.info("prompt cache disk tier off (--prompt-cache-disk-bytes 0)")
         return None
-    root = settings.prompt_cache_dir or settings.cache_dir / PROMPT_CACHE_SUBDIRECTORY
     info = loaded.info
+    if loaded.vision is not None:
+        logger.info("prompt cache disk tier off: a vision model's cache layers are mlx-vlm's, not written to disk")
+        return None
+    if not Path(info.path).exists():
+        # A hub id: its weights' identity cannot be read from local files, and a new revision must never load the
+        # state another one computed.
+        logger.info("prompt cache disk tier off: %s is not a local model directory or file", info.path)
+        return None
+    root = settings.prompt_cache_dir or settings.cache_dir / PROMPT_CACHE_SUBDIRECTORY
     try:
         identity = await anyio.to_thread.run_sync(
             partial(model_identity, info.path, weight_format=info.weight_format, template_signature=signature)

@@ -96,6 +96,8 @@ STORAGE_INBOX = 256
 # After in-flight HTTP requests are done or timed out, actors get this long to finish.
 ACTOR_STOP_GRACE_S = 5.0
 MLX_THREAD_JOIN_S = 2.0
+# The prompt cache's flush to disk at a clean stop gets what --shutdown-timeout leaves, but at least this.
+MIN_FLUSH_S = 1.0
 # After failing in-flight requests at the drain deadline, how long their responses get to reach the clients.
 ERROR_FLUSH_S = 2.0
 PREFILL_BATCH = 8
@@ -378,7 +380,7 @@ class Supervisor:
         deadline = time.monotonic() + self._settings.shutdown_timeout
         with anyio.move_on_after(self._settings.shutdown_timeout):
             await http_done.wait()
-        await self._flush_snapshots(max(deadline - time.monotonic(), ACTOR_STOP_GRACE_S))
+        await self._flush_snapshots(max(deadline - time.monotonic(), MIN_FLUSH_S))
         # Past the deadline, or with nothing left in flight: close the inboxes, dependants first. Each actor answers
         # what is queued and ends; the scheduler fails what still runs, so open streams get a clear error event.
         with anyio.move_on_after(ACTOR_STOP_GRACE_S):

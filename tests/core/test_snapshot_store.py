@@ -505,8 +505,10 @@ def test_memory_pressure_spills_the_least_recently_used_entry_to_disk() -> None:
 
     clock.now += 1
     assert hit(s, 1) is x  # answered from disk: the owner reads it back
-    assert (x.state_held, s.counters.hits, s.counters.disk_hits) == (False, 1, 1)
+    assert (x.state_held, s.counters.hits, s.counters.disk_hits) == (False, 0, 0)  # not a hit until it is read
     assert s.promote(x.entry_id, "read back")
+    s.count_disk_hit(len(KEYS[1]) - 1)
+    assert (s.counters.hits, s.counters.disk_hits, s.counters.tokens_reused) == (1, 1, len(KEYS[1]) - 1)
     assert tiers(x) == (True, True, False)
     assert x.state == "read back"
     assert tiers(y) == (False, True, False)  # now the least recently used in memory: spilled in turn
@@ -528,12 +530,12 @@ def test_an_entry_spilled_while_its_write_is_pending_keeps_its_state_until_the_w
     assert tiers(x) == (False, True, True)
     assert (x.state_held, x.state) == (True, KEYS[1])  # the writer still needs it
     assert hit(s, 1) is x
-    assert s.counters.disk_hits == 0  # served from the state still held
+    assert (s.counters.hits, s.counters.disk_hits) == (1, 0)  # served from the state still held
     s.write_done(x.entry_id)
     assert tiers(x) == (False, True, False)
     assert (x.state_held, x.state) == (False, None)
     assert hit(s, 1) is x
-    assert s.counters.disk_hits == 1
+    assert (s.counters.hits, s.counters.disk_hits) == (1, 0)  # its owner counts it once the file is read
 
 
 def test_an_entry_whose_write_failed_is_spilled_again_when_memory_lets_go_of_it() -> None:
@@ -704,7 +706,7 @@ def test_adopting_the_files_of_an_earlier_run_rebuilds_the_index_on_disk() -> No
     assert (x.state, x.state_held, x.disk_bytes, x.last_used, y.last_used) == (None, False, FOOTPRINT, 970, 990)
     assert (s.counters.adopted, s.counters.inserts, s.entries, s.nbytes, s.disk_nbytes) == (2, 0, 2, 0, 2 * FOOTPRINT)
     assert hit(s, 1) is x
-    assert (s.counters.hits, s.counters.disk_hits) == (1, 1)
+    assert (s.counters.hits, s.counters.disk_hits) == (0, 0)
     assert s.promote(x.entry_id, "read back")
     assert (tiers(x), x.state, s.nbytes) == ((True, True, False), "read back", 10)
     clock.now += 51  # y was last used 61 s ago by this clock (adopted 10 s old): its file goes with it

@@ -238,7 +238,7 @@ class Owner:
             assert self.store.get(entry_id) is snapshot
             assert (snapshot.in_memory, snapshot.on_disk, snapshot.writing) == flags
 
-    def read_back(self, snapshot: Snapshot, choice: str) -> None:
+    def read_back(self, snapshot: Snapshot, choice: str, matched: int = 1) -> None:
         entry_id = snapshot.entry_id
         if choice == "later":
             self.reads.append(entry_id)
@@ -251,6 +251,9 @@ class Owner:
             assert self.store.promote(entry_id, ("read", entry_id)) == expected
             if expected:
                 assert snapshot.in_memory and snapshot.state == ("read", entry_id)
+            hits = (self.store.counters.hits, self.store.counters.disk_hits)
+            self.store.count_disk_hit(matched)
+            assert (self.store.counters.hits, self.store.counters.disk_hits) == (hits[0] + 1, hits[1] + 1)
 
     def settle(self) -> None:
         writes, self.writes = self.writes, []
@@ -401,10 +404,10 @@ def lookup_and_read(
         return
     assert 1 <= result.matched < len(vector)
     assert snapshot.tokens[: result.matched] == vector[: result.matched]
-    assert store.counters.disk_hits - disk_hits == int(not snapshot.state_held)
+    assert store.counters.disk_hits == disk_hits  # a disk hit counts once its file is read back
     if not snapshot.state_held:
         assert snapshot.on_disk and snapshot.state is None
-        owner.read_back(snapshot, owner.data.draw(reads))
+        owner.read_back(snapshot, owner.data.draw(reads), result.matched)
 
 
 def check_tiers(store: SnapshotStore, owner: Owner, disk_capacity: int, reset_dropped: int) -> None:

@@ -147,14 +147,15 @@ def test_conversations_beyond_the_memory_budget_stay_warm_on_disk(model: Path, c
 
 
 def assert_spans_join_requests(trace_file: Path) -> None:
-    """Writing a snapshot to disk and reading one back are spans in the trace of the request they were for."""
+    """Reading a snapshot back, and writing one behind a request, are spans in the trace of that request."""
     spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()]
     requests = {span["context"]["trace_id"] for span in spans if span["name"].startswith("POST")}
     spills = [span for span in spans if span["name"] == "snapshot_store.spill"]
     restores = [span for span in spans if span["name"] == "snapshot_store.restore"]
-    assert spills and restores
-    assert {span["context"]["trace_id"] for span in spills + restores} <= requests
-    assert all(span["parent_id"] for span in spills + restores)
+    assert restores and {span["context"]["trace_id"] for span in restores} <= requests
+    assert all(span["parent_id"] for span in restores)
+    # A write behind a request is in its trace; an idle writer catching up on refused writes traces on its own.
+    assert any(span["context"]["trace_id"] in requests and span["parent_id"] for span in spills)
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["clean-stop", "kill-9"])
