@@ -1,6 +1,7 @@
-"""Multi-turn prompt-cache reuse of Courier against mlx_lm.server, side by side, plus the snapshot store's latency.
+"""Multi-turn prompt-cache reuse of Courier against mlx_lm.server, side by side; the snapshot store's latency; its disk
+tier.
 
-Three parts, selected with `--parts` (all by default):
+Four parts, selected with `--parts` (a, b and c by default; d only when asked for, see below):
 
 a. One conversation on the embedded SmolLM2-135M-Instruct: a ~300-token system prompt, then
    `--turns` (10) short user messages, each sent as a streaming chat completion (`max_tokens`
@@ -91,17 +92,93 @@ c. In-process latency of `courier.core.snapshot_store.SnapshotStore`: `--store-e
    prompt (miss). All token vectors are made before anything is timed. Reported: p50/p99 in
    microseconds per kind and for inserts (target: lookups well under 1 ms).
 
+d. The prompt cache's disk tier (`--prompt-cache-disk-bytes`, `--prompt-cache-dir`), side by side with mlx_lm.server,
+   which has none. Not in the default run: it starts 23 server processes, takes about 27 minutes on a 2-core
+   machine and writes hundreds of megabytes to disk, so ask for it with `--parts d` (or `--parts a,b,c,d`). Three
+   sections (`--d-sections`, 1,2,3), each on fresh server processes; servers `--d-servers` (courier,mlx-lm-f32).
+
+   d1. Many conversations, a memory budget for 8. K conversations (`--d-conversations`, 8,32,128) interleaved turn by
+       turn exactly as in part b (the same system prompts of `--b-system-tokens`, questions and `--b-max-tokens`
+       replies, each conversation its own `user`), `--d-turns` (4) turns each, on both tiny models (`--d-models`). The
+       memory budget B8 holds 8 conversations (`--d-budget-conversations`): 8 model states of one conversation at its
+       last prompt (after `--d-turns` turns), weighed as part b weighs its equal budget (mlx-lm's own cache of the tiny
+       model in this process, contents only), not from Courier's snapshot_bytes_per_entry, so no server's own accounting
+       sizes it (`--d-budget-bytes` sets it directly). Courier runs with `--prompt-cache-snapshot-capacity-bytes B8
+       --prompt-cache-disk-bytes D --prompt-cache-dir DIR`, D being `--d-disk-bytes` (2 GiB: a tiny model's snapshot is
+       about 0.3 MB, so every conversation of K=128 fits many times over and the disk tier never evicts) and DIR an
+       empty directory per run under CACHE/bench-prompt-cache, deleted after it; mlx_lm.server (`mlx-lm-f32`) as at part
+       b's equal budget, `--prompt-cache-bytes B8 --prompt-cache-size 4096`. Every (server, model, K) is a fresh
+       process; Courier's cache is reset after the warm-up request, once Courier is idle (see d2), so only the
+       conversations are in it. Reported as in part b (share of turns-2+ prompt tokens served from cache, warm turns,
+       TTFT p50 of turns 2+ and of turn 1), the wall time of the server process (start to exit), and for Courier its
+       `/v1/cache/stats` once idle after the last turn: entries in memory and on disk, snapshot_disk_hits (lookups
+       answered by an entry only on disk), snapshot_spills (memory evictions that kept the entry on disk),
+       snapshot_disk_restores (files read back into memory), mean read and write milliseconds, and
+       snapshot_lookups_timed_out (lookups the scheduler stopped waiting for past its deadline, 2 s since commit
+       3cd0db6, and served as misses: a slow restore shows there). Other signs of trouble (read errors, unreadable
+       files, write failures or losses, writes or restores refused, disk LRU evictions) are listed under the table when
+       not 0. Target: >= 90% of turns-2+ prompt tokens from cache at the largest K (128). With round-robin turns and 8
+       conversations' room in memory, a conversation's snapshot left memory about K - 8 turns before its next turn
+       comes, so nearly every turn 2+ is served from disk (even at K=8: B8 counts states at their last prompt, and
+       Courier also holds the turn in flight's boundary and completion snapshots, so memory keeps fewer than 8
+       conversations); mlx_lm.server keeps nothing beyond what B8 holds and thrashes there (LRU evicts the cache asked
+       for next). The tiny models keep each turn's own work small, so K=128 x 4 turns takes minutes per server; if a
+       machine is too slow for that, `--d-turns 3` cuts a quarter.
+
+   d2. After a restart. `--d-restart-conversations` (32) conversations, `--d-turns` turns each as in d1 (same
+       budget, flags and a fresh directory), on each tiny model; then the server is stopped, started again with the
+       same command (same model, flags and --prompt-cache-dir), and every conversation gets one more turn.
+       Reported: the share of those next turns' prompt tokens served from cache (target >= 90%), the share of them
+       that found their whole history (warm), their TTFT p50, snapshot_disk_adopted right after the restart (files
+       of the earlier run re-indexed), disk hits and restores since, how long the stopped process took to exit and
+       its exit status, and Courier's state at the signal. Stops (`--d-restart-signals`, term,kill):
+       - SIGTERM right after the last reply, without waiting: a clean stop must itself flush what memory holds
+         without a file (warm-ups still queued are dropped, so the next turn may prefill its previous reply);
+       - SIGKILL (`kill -9`) only once Courier is idle: `/v1/cache/stats` polled every 0.2 s until
+         snapshot_warmups_pending and snapshot_disk_pending (writes and deletes queued or under way) are 0 and
+         the counters of warm-ups queued, run and skipped, inserts, disk writes and disk writes skipped have not
+         moved since the previous poll, so the kill measures what write-behind kept rather than a race with it.
+       mlx_lm.server is run too, with the first signal only (it keeps nothing across a restart however it stops):
+       its cache starts empty, so only template tokens the next turns happen to share can be cached.
+
+   d3. Disk-hit TTFT on the embedded SmolLM2 (Courier's default model and float32 weights; no `--model`, as part a).
+       One conversation of `--d-history-tokens` (2,000) prompt tokens: a system prompt (a customer header and the
+       part b handbook cut to size), three exchanges written out and a question, streamed with max_tokens
+       `--d-ttft-max-tokens` (8), temperature 0, its own `user`; TTFT as in part a (request sent .. first content
+       delta). A memory-only Courier (`--prompt-cache-disk-bytes 0`, default budget) first answers it once and,
+       once idle (as in d2), weighs the conversation's snapshot at rest, alone in the store
+       (snapshot_bytes_per_entry: E, about 93 MB at 2,000 tokens in float32). The measured Courier runs with
+       `--prompt-cache-snapshot-capacity-bytes 2.5E` (`--d-ttft-capacity-bytes` sets it), `--d-disk-bytes` and an
+       empty directory. Per repeat (`--d-ttft-repeats`, 5), Courier idle before every reset and every request:
+       (i) cold: `POST /v1/cache/reset`, then the prompt; (ii) a filler conversation of the same length (another
+       customer: no prefix worth sharing) cold, whose prefill-boundary and completion snapshots push the target's
+       out of memory (its file stays: write-behind), then the prompt again: a disk hit; (iii) the prompt once more:
+       a memory hit. Why 2.5 snapshots' room and not just over one: a hit on the same prompt stores two snapshots
+       of that size itself (a boundary at the restored prefix and the completion), so with room for one, everything
+       else leaves memory at once and the memory hit that follows is read from disk again; with 2.5 the filler's
+       two snapshots still push the target's out, and after the disk hit its own snapshots stay. Every sample is
+       verified from the stats gained between the idle state before it and just after its reply (an idle warm-up
+       starting at once may add a lookup of its own): cold, at most 32 tokens cached; a disk hit, snapshot_disk_hits
+       grown and cached_tokens at least the prompt but its 3-token generation prompt; a memory hit, the same tokens
+       with snapshot_memory_hits grown and snapshot_disk_hits not. P50s are over verified samples; the target is a
+       disk hit's TTFT p50 <= 0.3x the cold one's. For context (`mlx-lm-f32`): mlx_lm.server on the float32 weights
+       (as part a), per repeat a prompt of the same shape for another customer (cold: only a few template tokens
+       can be cached) and the same prompt again (a memory hit); it has no disk tier.
+
 Every server runs on 127.0.0.1 on a free port, one at a time, and gets one warm-up request
 before anything is measured; a server run stops after `--run-timeout` seconds of measuring.
 mlx_lm.server runs get `HF_HUB_CACHE` set to an empty directory (see bench.throughput). From
 the repository root:
 
-    .venv/bin/python -m bench.multiturn [--parts a,b,c] [--conversations 2,8,32] [--turns 10]
+    .venv/bin/python -m bench.multiturn [--parts a,b,c,d] [--conversations 2,8,32] [--turns 10]
         [--a-servers courier,mlx-lm-f32,mlx-lm-4bit] [--b-models llama,qwen3_next]
         [--b-servers courier,mlx-lm-f32] [--b-budgets default,size100,equal]
         [--b-system-tokens 550] [--b-max-tokens 32] [--equal-conversations 4,8,12]
         [--cache-dir DIR] [--json PATH] [--courier-arg=--admission-window-ms=0 ...]
         [--baseline-tree /tmp/courier-baseline]
+        [--d-sections 1,2,3] [--d-models llama,qwen3_next] [--d-servers courier,mlx-lm-f32]
+        [--d-conversations 8,32,128] [--d-turns 4] [--d-restart-conversations 32] [--d-restart-signals term,kill]
+        [--d-ttft-repeats 5] [--d-history-tokens 2000]
 
 `--courier-arg` adds a flag to every Courier command line (none by default: defaults are measured).
 
@@ -117,6 +194,7 @@ first): in part a beside its conversation, in part b at each K (courier K=2, cou
 so drift on a noisy machine hits both alike. The report adds "courier / courier-baseline" lines:
 the share of turns-2+ prompt tokens cached and TTFT p50 of turns 2+ (part a, and part b for each
 model, budget and K), and conversations held warm at the equal budget.
+Part d has no `courier-baseline`: a commit before the disk tier has none of its flags.
 
 Markdown tables go to stdout, progress to stderr, server logs to CACHE/bench-logs.
 """
@@ -128,8 +206,12 @@ import gc
 import json
 import random
 import shlex
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -177,7 +259,8 @@ from bench.throughput import (
 )
 from courier.platform.blas import load_optimized_blas
 
-PARTS = ("a", "b", "c")
+PARTS = ("a", "b", "c", "d")
+DEFAULT_PARTS = ("a", "b", "c")  # part d only when asked for: see the module docstring
 TINY_MODELS = ("llama", "qwen3_next")
 A_SERVERS = (COURIER, MLX_LM_F32, MLX_LM_4BIT)
 B_SERVERS = (COURIER, COURIER_BASELINE, MLX_LM_F32)
@@ -307,6 +390,60 @@ LOOKUP_NEXT_TURN = "lookup: next turn (hit, whole entry)"
 LOOKUP_SHARED_PREFIX = "lookup: new conversation (hit, shared prefix)"
 LOOKUP_MISS = "lookup: unrelated prompt (miss)"
 
+# Part d: the disk tier.
+D_SECTIONS = ("1", "2", "3")
+D_SERVERS = (COURIER, MLX_LM_F32)
+D_CONVERSATIONS = [8, 32, 128]
+D_TURNS = 4
+D_BUDGET_CONVERSATIONS = 8  # the memory budget holds this many conversations (model states at their last prompt)
+D_DISK_BYTES = 2 << 30  # room for every conversation of the largest K many times over
+D_RESTART_CONVERSATIONS = 32
+D_STOP_SIGNALS = {"term": signal.SIGTERM, "kill": signal.SIGKILL}
+D_TTFT_REPEATS = 5
+D_HISTORY_TOKENS = 2000
+D_TTFT_MAX_TOKENS = 8
+D3_CAPACITY_ENTRIES = 2.5  # d3's memory budget, in snapshots of the conversation at rest: see the module docstring
+D_TARGET_SHARE = 0.90
+D_TARGET_TTFT_RATIO = 0.3
+COLD_CACHED_SLACK = 32  # a cold request may still find a few template tokens another conversation shares
+IDLE_POLL_S = 0.2
+IDLE_TIMEOUT_S = 300.0
+STOPPED_WAIT_S = 300.0  # how long a signalled server may take to exit (a SIGTERM flushes snapshots to disk)
+# Counters that move while Courier still works for its cache between requests: warm-ups, inserts, disk writes.
+IDLE_COUNTERS = (
+    "snapshot_warmups_queued",
+    "snapshot_warmups_run",
+    "snapshot_warmups_skipped",
+    "snapshot_inserts",
+    "snapshot_disk_writes",
+    "snapshot_disk_writes_skipped",
+)
+COLD = "cold"
+FILLER = "filler (cold)"
+DISK_HIT = "disk hit"
+MEMORY_HIT = "memory hit"
+D3_KINDS = (COLD, FILLER, DISK_HIT, MEMORY_HIT)
+D3_TARGET_USER = "d3-target"
+D3_FILLER_USER = "d3-filler"
+D3_TARGET_CUSTOMER = 1
+D3_FILLER_CUSTOMER = 2
+D3_MLX_CUSTOMERS = 100  # mlx_lm.server's cold prompts: customers 100, 101, ... (no two share a history)
+D3_EXCHANGES = (
+    (
+        "Hello, I ordered a rain jacket last week and it has still not arrived.",
+        "I am sorry it is late; could you give me the order number and the email address on the order?",
+    ),
+    (
+        "The order number is 58213 and the email is the one on my account.",
+        "Thank you; the parcel left our warehouse on Tuesday and the carrier shows it at your local depot.",
+    ),
+    (
+        "Can I still have it delivered to my office instead of my home?",
+        "The parcel is with the carrier already, so only the carrier can redirect it, through its tracking email.",
+    ),
+)
+D3_QUESTION = "If that does not work, can I return it and order it again in another size?"
+
 
 # ---------------------------------------------------------------- results
 
@@ -320,6 +457,11 @@ class ServerLaunch:
     extra_env: dict[str, str]
     ready_s: float | None = None
     error: str | None = None
+    # Part d: how it was stopped when the benchmark stopped it itself (SIGTERM or SIGKILL), how long it took to
+    # exit and its exit status.
+    stop_signal: str | None = None
+    stop_s: float | None = None
+    exit_code: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -406,6 +548,89 @@ class StoreLatencyResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DiskRun:
+    """Part d1: K interleaved conversations on one server process, a memory budget for 8 conversations and (on
+    Courier) a disk tier."""
+
+    model: str
+    conversations: int
+    budget_bytes: int
+    disk_bytes: int | None  # Courier's --prompt-cache-disk-bytes (None: mlx_lm.server, which has no disk tier)
+    server: ServerLaunch
+    cached_share: float | None
+    warm_turns: float | None
+    ttft_p50_later_s: float | None
+    ttft_p50_first_s: float | None
+    empty_replies: int
+    measure_s: float | None  # the warm-up request to the last reply
+    wall_s: float  # the server process, from its start to its exit
+    courier_stats: dict[str, Any] | None  # read once Courier was idle after the last turn
+    turns: list[TurnResult]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartRun:
+    """Part d2: K conversations on one server process, which is then stopped with `stop` and started again on the
+    same model, flags and prompt-cache directory; then one more turn of every conversation."""
+
+    model: str
+    label: str
+    conversations: int
+    stop: str  # SIGTERM or SIGKILL
+    before: ServerLaunch
+    after: ServerLaunch | None
+    idle_wait_s: float | None  # before a SIGKILL: how long until Courier was idle
+    stats_at_stop: dict[str, Any] | None  # Courier, just before the signal
+    stats_at_start: dict[str, Any] | None  # Courier, right after the restart (snapshot_disk_adopted)
+    stats_after: dict[str, Any] | None  # Courier, after the next turns
+    cached_share_before: float | None  # turns 2+ before the stop
+    cached_share_after: float | None  # the next turn of every conversation, after the restart
+    warm_after: float | None  # the share of those next turns that found their whole history
+    ttft_p50_after_s: float | None
+    turns_before: list[TurnResult]
+    turns_after: list[TurnResult]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TtftSample:
+    """Part d3: one timed request and what the cache did for it."""
+
+    kind: str  # COLD, FILLER, DISK_HIT or MEMORY_HIT
+    repeat: int
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int | None
+    disk_hits: int | None  # Courier's snapshot_disk_hits gained on this request
+    memory_hits: int | None  # snapshot_memory_hits gained
+    restores: int | None  # snapshot_disk_restores gained
+    lookups_timed_out: int | None  # snapshot_lookups_timed_out gained
+    verified: bool  # it was what its kind says (see `ttft_sample`)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiskTtft:
+    """Part d3 on one server: TTFT of one ~2,000-token prompt on SmolLM2, cold and from each tier."""
+
+    server: ServerLaunch
+    probe: ServerLaunch | None  # Courier: the server that weighed the conversation's snapshot
+    probe_stats: dict[str, Any] | None  # the probe's stats once idle: the conversation alone in the store
+    entry_bytes: int | None  # the conversation's snapshot at rest, as Courier counts it (bytes per entry)
+    capacity_bytes: int | None  # the memory budget the measured Courier ran with
+    samples: list[TtftSample]
+    courier_stats: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiskTierResult:
+    budget_conversations: int  # d1, d2: the memory budget holds this many conversations
+    budgets: list[ByteBudget]
+    runs: list[DiskRun]
+    restarts: list[RestartRun]
+    ttft: list[DiskTtft]
+    wall_s: dict[str, float]  # per section
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     environment: dict[str, object]
     settings: dict[str, object]
@@ -414,6 +639,7 @@ class Report:
     budgets: list[ByteBudget]
     held_warm: list[HeldWarm]
     store: StoreLatencyResult | None
+    disk_tier: DiskTierResult | None = None
 
 
 # ---------------------------------------------------------------- servers
@@ -444,9 +670,18 @@ class ServerSpec:
 
 
 def serve_and_measure(
-    spec: ServerSpec, cache_dir: Path, log_name: str, args: argparse.Namespace, measure: Callable[[str], T]
+    spec: ServerSpec,
+    cache_dir: Path,
+    log_name: str,
+    args: argparse.Namespace,
+    measure: Callable[[str], T],
+    *,
+    stop_signal: signal.Signals | None = None,
 ) -> tuple[ServerLaunch, T | None]:
-    """Start `spec`, wait until ready, run `measure(base_url)`, stop it; failures land in the launch's error."""
+    """Start `spec`, wait until ready, run `measure(base_url)`, stop it; failures land in the launch's error.
+
+    With `stop_signal` the server is stopped with that signal right after `measure` and waited for (its exit time
+    and status are recorded); otherwise with SIGTERM, then SIGKILL after bench.throughput's stop timeout."""
     port = free_port()
     command = spec.command(port, cache_dir)
     extra_env = server_extra_env(spec.label, args.openblas, cache_dir, baseline_tree=args.baseline_tree)
@@ -454,18 +689,53 @@ def serve_and_measure(
     env_text = " ".join(f"{key}={value}" for key, value in extra_env.items())
     progress(f"{log_name}: starting {env_text + ' ' if env_text else ''}{shlex.join(command)} (log: {log_path})")
     ready_s: float | None = None
+    stop_s: float | None = None
+    exit_code: int | None = None
+    signal_name = stop_signal.name if stop_signal is not None else None
     try:
         with running_server(command, server_env(extra_env), log_path) as process:
             ready_s = wait_until_ready(process, f"http://{HOST}:{port}{ready_path(spec.label)}", log_path)
             progress(f"{log_name}: ready after {ready_s:.1f} s")
             result = measure(f"http://{HOST}:{port}")
+            if stop_signal is not None:
+                stop_s, exit_code = stop_with(process, stop_signal, log_name)
     except RUN_ERRORS as error:
         message = f"{type(error).__name__}: {error}"
         progress(f"{log_name}: FAILED: {message}")
-        return ServerLaunch(
-            label=spec.label, command=command, extra_env=extra_env, ready_s=ready_s, error=message
-        ), None
-    return ServerLaunch(label=spec.label, command=command, extra_env=extra_env, ready_s=ready_s), result
+        failed = ServerLaunch(
+            label=spec.label,
+            command=command,
+            extra_env=extra_env,
+            ready_s=ready_s,
+            error=message,
+            stop_signal=signal_name,
+            stop_s=stop_s,
+            exit_code=exit_code,
+        )
+        return failed, None
+    launch = ServerLaunch(
+        label=spec.label,
+        command=command,
+        extra_env=extra_env,
+        ready_s=ready_s,
+        stop_s=stop_s,
+        exit_code=exit_code,
+        stop_signal=signal_name,
+    )
+    return launch, result
+
+
+def stop_with(process: subprocess.Popen[bytes], stop_signal: signal.Signals, log_name: str) -> tuple[float, int]:
+    """Send `stop_signal` and wait for the process to exit: the seconds it took and its exit status."""
+    started = time.monotonic()
+    process.send_signal(stop_signal)
+    try:
+        code = process.wait(timeout=STOPPED_WAIT_S)
+    except subprocess.TimeoutExpired as error:
+        raise BenchmarkError(f"{log_name}: still running {STOPPED_WAIT_S:.0f} s after {stop_signal.name}") from error
+    stop_s = time.monotonic() - started
+    progress(f"{log_name}: {stop_signal.name}: exited with {code} after {stop_s:.2f} s")
+    return stop_s, code
 
 
 def make_client(base_url: str) -> openai.OpenAI:
@@ -640,27 +910,37 @@ def user_message_b(index: int, turn: int) -> str:
     return f"Message {turn + 1}: {QUESTIONS_B[(index + turn) % len(QUESTIONS_B)]}"
 
 
+def handbook_words(count: int) -> str:
+    """The first `count` words of HANDBOOK_B, repeated from its start when it is too short."""
+    words = HANDBOOK_B.split()
+    return " ".join(words[index % len(words)] for index in range(count))
+
+
+def fewest_words(measure: Callable[[int], int], tokens: int) -> int:
+    """The fewest handbook words whose text `measure`s at least `tokens` long."""
+    low, high = 0, len(HANDBOOK_B.split())
+    while measure(high) < tokens:
+        high *= 2
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if measure(middle) < tokens else (low, middle)
+    return low
+
+
 def cut_handbook(tokenizer: Any, system_tokens: int) -> str:
     """HANDBOOK_B cut at a word (repeated when too short) so that a system prompt is about `system_tokens` long."""
-    words = HANDBOOK_B.split()
 
     def measure(count: int) -> int:
-        text = " ".join(words[index % len(words)] for index in range(count))
-        return len(tokenizer.encode(system_prompt_b(32, 31, text), add_special_tokens=False))
+        return len(tokenizer.encode(system_prompt_b(32, 31, handbook_words(count)), add_special_tokens=False))
 
-    low, high = 0, len(words)
-    while measure(high) < system_tokens:
-        high *= 2
-    while low < high:  # the fewest words that reach the length
-        middle = (low + high) // 2
-        low, high = (middle + 1, high) if measure(middle) < system_tokens else (low, middle)
-    return " ".join(words[index % len(words)] for index in range(low))
+    return handbook_words(fewest_words(measure, system_tokens))
 
 
-def last_prompt_b(tokenizer: Any, handbook: str, args: argparse.Namespace) -> list[int]:
-    """A conversation's last prompt, its replies stood in for by `--b-max-tokens` one-token words."""
+def last_prompt_b(tokenizer: Any, handbook: str, args: argparse.Namespace, turns: int) -> list[int]:
+    """A conversation's last prompt after `turns` turns, its replies stood in for by `--b-max-tokens` one-token
+    words."""
     messages: list[dict[str, str]] = [{"role": "system", "content": system_prompt_b(32, 0, handbook)}]
-    for turn in range(args.b_turns):
+    for turn in range(turns):
         if turn:
             messages.append({"role": "assistant", "content": " ".join(["ok"] * args.b_max_tokens)})
         messages.append({"role": "user", "content": user_message_b(0, turn)})
@@ -686,15 +966,25 @@ def state_bytes(model: Any, tokens: Sequence[int]) -> int:
     return sum(array.nbytes for array in arrays)
 
 
-def prepare_b(model: str, model_dir: Path, args: argparse.Namespace) -> tuple[str, ByteBudget]:
-    """The handbook text for `--b-system-tokens`, and the equal byte budget: `--budget-states` model states of a
-    conversation at its last prompt, weighed in this process on mlx-lm's own cache (or `--budget-bytes`)."""
+def prepare_b(
+    model: str,
+    model_dir: Path,
+    args: argparse.Namespace,
+    *,
+    states: int,
+    turns: int,
+    fixed_bytes: int | None,
+    fixed_flag: str,
+) -> tuple[str, ByteBudget]:
+    """The handbook text for `--b-system-tokens`, and a byte budget: `states` model states of a conversation at
+    its last prompt (after `turns` turns), weighed in this process on mlx-lm's own cache (or `fixed_bytes`, given
+    by `fixed_flag`). Part b: `--budget-states` and `--b-turns`; part d: 8 and `--d-turns`."""
     from mlx_lm import load
 
     loaded, tokenizer = load(str(model_dir))
     handbook = cut_handbook(tokenizer, args.b_system_tokens)
     system = len(tokenizer.encode(system_prompt_b(32, 0, handbook), add_special_tokens=False))
-    last = last_prompt_b(tokenizer, handbook, args)
+    last = last_prompt_b(tokenizer, handbook, args, turns)
     one_state = state_bytes(loaded, last)
     del loaded
     release_mlx_memory()
@@ -702,40 +992,67 @@ def prepare_b(model: str, model_dir: Path, args: argparse.Namespace) -> tuple[st
         f"system prompt {system} tokens, last prompt of a conversation about {len(last)} tokens, one model state "
         f"there {one_state} B (mlx-lm cache contents)"
     )
-    if args.budget_bytes is not None:
-        return handbook, ByteBudget(
-            model=model, capacity_bytes=args.budget_bytes, explanation=f"--budget-bytes; {workload}"
-        )
-    capacity = args.budget_states * one_state
-    explanation = f"{args.budget_states} model states of {one_state} B; {workload}"
+    if fixed_bytes is not None:
+        return handbook, ByteBudget(model=model, capacity_bytes=fixed_bytes, explanation=f"{fixed_flag}; {workload}")
+    capacity = states * one_state
+    explanation = f"{states} model states of {one_state} B; {workload}"
     return handbook, ByteBudget(model=model, capacity_bytes=capacity, explanation=explanation)
 
 
-def interleave(base_url: str, spec: ServerSpec, k: int, handbook: str, args: argparse.Namespace) -> list[TurnResult]:
+History = list[ChatCompletionMessageParam]
+
+
+def histories_b(k: int, handbook: str) -> list[History]:
+    """K conversations, each its system prompt so far."""
+    return [[{"role": "system", "content": system_prompt_b(k, index, handbook)}] for index in range(k)]
+
+
+def interleaved_round(
+    client: openai.OpenAI, model: str, histories: Sequence[History], turn: int, *, k: int, max_tokens: int
+) -> list[TurnResult]:
+    """Turn `turn` (from 0) of every conversation, in order, each as its own `user`; each reply joins its history."""
+    results: list[TurnResult] = []
+    for index, messages in enumerate(histories):
+        messages.append({"role": "user", "content": user_message_b(index, turn)})
+        result = chat_turn(
+            client,
+            model,
+            messages,
+            max_tokens=max_tokens,
+            user=f"k{k}-conversation-{index + 1}",
+            conversation=index + 1,
+            turn=turn + 1,
+        )
+        results.append(result)
+        messages.append({"role": "assistant", "content": result.reply})
+    return results
+
+
+def interleave(
+    base_url: str,
+    spec: ServerSpec,
+    k: int,
+    handbook: str,
+    args: argparse.Namespace,
+    *,
+    turns: int,
+    settle: bool = False,
+) -> list[TurnResult]:
+    """K fresh conversations, `turns` turns each, interleaved turn by turn, after a warm-up request (and, on
+    Courier, a cache reset that forgets it; with `settle` only once Courier is idle, or the warm-up request's own
+    idle warm-up may land after the reset)."""
     deadline = time.monotonic() + args.run_timeout
-    histories: list[list[ChatCompletionMessageParam]] = [
-        [{"role": "system", "content": system_prompt_b(k, index, handbook)}] for index in range(k)
-    ]
+    histories = histories_b(k, handbook)
     results: list[TurnResult] = []
     with make_client(base_url) as client:
         warm_up(client, spec.served_model)
         if is_courier(spec.label):
+            if settle:
+                wait_until_idle(base_url)
             reset_courier_cache(base_url)
-        for turn in range(args.b_turns):
+        for turn in range(turns):
             check_deadline(deadline, f"{spec.label} K={k}")
-            for index, messages in enumerate(histories):
-                messages.append({"role": "user", "content": user_message_b(index, turn)})
-                result = chat_turn(
-                    client,
-                    spec.served_model,
-                    messages,
-                    max_tokens=args.b_max_tokens,
-                    user=f"k{k}-conversation-{index + 1}",
-                    conversation=index + 1,
-                    turn=turn + 1,
-                )
-                results.append(result)
-                messages.append({"role": "assistant", "content": result.reply})
+            results += interleaved_round(client, spec.served_model, histories, turn, k=k, max_tokens=args.b_max_tokens)
     return results
 
 
@@ -785,7 +1102,7 @@ def run_interleaved(
     spec = part_b_spec(label, model_dir, budget, budget_bytes, args)
 
     def measure(base_url: str) -> tuple[list[TurnResult], dict[str, Any] | None]:
-        turns = interleave(base_url, spec, k, handbook, args)
+        turns = interleave(base_url, spec, k, handbook, args, turns=args.b_turns)
         return turns, courier_stats(base_url) if is_courier(label) else None
 
     log_name = f"b-{model}-{label}-{budget}-k{k}"
@@ -887,7 +1204,15 @@ def run_part_b(
     held: list[HeldWarm] = []
     for model in args.b_models:
         model_dir = build_tiny_model(model, dir4, cache_dir)
-        handbook, budget = prepare_b(model, model_dir, args)
+        handbook, budget = prepare_b(
+            model,
+            model_dir,
+            args,
+            states=args.budget_states,
+            turns=args.b_turns,
+            fixed_bytes=args.budget_bytes,
+            fixed_flag="--budget-bytes",
+        )
         progress(f"tiny {model} model: {model_dir}; equal byte budget {budget.capacity_bytes} B ({budget.explanation})")
         model_runs = [
             run_interleaved(
@@ -999,6 +1324,484 @@ def measure_store(args: argparse.Namespace) -> StoreLatencyResult:
     )
 
 
+# ---------------------------------------------------------------- part d: the disk tier
+
+
+def fresh_prompt_dir(cache_dir: Path, name: str) -> Path:
+    """An empty directory for one Courier run's `--prompt-cache-dir` (deleted by the caller afterwards)."""
+    root = cache_dir / "bench-prompt-cache"
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+
+
+def disk_spec(
+    label: str, model_dir: Path | None, budget_bytes: int, prompt_dir: Path | None, args: argparse.Namespace
+) -> ServerSpec:
+    """Courier with the memory budget, `--d-disk-bytes` of disk tier and its own directory; mlx_lm.server as at
+    part b's equal budget (`--prompt-cache-bytes B --prompt-cache-size 4096`)."""
+    if is_courier(label):
+        flags = [
+            *args.courier_arg,
+            *("--prompt-cache-snapshot-capacity-bytes", str(budget_bytes)),
+            *("--prompt-cache-disk-bytes", str(args.d_disk_bytes)),
+            *("--prompt-cache-dir", str(prompt_dir)),
+        ]
+        return ServerSpec(label=label, model_dir=model_dir, flags=tuple(flags))
+    assert model_dir is not None, "mlx_lm.server needs a model directory"
+    return part_b_spec(MLX_LM_F32, model_dir, EQUAL_BUDGET, budget_bytes, args)
+
+
+def is_idle(stats: dict[str, Any]) -> bool:
+    return bool(stats.get("snapshot_warmups_pending", 0) == 0 and stats.get("snapshot_disk_pending", 0) == 0)
+
+
+def wait_until_idle(base_url: str, timeout_s: float = IDLE_TIMEOUT_S) -> tuple[dict[str, Any], float]:
+    """Poll `/v1/cache/stats` until Courier has nothing left to do for its cache: no warm-up queued or running
+    (`snapshot_warmups_pending` 0), no disk write or delete queued or under way (`snapshot_disk_pending` 0), and
+    IDLE_COUNTERS (warm-ups queued, run and skipped, inserts, disk writes and writes skipped) unchanged since the
+    previous poll, IDLE_POLL_S earlier. Returns the last stats and the seconds it took."""
+    started = time.monotonic()
+    previous: tuple[Any, ...] | None = None
+    with httpx.Client(timeout=30.0) as http:
+        while True:
+            response = http.get(f"{base_url}/v1/cache/stats")
+            response.raise_for_status()
+            stats: dict[str, Any] = response.json()
+            counters = tuple(stats.get(key) for key in IDLE_COUNTERS)
+            if is_idle(stats) and counters == previous:
+                return stats, time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                raise BenchmarkError(f"Courier not idle after {timeout_s:.0f} s: {stats}")
+            previous = counters if is_idle(stats) else None
+            time.sleep(IDLE_POLL_S)
+
+
+def disk_stats_text(stats: dict[str, Any] | None) -> str:
+    if stats is None:
+        return ""
+    keys = (
+        *("snapshot_memory_entries", "snapshot_disk_entries", "snapshot_disk_hits", "snapshot_spills"),
+        *("snapshot_disk_restores", "snapshot_disk_adopted", "snapshot_lookups_timed_out"),
+        *("snapshot_disk_read_errors", "snapshot_disk_writes_refused", "snapshot_disk_restores_refused"),
+    )
+    return "".join(f", {key} {stats.get(key)}" for key in keys)
+
+
+def run_disk(
+    cache_dir: Path,
+    *,
+    model: str,
+    model_dir: Path,
+    label: str,
+    k: int,
+    budget_bytes: int,
+    handbook: str,
+    args: argparse.Namespace,
+) -> DiskRun:
+    """Part d1: one (server, model, K)."""
+    log_name = f"d1-{model}-{label}-k{k}"
+    prompt_dir = fresh_prompt_dir(cache_dir, log_name) if is_courier(label) else None
+    spec = disk_spec(label, model_dir, budget_bytes, prompt_dir, args)
+
+    def measure(base_url: str) -> tuple[list[TurnResult], float, dict[str, Any] | None]:
+        started = time.monotonic()
+        turns = interleave(base_url, spec, k, handbook, args, turns=args.d_turns, settle=True)
+        measure_s = time.monotonic() - started
+        return turns, measure_s, wait_until_idle(base_url)[0] if is_courier(label) else None
+
+    started = time.monotonic()
+    try:
+        launch, result = serve_and_measure(spec, cache_dir, log_name, args, measure)
+    finally:
+        if prompt_dir is not None:
+            shutil.rmtree(prompt_dir, ignore_errors=True)
+    wall_s = time.monotonic() - started
+    turns, measure_s, stats = result if result is not None else ([], None, None)
+    share, warm = cached_share(turns), warm_turns(turns)
+    progress(
+        f"{log_name}: cached share {share_text(share)}, warm turns {share_text(warm)}, {wall_s:.0f} s"
+        f"{disk_stats_text(stats)}"
+    )
+    return DiskRun(
+        model=model,
+        conversations=k,
+        budget_bytes=budget_bytes,
+        disk_bytes=args.d_disk_bytes if is_courier(label) else None,
+        server=launch,
+        cached_share=share,
+        warm_turns=warm,
+        ttft_p50_later_s=median_ttft(later_turns(turns)),
+        ttft_p50_first_s=median_ttft([turn for turn in turns if turn.turn == 1]),
+        empty_replies=sum(turn.empty_reply for turn in turns),
+        measure_s=measure_s,
+        wall_s=wall_s,
+        courier_stats=stats,
+        turns=turns,
+    )
+
+
+def run_restart(
+    cache_dir: Path,
+    *,
+    model: str,
+    model_dir: Path,
+    label: str,
+    stop: signal.Signals,
+    budget_bytes: int,
+    handbook: str,
+    args: argparse.Namespace,
+) -> RestartRun:
+    """Part d2: K conversations, `stop`, a restart on the same directory, one more turn of each conversation.
+
+    SIGTERM comes right after the last reply (a clean stop must flush what it holds itself); SIGKILL only once
+    Courier is idle (`wait_until_idle`), so that it measures what write-behind kept, not a race with it."""
+    k = args.d_restart_conversations
+    log_name = f"d2-{model}-{label}-k{k}-{stop.name}"
+    courier = is_courier(label)
+    prompt_dir = fresh_prompt_dir(cache_dir, log_name) if courier else None
+    spec = disk_spec(label, model_dir, budget_bytes, prompt_dir, args)
+    histories = histories_b(k, handbook)
+
+    def before(base_url: str) -> tuple[list[TurnResult], float | None, dict[str, Any] | None]:
+        deadline = time.monotonic() + args.run_timeout
+        turns: list[TurnResult] = []
+        with make_client(base_url) as client:
+            warm_up(client, spec.served_model)
+            if courier:
+                wait_until_idle(base_url)
+                reset_courier_cache(base_url)
+            for turn in range(args.d_turns):
+                check_deadline(deadline, f"{log_name}, before the stop")
+                turns += interleaved_round(
+                    client, spec.served_model, histories, turn, k=k, max_tokens=args.b_max_tokens
+                )
+        if not courier:
+            return turns, None, None
+        if stop == signal.SIGKILL:
+            stats, idle_s = wait_until_idle(base_url)
+            return turns, idle_s, stats
+        return turns, None, courier_stats(base_url)
+
+    def after(base_url: str) -> tuple[list[TurnResult], dict[str, Any] | None, dict[str, Any] | None]:
+        at_start = courier_stats(base_url) if courier else None
+        with make_client(base_url) as client:
+            warm_up(client, spec.served_model)
+            turns = interleaved_round(
+                client, spec.served_model, histories, args.d_turns, k=k, max_tokens=args.b_max_tokens
+            )
+        return turns, at_start, wait_until_idle(base_url)[0] if courier else None
+
+    try:
+        first, measured = serve_and_measure(spec, cache_dir, f"{log_name}-1", args, before, stop_signal=stop)
+        turns_before, idle_s, at_stop = measured if measured is not None else ([], None, None)
+        second: ServerLaunch | None = None
+        turns_after: list[TurnResult] = []
+        at_start = at_end = None
+        if measured is not None:
+            second, resumed = serve_and_measure(spec, cache_dir, f"{log_name}-2", args, after)
+            turns_after, at_start, at_end = resumed if resumed is not None else ([], None, None)
+    finally:
+        if prompt_dir is not None:
+            shutil.rmtree(prompt_dir, ignore_errors=True)
+    last_before = [turn for turn in turns_before if turn.turn == args.d_turns]
+    share_after = cached_share(turns_after)
+    adopted = None if at_start is None else at_start.get("snapshot_disk_adopted")
+    progress(f"{log_name}: next turns after the restart: cached share {share_text(share_after)}, adopted {adopted}")
+    return RestartRun(
+        model=model,
+        label=label,
+        conversations=k,
+        stop=stop.name,
+        before=first,
+        after=second,
+        idle_wait_s=idle_s,
+        stats_at_stop=at_stop,
+        stats_at_start=at_start,
+        stats_after=at_end,
+        cached_share_before=cached_share(turns_before),
+        cached_share_after=share_after,
+        warm_after=warm_turns(last_before + turns_after),
+        ttft_p50_after_s=median_ttft(turns_after),
+        turns_before=turns_before,
+        turns_after=turns_after,
+    )
+
+
+def d3_conversation(customer: int, words: str) -> History:
+    """d3's conversation: a long system prompt, three exchanges written out, and the question to answer."""
+    system = f"You are the support assistant for customer {customer}, account AC-{customer:06d}. {words}"
+    messages: History = [{"role": "system", "content": system}]
+    for question, answer in D3_EXCHANGES:
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    messages.append({"role": "user", "content": D3_QUESTION})
+    return messages
+
+
+def d3_words(tokenizer: Any, tokens: int) -> str:
+    """The handbook words that make d3's prompt (chat template and generation prompt included) `tokens` long."""
+
+    def measure(count: int) -> int:
+        messages = d3_conversation(D3_TARGET_CUSTOMER, handbook_words(count))
+        return len(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+    return handbook_words(fewest_words(measure, tokens))
+
+
+def stats_gained(before: dict[str, Any] | None, after: dict[str, Any] | None, key: str) -> int | None:
+    if before is None or after is None:
+        return None
+    return int(after.get(key, 0)) - int(before.get(key, 0))
+
+
+def ttft_sample(
+    kind: str, repeat: int, result: TurnResult, before: dict[str, Any] | None, after: dict[str, Any] | None
+) -> TtftSample:
+    """A timed request, verified: a cold one found (almost) nothing cached; a hit found at least the whole history
+    (the prompt but its generation prompt) cached, a disk hit with `snapshot_disk_hits` grown on it, a memory hit
+    with `snapshot_memory_hits` grown and `snapshot_disk_hits` not (stats are Courier's: mlx_lm.server's hits are
+    verified by cached_tokens alone)."""
+    cached = result.cached_tokens or 0
+    disk_hits = stats_gained(before, after, "snapshot_disk_hits")
+    memory_hits = stats_gained(before, after, "snapshot_memory_hits")
+    whole = cached >= result.prompt_tokens - GENERATION_PROMPT_TOKENS
+    if kind in (COLD, FILLER):
+        verified = cached <= COLD_CACHED_SLACK
+    elif kind == DISK_HIT:
+        verified = whole and disk_hits is not None and disk_hits >= 1
+    elif before is None:
+        verified = whole
+    else:
+        verified = whole and not disk_hits and bool(memory_hits)
+    return TtftSample(
+        kind=kind,
+        repeat=repeat,
+        ttft_s=result.ttft_s,
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+        disk_hits=disk_hits,
+        memory_hits=memory_hits,
+        restores=stats_gained(before, after, "snapshot_disk_restores"),
+        lookups_timed_out=stats_gained(before, after, "snapshot_lookups_timed_out"),
+        verified=verified,
+    )
+
+
+def probe_entry(
+    cache_dir: Path, target: History, args: argparse.Namespace
+) -> tuple[ServerLaunch, dict[str, Any] | None]:
+    """Courier, memory only (`--prompt-cache-disk-bytes 0`) at its default budget, after d3's prompt once and its
+    idle warm-up: the conversation alone in the store (`snapshot_bytes_per_entry`: its snapshot at rest)."""
+    spec = ServerSpec(label=COURIER, model_dir=None, flags=(*args.courier_arg, "--prompt-cache-disk-bytes", "0"))
+
+    def measure(base_url: str) -> dict[str, Any]:
+        with make_client(base_url) as client:
+            warm_up(client, spec.served_model)
+            wait_until_idle(base_url)
+            reset_courier_cache(base_url)
+            chat_turn(
+                client,
+                spec.served_model,
+                target,
+                max_tokens=args.d_ttft_max_tokens,
+                user=D3_TARGET_USER,
+                conversation=1,
+                turn=1,
+            )
+        stats, _ = wait_until_idle(base_url)
+        progress(
+            f"d3 probe: {stats.get('snapshot_entries')} entries, {stats.get('snapshot_bytes')} B, "
+            f"{stats.get('snapshot_bytes_per_entry')} B an entry"
+        )
+        return stats
+
+    return serve_and_measure(spec, cache_dir, "d3-courier-probe", args, measure)
+
+
+def courier_ttft(cache_dir: Path, target: History, filler: History, args: argparse.Namespace) -> DiskTtft:
+    """d3 on Courier: per repeat, reset, the target prompt cold; the filler conversation cold (its snapshots push
+    the target's out of memory); the target prompt again (a disk hit); and once more (a memory hit). Courier is
+    idle before every timed request and before every reset."""
+    probe: ServerLaunch | None = None
+    probe_stats: dict[str, Any] | None = None
+    entry: int | None = None
+    capacity = args.d_ttft_capacity_bytes
+    if capacity is None:
+        probe, probe_stats = probe_entry(cache_dir, target, args)
+        entry = int(probe_stats.get("snapshot_bytes_per_entry", 0)) if probe_stats is not None else None
+        if not entry:
+            failed = probe.error or "no snapshot held"
+            launch = ServerLaunch(label=COURIER, command=[], extra_env={}, error=f"probe failed: {failed}")
+            return DiskTtft(
+                server=launch,
+                probe=probe,
+                probe_stats=probe_stats,
+                entry_bytes=entry,
+                capacity_bytes=None,
+                samples=[],
+                courier_stats=None,
+            )
+        capacity = int(entry * D3_CAPACITY_ENTRIES)
+    prompt_dir = fresh_prompt_dir(cache_dir, "d3-courier")
+    spec = disk_spec(COURIER, None, capacity, prompt_dir, args)
+
+    def measure(base_url: str) -> tuple[list[TtftSample], dict[str, Any]]:
+        deadline = time.monotonic() + args.run_timeout
+        samples: list[TtftSample] = []
+        with make_client(base_url) as client:
+
+            def timed(kind: str, repeat: int, messages: History, user: str) -> None:
+                before, _ = wait_until_idle(base_url)
+                result = chat_turn(
+                    client,
+                    spec.served_model,
+                    messages,
+                    max_tokens=args.d_ttft_max_tokens,
+                    user=user,
+                    conversation=1,
+                    turn=1,
+                )
+                sample = ttft_sample(kind, repeat, result, before, courier_stats(base_url))
+                samples.append(sample)
+                progress(
+                    f"d3 courier #{repeat + 1} {kind}: TTFT {ms(sample.ttft_s)} ms, prompt {sample.prompt_tokens}, "
+                    f"cached {sample.cached_tokens}, disk hits +{sample.disk_hits}, memory hits +{sample.memory_hits}, "
+                    f"restores +{sample.restores}, lookups timed out +{sample.lookups_timed_out}, "
+                    f"verified {sample.verified}"
+                )
+
+            warm_up(client, spec.served_model)
+            for repeat in range(args.d_ttft_repeats):
+                check_deadline(deadline, "d3 courier")
+                wait_until_idle(base_url)
+                reset_courier_cache(base_url)
+                timed(COLD, repeat, target, D3_TARGET_USER)
+                timed(FILLER, repeat, filler, D3_FILLER_USER)
+                timed(DISK_HIT, repeat, target, D3_TARGET_USER)
+                timed(MEMORY_HIT, repeat, target, D3_TARGET_USER)
+        return samples, courier_stats(base_url)
+
+    try:
+        launch, result = serve_and_measure(spec, cache_dir, "d3-courier", args, measure)
+    finally:
+        shutil.rmtree(prompt_dir, ignore_errors=True)
+    samples, stats = result if result is not None else ([], None)
+    return DiskTtft(
+        server=launch,
+        probe=probe,
+        probe_stats=probe_stats,
+        entry_bytes=entry,
+        capacity_bytes=capacity,
+        samples=samples,
+        courier_stats=stats,
+    )
+
+
+def mlx_ttft(cache_dir: Path, dir4: Path, words: str, args: argparse.Namespace) -> DiskTtft:
+    """d3's context on mlx_lm.server (float32 SmolLM2, as part a): per repeat, a prompt like Courier's but for
+    another customer (so nothing but a few template tokens is cached: cold), then the same prompt again (a memory
+    hit). It has no disk tier."""
+    progress("dequantizing the 4-bit SmolLM2 directory to float32 for mlx-lm-f32")
+    model, _ = load_float32(dir4)
+    dir_f32 = save_float32_dir(model, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
+    del model
+    release_mlx_memory()
+    spec = ServerSpec(label=MLX_LM_F32, model_dir=dir_f32, flags=("--log-level", "WARNING"))
+
+    def measure(base_url: str) -> list[TtftSample]:
+        deadline = time.monotonic() + args.run_timeout
+        samples: list[TtftSample] = []
+        with make_client(base_url) as client:
+            warm_up(client, spec.served_model)
+            for repeat in range(args.d_ttft_repeats):
+                check_deadline(deadline, "d3 mlx_lm.server")
+                messages = d3_conversation(D3_MLX_CUSTOMERS + repeat, words)
+                for kind in (COLD, MEMORY_HIT):
+                    result = chat_turn(
+                        client,
+                        spec.served_model,
+                        messages,
+                        max_tokens=args.d_ttft_max_tokens,
+                        user=None,
+                        conversation=1,
+                        turn=1,
+                    )
+                    samples.append(ttft_sample(kind, repeat, result, None, None))
+                    progress(f"d3 mlx-lm-f32 #{repeat + 1} {kind}: TTFT {ms(result.ttft_s)} ms")
+        return samples
+
+    launch, samples = serve_and_measure(spec, cache_dir, "d3-mlx-lm-f32", args, measure)
+    return DiskTtft(
+        server=launch,
+        probe=None,
+        probe_stats=None,
+        entry_bytes=None,
+        capacity_bytes=None,
+        samples=samples or [],
+        courier_stats=None,
+    )
+
+
+def run_part_d1_d2(
+    cache_dir: Path, dir4: Path, args: argparse.Namespace, wall: dict[str, float]
+) -> tuple[list[ByteBudget], list[DiskRun], list[RestartRun]]:
+    budgets: list[ByteBudget] = []
+    runs: list[DiskRun] = []
+    restarts: list[RestartRun] = []
+    for model in args.d_models:
+        model_dir = build_tiny_model(model, dir4, cache_dir)
+        handbook, budget = prepare_b(
+            model,
+            model_dir,
+            args,
+            states=args.d_budget_conversations,
+            turns=args.d_turns,
+            fixed_bytes=args.d_budget_bytes,
+            fixed_flag="--d-budget-bytes",
+        )
+        budgets.append(budget)
+        progress(f"tiny {model} model: {model_dir}; part d memory budget {budget.capacity_bytes} B")
+        shared = {"model": model, "model_dir": model_dir, "budget_bytes": budget.capacity_bytes, "handbook": handbook}
+        if "1" in args.d_sections:
+            started = time.monotonic()
+            for k in args.d_conversations:
+                runs += [run_disk(cache_dir, label=label, k=k, args=args, **shared) for label in args.d_servers]
+            wall[f"d1 {model}"] = time.monotonic() - started
+        if "2" in args.d_sections:
+            started = time.monotonic()
+            for label in args.d_servers:
+                # mlx_lm.server keeps nothing across a restart, however it stops: one clean stop shows it.
+                stops = args.d_restart_signals if is_courier(label) else args.d_restart_signals[:1]
+                restarts += [run_restart(cache_dir, label=label, stop=stop, args=args, **shared) for stop in stops]
+            wall[f"d2 {model}"] = time.monotonic() - started
+    return budgets, runs, restarts
+
+
+def run_part_d(cache_dir: Path, dir4: Path, args: argparse.Namespace) -> DiskTierResult:
+    wall: dict[str, float] = {}
+    budgets, runs, restarts = run_part_d1_d2(cache_dir, dir4, args, wall)
+    ttft: list[DiskTtft] = []
+    if "3" in args.d_sections:
+        from mlx_lm.utils import load_tokenizer
+
+        started = time.monotonic()
+        words = d3_words(load_tokenizer(dir4), args.d_history_tokens)
+        target = d3_conversation(D3_TARGET_CUSTOMER, words)
+        filler = d3_conversation(D3_FILLER_CUSTOMER, words)
+        if COURIER in args.d_servers:
+            ttft.append(courier_ttft(cache_dir, target, filler, args))
+        if MLX_LM_F32 in args.d_servers:
+            ttft.append(mlx_ttft(cache_dir, dir4, words, args))
+        wall["d3"] = time.monotonic() - started
+    return DiskTierResult(
+        budget_conversations=args.d_budget_conversations,
+        budgets=budgets,
+        runs=runs,
+        restarts=restarts,
+        ttft=ttft,
+        wall_s=wall,
+    )
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -1013,8 +1816,9 @@ def share_text(share: float | None) -> str:
 def command_text(launch: ServerLaunch) -> str:
     """The command with its port written as PORT, so runs that differ only there print alike."""
     words = list(launch.command)
-    if "--port" in words:
-        words[words.index("--port") + 1] = "PORT"
+    for flag, stand_in in (("--port", "PORT"), ("--prompt-cache-dir", "DIR")):
+        if flag in words:
+            words[words.index(flag) + 1] = stand_in
     env_text = " ".join(f"{key}={value}" for key, value in launch.extra_env.items())
     return (env_text + " " if env_text else "") + shlex.join(words)
 
@@ -1031,6 +1835,8 @@ def print_report(report: Report) -> None:
         print_part_b(report.interleaved, report.budgets, report.held_warm)
     if report.store is not None:
         print_part_c(report.store)
+    if report.disk_tier is not None:
+        print_part_d(report.disk_tier)
 
 
 def print_launches(launches: Sequence[ServerLaunch]) -> None:
@@ -1190,6 +1996,205 @@ def print_part_c(store: StoreLatencyResult) -> None:
     print(f"\n- worst lookup p99 {worst:.1f} us: {verdict} the target (< {STORE_LOOKUP_TARGET_US:.0f} us)\n")
 
 
+def stat_cell(stats: dict[str, Any] | None, key: str) -> str:
+    if stats is None:
+        return "-"
+    value = stats.get(key, "?")
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def verdict_text(value: float | None, target: float, *, at_most: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return "met" if (value <= target if at_most else value >= target) else "MISSED"
+
+
+def launches_of(result: DiskTierResult) -> list[ServerLaunch]:
+    launches = [run.server for run in result.runs]
+    for restart in result.restarts:
+        launches += [restart.before] + ([restart.after] if restart.after is not None else [])
+    for item in result.ttft:
+        launches += ([item.probe] if item.probe is not None else []) + [item.server]
+    return launches
+
+
+D1_STATS = (
+    *("snapshot_memory_entries", "snapshot_disk_entries", "snapshot_disk_hits", "snapshot_spills"),
+    *("snapshot_disk_restores", "snapshot_disk_read_ms_mean", "snapshot_disk_write_ms_mean"),
+    "snapshot_lookups_timed_out",
+)
+D2_STATS = ("snapshot_disk_hits", "snapshot_disk_restores", "snapshot_lookups_timed_out")
+# Signs of trouble, printed under a table when any is not 0.
+D_TROUBLE = (
+    *("snapshot_lookups_timed_out", "snapshot_disk_read_errors", "snapshot_disk_unreadable"),
+    *("snapshot_disk_write_errors", "snapshot_disk_write_failures", "snapshot_disk_write_losses"),
+    *("snapshot_disk_writes_refused", "snapshot_disk_restores_refused", "snapshot_disk_evictions_lru"),
+)
+
+
+def trouble_text(stats: dict[str, Any] | None) -> str:
+    if stats is None:
+        return ""
+    return ", ".join(f"{key} {stats[key]}" for key in D_TROUBLE if stats.get(key))
+
+
+def print_part_d1(result: DiskTierResult) -> None:
+    print(
+        f"#### (d1) K interleaved conversations, a memory budget for {result.budget_conversations} conversations, "
+        "a disk tier\n"
+    )
+    print(
+        "| model | K | server | cached share, turns 2+ | warm turns | TTFT p50 ms, turns 2+ | TTFT p50 ms, turn 1 "
+        "| empty replies | wall s | memory entries | disk entries | disk hits | spills | restores | read ms mean "
+        "| write ms mean | lookups timed out |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for run in result.runs:
+        share = "FAILED" if run.server.error is not None else share_text(run.cached_share)
+        cells = " | ".join(stat_cell(run.courier_stats, key) for key in D1_STATS)
+        print(
+            f"| {run.model} | {run.conversations} | {run.server.label} | {share} | {share_text(run.warm_turns)} "
+            f"| {ms(run.ttft_p50_later_s)} | {ms(run.ttft_p50_first_s)} | {run.empty_replies} | {run.wall_s:.0f} "
+            f"| {cells} |"
+        )
+    print()
+    for run in result.runs:
+        trouble = trouble_text(run.courier_stats)
+        if trouble:
+            print(f"- {run.model} K={run.conversations} {run.server.label}: {trouble}")
+    top = max((run.conversations for run in result.runs), default=None)
+    for run in result.runs:
+        if run.conversations == top and is_courier(run.server.label):
+            print(
+                f"- target, >= {D_TARGET_SHARE:.0%} of turns-2+ prompt tokens cached at K={top}, {run.model}: "
+                f"courier {share_text(run.cached_share)}, {verdict_text(run.cached_share, D_TARGET_SHARE)}"
+            )
+        elif run.conversations == top:
+            print(f"- {run.model}, K={top}: {run.server.label} {share_text(run.cached_share)}")
+    print()
+
+
+def print_part_d2(result: DiskTierResult) -> None:
+    print("#### (d2) After a restart: one more turn of every conversation\n")
+    print(
+        "| model | K | server | stop | cached share before, turns 2+ | exit s (status) | adopted | next turn: "
+        "cached share | next turns warm | TTFT p50 ms, next turn | disk hits | restores | lookups timed out |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for run in result.restarts:
+        failed = run.before.error is not None or run.after is None or run.after.error is not None
+        after = "FAILED" if failed else share_text(run.cached_share_after)
+        stop_s = "n/a" if run.before.stop_s is None else f"{run.before.stop_s:.2f} ({run.before.exit_code})"
+        cells = " | ".join(stat_cell(run.stats_after, key) for key in D2_STATS)
+        print(
+            f"| {run.model} | {run.conversations} | {run.label} | {run.stop} | {share_text(run.cached_share_before)} "
+            f"| {stop_s} | {stat_cell(run.stats_at_start, 'snapshot_disk_adopted')} | {after} "
+            f"| {share_text(run.warm_after)} | {ms(run.ttft_p50_after_s)} | {cells} |"
+        )
+    print()
+    for run in result.restarts:
+        if run.stats_at_stop is not None:
+            stop = run.stats_at_stop
+            idle = "" if run.idle_wait_s is None else f" (idle after {run.idle_wait_s:.1f} s)"
+            print(
+                f"- {run.model} {run.stop}{idle}: at the signal {stop.get('snapshot_memory_entries')} entries in "
+                f"memory, {stop.get('snapshot_disk_entries')} on disk, warm-ups pending "
+                f"{stop.get('snapshot_warmups_pending')}, disk work pending {stop.get('snapshot_disk_pending')}"
+            )
+        trouble = trouble_text(run.stats_after)
+        if trouble:
+            print(f"- {run.model} {run.label} {run.stop}, after the restart: {trouble}")
+    for run in result.restarts:
+        if is_courier(run.label):
+            print(
+                f"- target, >= {D_TARGET_SHARE:.0%} of the next turns' prompt tokens cached after a restart, "
+                f"{run.model}, {run.stop}: courier {share_text(run.cached_share_after)}, "
+                f"{verdict_text(run.cached_share_after, D_TARGET_SHARE)}"
+            )
+    print()
+
+
+def verified_ttfts(item: DiskTtft, kind: str) -> list[float]:
+    return [sample.ttft_s for sample in item.samples if sample.kind == kind and sample.verified]
+
+
+def print_part_d3(result: DiskTierResult) -> None:
+    tokens = next((sample.prompt_tokens for item in result.ttft for sample in item.samples), None)
+    print(f"#### (d3) TTFT of a {tokens}-token prompt on SmolLM2: cold, from disk, from memory\n")
+    for item in result.ttft:
+        if item.capacity_bytes is not None and item.entry_bytes is not None:
+            print(
+                f"- {item.server.label}: memory budget {item.capacity_bytes} B ({D3_CAPACITY_ENTRIES} snapshots of "
+                f"{item.entry_bytes} B, the conversation's at rest as a memory-only Courier weighed it)"
+            )
+        elif item.capacity_bytes is not None:
+            print(f"- {item.server.label}: memory budget {item.capacity_bytes} B (--d-ttft-capacity-bytes)")
+    print()
+    print(
+        "| server | measure | verified | TTFT p50 ms | min ms | max ms | prompt tokens | cached tokens, median "
+        "| disk hits gained | memory hits gained | lookups timed out |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for item in result.ttft:
+        for kind in D3_KINDS:
+            samples = [sample for sample in item.samples if sample.kind == kind]
+            if not samples:
+                continue
+            ttfts = verified_ttfts(item, kind)
+            cached = [sample.cached_tokens or 0 for sample in samples]
+            hits = [sample.disk_hits for sample in samples if sample.disk_hits is not None]
+            memory_hits = [sample.memory_hits for sample in samples if sample.memory_hits is not None]
+            timed_out = [sample.lookups_timed_out for sample in samples if sample.lookups_timed_out is not None]
+            low = ms(min(ttfts)) if ttfts else "n/a"
+            high = ms(max(ttfts)) if ttfts else "n/a"
+            print(
+                f"| {item.server.label} | {kind} | {len(ttfts)}/{len(samples)} | {ms(median_of(ttfts))} | {low} "
+                f"| {high} | {samples[0].prompt_tokens} | {statistics.median(cached):.0f} "
+                f"| {sum(hits) if hits else '-'} | {sum(memory_hits) if memory_hits else '-'} "
+                f"| {sum(timed_out) if timed_out else '-'} |"
+            )
+    print()
+    for item in result.ttft:
+        if item.server.error is not None:
+            print(f"- {item.server.label} FAILED: {item.server.error.splitlines()[0]}")
+        cold = median_of(verified_ttfts(item, COLD))
+        if is_courier(item.server.label):
+            disk = median_of(verified_ttfts(item, DISK_HIT))
+            memory = median_of(verified_ttfts(item, MEMORY_HIT))
+            ratio = None if disk is None or not cold else disk / cold
+            print(
+                f"- target, TTFT p50 of a disk hit <= {D_TARGET_TTFT_RATIO}x a cold prefill: {ms(disk)} / "
+                f"{ms(cold)} ms = {'n/a' if ratio is None else f'{ratio:.3f}x'}, "
+                f"{verdict_text(ratio, D_TARGET_TTFT_RATIO, at_most=True)}"
+            )
+            if memory is not None and cold:
+                print(f"- memory hit / cold: {ms(memory)} / {ms(cold)} ms = {memory / cold:.3f}x")
+            trouble = trouble_text(item.courier_stats)
+            if trouble:
+                print(f"- courier: {trouble}")
+        else:
+            print(f"- {item.server.label}: cold TTFT p50 {ms(cold)} ms (no disk tier)")
+    print()
+
+
+def median_of(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def print_part_d(result: DiskTierResult) -> None:
+    print("### (d) The disk tier\n")
+    print_launches(launches_of(result))
+    for budget in result.budgets:
+        print(f"- memory budget for {budget.model}: {budget.capacity_bytes} B ({budget.explanation})")
+    print("- wall time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in result.wall_s.items()) + "\n")
+    if result.runs:
+        print_part_d1(result)
+    if result.restarts:
+        print_part_d2(result)
+    if result.ttft:
+        print_part_d3(result)
+
+
 def write_json(report: Report, path: Path) -> None:
     path.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
 
@@ -1211,7 +2216,7 @@ def choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
-    add("--parts", type=choices(PARTS), default=list(PARTS), help="parts to run (a,b,c)")
+    add("--parts", type=choices(PARTS), default=list(DEFAULT_PARTS), help="parts to run (a,b,c; d when asked for)")
     add("--conversations", type=positive_ints, default=[2, 8, 32], help="part b: K values (2,8,32)")
     add("--turns", type=int, default=10, help="part a: turns of the conversation (10)")
     add("--a-max-tokens", type=int, default=24, help="part a: max_tokens per turn (24)")
@@ -1265,6 +2270,60 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--store-sessions", type=int, default=1000, help="part c: sessions the entries belong to (1000)")
     add("--store-lookups", type=int, default=2000, help="part c: lookups timed per kind (2000)")
     add("--seed", type=int, default=0, help="part c: random seed (0)")
+    add("--d-sections", type=choices(D_SECTIONS), default=list(D_SECTIONS), help="part d sections (1,2,3)")
+    add("--d-models", type=choices(TINY_MODELS), default=list(TINY_MODELS), help="part d models (llama,qwen3_next)")
+    add("--d-servers", type=choices(D_SERVERS), default=list(D_SERVERS), help="part d servers (courier,mlx-lm-f32)")
+    add(
+        "--d-conversations",
+        type=positive_ints,
+        default=D_CONVERSATIONS,
+        help=f"part d1: K values ({','.join(map(str, D_CONVERSATIONS))})",
+    )
+    add("--d-turns", type=int, default=D_TURNS, help=f"part d1, d2: turns per conversation ({D_TURNS})")
+    add(
+        "--d-budget-conversations",
+        type=int,
+        default=D_BUDGET_CONVERSATIONS,
+        help=f"part d1, d2: memory budget in model states of a conversation ({D_BUDGET_CONVERSATIONS})",
+    )
+    add("--d-budget-bytes", type=int, default=None, help="part d1, d2: the memory budget itself (default: derived)")
+    add(
+        "--d-disk-bytes",
+        type=int,
+        default=D_DISK_BYTES,
+        help=f"part d: Courier's --prompt-cache-disk-bytes ({D_DISK_BYTES})",
+    )
+    add(
+        "--d-restart-conversations",
+        type=int,
+        default=D_RESTART_CONVERSATIONS,
+        help=f"part d2: K ({D_RESTART_CONVERSATIONS})",
+    )
+    add(
+        "--d-restart-signals",
+        type=choices(tuple(D_STOP_SIGNALS)),
+        default=list(D_STOP_SIGNALS),
+        help="part d2: how Courier is stopped (term,kill; mlx_lm.server: the first only)",
+    )
+    add("--d-ttft-repeats", type=int, default=D_TTFT_REPEATS, help=f"part d3: repeats ({D_TTFT_REPEATS})")
+    add(
+        "--d-history-tokens",
+        type=int,
+        default=D_HISTORY_TOKENS,
+        help=f"part d3: prompt tokens of the conversation ({D_HISTORY_TOKENS})",
+    )
+    add(
+        "--d-ttft-max-tokens",
+        type=int,
+        default=D_TTFT_MAX_TOKENS,
+        help=f"part d3: max_tokens per request ({D_TTFT_MAX_TOKENS})",
+    )
+    add(
+        "--d-ttft-capacity-bytes",
+        type=int,
+        default=None,
+        help="part d3: Courier's memory budget (default: 2.5 snapshots of the conversation at rest, measured)",
+    )
     add("--run-timeout", type=float, default=900.0, help="seconds of measuring one server run may take (900)")
     add("--cache-dir", type=Path, default=None, help="model cache (default: a temporary directory)")
     add("--json", type=Path, default=None, help="also write the raw results here")
@@ -1274,6 +2333,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.a_servers = choose_servers(parser, "--a-servers", args.a_servers, A_SERVERS, args.baseline_tree)
     default_b = [label for label in B_SERVERS if label != COURIER_BASELINE]
     args.b_servers = choose_servers(parser, "--b-servers", args.b_servers, default_b, args.baseline_tree)
+    args.d_restart_signals = [D_STOP_SIGNALS[name] for name in args.d_restart_signals]
     return args
 
 
@@ -1282,14 +2342,22 @@ def settings_of(args: argparse.Namespace) -> dict[str, object]:
         *("parts", "conversations", "turns", "a_max_tokens", "a_servers", "b_turns", "b_max_tokens", "b_models"),
         *("b_servers", "b_system_tokens", "b_budgets", "equal_conversations", "budget_states", "budget_bytes"),
         *("courier_arg", "store_entries", "store_lookups"),
+        *("d_sections", "d_models", "d_servers", "d_conversations", "d_turns", "d_budget_conversations"),
+        *("d_budget_bytes", "d_disk_bytes", "d_restart_conversations", "d_ttft_repeats", "d_history_tokens"),
+        *("d_ttft_max_tokens", "d_ttft_capacity_bytes"),
     )
     settings = {key: getattr(args, key) for key in keys}
+    settings["d_restart_signals"] = [stop.name for stop in args.d_restart_signals]
     return settings | {"baseline_tree": str(args.baseline_tree) if args.baseline_tree else None}
 
 
 def servers_run(args: argparse.Namespace) -> list[str]:
-    """Every server parts a and b will start."""
-    return [*(args.a_servers if "a" in args.parts else []), *(args.b_servers if "b" in args.parts else [])]
+    """Every server parts a, b and d will start."""
+    return [
+        *(args.a_servers if "a" in args.parts else []),
+        *(args.b_servers if "b" in args.parts else []),
+        *(args.d_servers if "d" in args.parts else []),
+    ]
 
 
 def needs_openblas(args: argparse.Namespace) -> bool:
@@ -1298,16 +2366,17 @@ def needs_openblas(args: argparse.Namespace) -> bool:
 
 def run_servers(
     args: argparse.Namespace,
-) -> tuple[list[ConversationRun], tuple[list[InterleavedRun], list[ByteBudget], list[HeldWarm]]]:
-    """Parts a and b, which share the 4-bit SmolLM2 directory (the tiny models borrow its tokenizer)."""
-    if "a" not in args.parts and "b" not in args.parts:
-        return [], ([], [], [])
+) -> tuple[list[ConversationRun], tuple[list[InterleavedRun], list[ByteBudget], list[HeldWarm]], DiskTierResult | None]:
+    """Parts a, b and d, which share the 4-bit SmolLM2 directory (the tiny models borrow its tokenizer)."""
+    if not {"a", "b", "d"} & set(args.parts):
+        return [], ([], [], []), None
     with cache_directory(args.cache_dir) as cache_dir:
         progress("converting the embedded GGUF to a 4-bit MLX directory")
         dir4 = prepare_4bit_dir(cache_dir)
         conversation = run_part_a(cache_dir, dir4, args) if "a" in args.parts else []
         interleaved = run_part_b(cache_dir, dir4, args) if "b" in args.parts else ([], [], [])
-    return conversation, interleaved
+        disk_tier = run_part_d(cache_dir, dir4, args) if "d" in args.parts else None
+    return conversation, interleaved, disk_tier
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1318,7 +2387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not baseline_ready(args.baseline_tree, servers_run(args)):
         return 2
     blas = load_optimized_blas()  # before MLX is imported, as bench.throughput does
-    conversation, (interleaved, budgets, held) = run_servers(args)
+    conversation, (interleaved, budgets, held), disk_tier = run_servers(args)
     report = Report(
         environment=environment(blas),
         settings=settings_of(args),
@@ -1327,12 +2396,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         budgets=budgets,
         held_warm=held,
         store=measure_store(args) if "c" in args.parts else None,
+        disk_tier=disk_tier,
     )
     print_report(report)
     if args.json is not None:
         write_json(report, args.json)
         progress(f"raw results written to {args.json}")
     failed = [run.server for run in report.conversation] + [run.server for run in report.interleaved]
+    failed += launches_of(disk_tier) if disk_tier is not None else []
     return 1 if any(launch.error for launch in failed) else 0
 
 
