@@ -569,7 +569,9 @@ class SnapshotStore:
         if self._trimmable and match.shared_length > best.matched and match.keys_below_shared:
             diverging = self._diverging(match.keys_below_shared, session)
             shared = min(match.shared_length, usable)
-            if shared > best.matched:
+            # As long and held in memory beats one that must be read back from disk (a regenerated prompt).
+            in_memory_instead = best.snapshot is not None and not best.snapshot.state_held and diverging.state_held
+            if shared > best.matched or (shared == best.matched and in_memory_instead):
                 return LookupResult(
                     snapshot=diverging, matched=shared, trimmed=True, cross_session=diverging.session != session
                 )
@@ -582,7 +584,7 @@ class SnapshotStore:
     def _diverging(self, keys: Sequence[EntryId], session: str) -> Snapshot:
         snapshots = [self._entries[key] for key in keys]
         own = [snapshot for snapshot in snapshots if snapshot.session == session]
-        return max(own or snapshots, key=lambda snapshot: snapshot.last_used)
+        return max(own or snapshots, key=lambda snapshot: (snapshot.state_held, snapshot.last_used))
 
     def _supersede(self, bucket: Bucket, session: str, origin: Origin, vector: tuple[int, ...]) -> tuple[int, int]:
         indexed = self._buckets.get(bucket)

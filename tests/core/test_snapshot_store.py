@@ -817,3 +817,29 @@ def test_an_entry_asked_to_be_written_twice_keeps_its_file_when_the_owner_carrie
     on_disk = {snapshot.entry_id for snapshot in s.snapshots() if snapshot.on_disk}
     assert on_disk == {x.entry_id, w.entry_id}
     assert on_disk <= files  # x's first write, reported done, ended its second before it was carried out
+
+
+def test_a_prompt_two_entries_serve_equally_is_served_from_the_one_in_memory() -> None:
+    """A regenerated prompt: its boundary is only on disk, the completion that extends past it is in memory."""
+    s, clock = disk_store(capacity=25, disk=10 * FOOTPRINT)
+    boundary = (*BASE[:20],)
+    s.insert(bucket=BUCKET, session="a", origin=Origin.BOUNDARY, tokens=boundary, state="boundary", nbytes=10)
+    first = s.snapshots()[0]
+    put_key(s, clock, 1)
+    put_key(s, clock, 2)  # the boundary leaves memory for disk
+    s.write_done(first.entry_id)
+    completion = (*BASE[:21], 7, 7)
+    s.insert(
+        bucket=BUCKET,
+        session="a",
+        origin=Origin.COMPLETION,
+        tokens=completion,
+        state="done",
+        nbytes=5,
+        prompt_length=21,
+    )
+    (kept,) = [snapshot for snapshot in s.snapshots() if snapshot.tokens == boundary]
+    assert not kept.state_held
+    result = s.lookup(BUCKET, "a", BASE[:21])
+    assert result.snapshot is not None and result.snapshot.tokens == completion
+    assert (result.matched, result.trimmed, s.counters.disk_hits) == (20, True, 0)
