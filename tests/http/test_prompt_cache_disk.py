@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import signal
 import stat
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -243,10 +244,11 @@ def in_a_small_tmpfs(directory: Path, size: str) -> Any:
 
 
 def test_a_full_disk_degrades_to_memory_only_with_a_warning(model: Path, cache_dir: Path, tmp_path: Path) -> None:
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare (util-linux) to mount a small tmpfs in a private mount namespace")
     disk = tmp_path / "small"
     disk.mkdir()
+    probe = in_a_small_tmpfs(disk, "200k")(["true"])
+    if shutil.which("unshare") is None or subprocess.run(probe, capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs unshare (util-linux) and user namespaces to mount a small tmpfs in a private namespace")
     with serving(model, cache_dir, disk, launcher=in_a_small_tmpfs(disk, "200k")) as server:
         with server.openai_client() as client:
             conversations = Conversations(count=2)
