@@ -692,6 +692,8 @@ def serve_and_measure(
     stop_s: float | None = None
     exit_code: int | None = None
     signal_name = stop_signal.name if stop_signal is not None else None
+    failure: str | None = None
+    result: T | None = None
     try:
         with running_server(command, server_env(extra_env), log_path) as process:
             ready_s = wait_until_ready(process, f"http://{HOST}:{port}{ready_path(spec.label)}", log_path)
@@ -700,24 +702,14 @@ def serve_and_measure(
             if stop_signal is not None:
                 stop_s, exit_code = stop_with(process, stop_signal, log_name)
     except RUN_ERRORS as error:
-        message = f"{type(error).__name__}: {error}"
-        progress(f"{log_name}: FAILED: {message}")
-        failed = ServerLaunch(
-            label=spec.label,
-            command=command,
-            extra_env=extra_env,
-            ready_s=ready_s,
-            error=message,
-            stop_signal=signal_name,
-            stop_s=stop_s,
-            exit_code=exit_code,
-        )
-        return failed, None
+        failure = f"{type(error).__name__}: {error}"
+        progress(f"{log_name}: FAILED: {failure}")
     launch = ServerLaunch(
         label=spec.label,
         command=command,
         extra_env=extra_env,
         ready_s=ready_s,
+        error=failure,
         stop_s=stop_s,
         exit_code=exit_code,
         stop_signal=signal_name,
