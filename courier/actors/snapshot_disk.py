@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 
 from courier.core.snapshot_store import (
+    Bucket,
     DeleteFile,
     DiskEffect,
     DiskIoCounters,
@@ -74,12 +75,19 @@ class SnapshotDisk:
         # is not retried in a loop; the next snapshot's own write tries again).
         self._writes_healthy = True
 
-    def adopt(self, store: SnapshotStore) -> int:
-        """Index the files an earlier run left (oldest first); delete those that no longer fit. Returns how many
-        were adopted."""
+    def adopt(self, store: SnapshotStore, served: Bucket) -> int:
+        """Index the files an earlier run left (oldest first); delete those that no longer fit, and those of another
+        served model name or chat template (`served`), which no lookup could ever match. Returns how many were
+        adopted."""
         adopted = 0
         for found in self.directory.found:
             header = found.header
+            if (header.bucket.model_id, header.bucket.template_signature) != (
+                served.model_id,
+                served.template_signature,
+            ):
+                found.path.unlink(missing_ok=True)
+                continue
             entry_id = store.adopt(
                 bucket=header.bucket,
                 session=header.session,

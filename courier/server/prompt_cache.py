@@ -84,11 +84,11 @@ async def open_prompt_cache(settings: Settings, loaded: LoadedModel, mlx: MlxThr
     config = DiskTierConfig(identity=directory.identity, max_pending_write_bytes=capacity // PENDING_WRITE_SHARE)
     disk = SnapshotDisk(directory, config, mlx)
     found, unreadable = len(directory.found), directory.unreadable
-    adopted = disk.adopt(store)
+    adopted = disk.adopt(store, bucket)
     disk.dispatch(store)  # files of turns that adopted ones supersede: deleted once the writer runs
     logger.info(
-        "prompt cache disk tier %s: %d snapshots kept from earlier runs (%d bytes); %d no longer fit, %d unreadable "
-        "files deleted",
+        "prompt cache disk tier %s: %d snapshots kept from earlier runs (%d bytes); %d no longer fit or were served "
+        "under another name or template, %d unreadable files deleted",
         directory.path,
         adopted,
         store.disk_nbytes,

@@ -1,0 +1,72 @@
+"""The disk tier's start-up: files an earlier run left are indexed again, oldest first, unless no lookup could use
+them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from courier.actors.snapshot_disk import DiskTierConfig, SnapshotDisk
+from courier.core.snapshot_store import Bucket, Origin, SnapshotStore, StoreLimits, disk_footprint
+from courier.engine.snapshot_codec import EncodedState
+from courier.engine.snapshot_directory import open_directory
+from courier.engine.snapshot_files import write_snapshot
+from courier.runtime.mlx_thread import MlxThread
+
+IDENTITY = "c" * 64
+SERVED = Bucket(model_id="tiny", template_signature="t")
+TOKENS = tuple(range(1, 41))
+
+
+@pytest.fixture
+def mlx() -> Iterator[MlxThread]:
+    thread = MlxThread()
+    yield thread
+    thread.close(timeout=2.0)
+
+
+def leave_file(directory: Path, name: str, bucket: Bucket, tokens: tuple[int, ...], age_s: float) -> Path:
+    path = directory / name
+    write_snapshot(
+        path,
+        identity=IDENTITY,
+        bucket=bucket,
+        session="s",
+        origin=Origin.BOUNDARY,
+        prompt_length=len(tokens),
+        tokens=tokens,
+        encoded=EncodedState(layout=[], arrays=[]),
+        max_bytes=disk_footprint(0, len(tokens)),
+    )
+    used = path.stat().st_mtime - age_s
+    os.utime(path, (used, used))
+    return path
+
+
+def test_files_another_name_or_template_wrote_are_deleted_and_the_rest_indexed(tmp_path: Path, mlx: MlxThread) -> None:
+    first = open_directory(tmp_path, IDENTITY)
+    directory = first.path
+    first.release()
+    older = leave_file(directory, "older.snap", SERVED, TOKENS[:30], age_s=20)
+    newer = leave_file(directory, "newer.snap", SERVED, TOKENS, age_s=10)
+    renamed = leave_file(directory, "renamed.snap", Bucket(model_id="old-name", template_signature="t"), TOKENS, 5)
+    retemplated = leave_file(directory, "template.snap", Bucket(model_id="tiny", template_signature="u"), TOKENS, 5)
+    opened = open_directory(tmp_path, IDENTITY)
+    limits = StoreLimits(capacity_bytes=10**6, max_entries=10, ttl_s=60, min_prefix=8, disk_capacity_bytes=10**7)
+    store = SnapshotStore(limits, trimmable=True, clock=lambda: 1000.0)
+    disk = SnapshotDisk(opened, DiskTierConfig(identity=IDENTITY, max_pending_write_bytes=10**6), mlx)
+    try:
+        assert disk.adopt(store, SERVED) == 2
+    finally:
+        opened.release()
+    assert not renamed.exists() and not retemplated.exists()
+    # The newer turn of the conversation superseded the older one: its file goes at the first dispatch.
+    (kept,) = store.snapshots()
+    assert (kept.tokens, kept.on_disk, kept.in_memory) == (TOKENS, True, False)
+    assert abs(kept.last_used - 990) < 2  # used 10 s before now
+    assert store.counters.adopted == 2 and store.counters.supersedes == 1
+    effects = store.take_effects()
+    assert len(effects) == 1 and older.exists() and newer.exists()
