@@ -31,6 +31,7 @@ class FoundFile:
     header: SnapshotHeader
     tokens: tuple[int, ...]
     age_s: float  # since it was last written or used
+    size: int  # bytes on disk
 
 
 @dataclass(slots=True, kw_only=True)
@@ -79,12 +80,13 @@ def _scan(directory: Path, identity: str) -> tuple[list[FoundFile], int]:
             continue
         try:
             header, tokens = read_index_entry(path, identity)
-            modified = path.stat().st_mtime
+            status = path.stat()
         except (UnreadableSnapshot, OSError):
             unreadable += 1
             path.unlink(missing_ok=True)
             continue
-        found.append(FoundFile(path=path, header=header, tokens=tokens, age_s=max(0.0, now - modified)))
+        age_s = max(0.0, now - status.st_mtime)
+        found.append(FoundFile(path=path, header=header, tokens=tokens, age_s=age_s, size=status.st_size))
     found.sort(key=lambda item: -item.age_s)
     return found, unreadable
 

@@ -61,7 +61,7 @@ async def open_prompt_cache(settings: Settings, loaded: LoadedModel, mlx: MlxThr
     if directory is not None:
         disk_capacity = settings.prompt_cache_disk_bytes or 0
         if settings.prompt_cache_disk_bytes is None:
-            held = sum(found.path.stat().st_size for found in directory.found)
+            held = sum(found.size for found in directory.found)
             disk_budget = default_disk_budget(footprint, capacity, free_bytes(directory.path) + held)
             disk_capacity = disk_budget.capacity_bytes
             logger.info("prompt cache disk budget %d bytes: %s", disk_capacity, disk_budget.explanation)
