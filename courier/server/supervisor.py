@@ -380,11 +380,14 @@ class Supervisor:
         deadline = time.monotonic() + self._settings.shutdown_timeout
         with anyio.move_on_after(self._settings.shutdown_timeout):
             await http_done.wait()
-        await self._flush_snapshots(max(deadline - time.monotonic(), MIN_FLUSH_S))
+        flush_s = max(deadline - time.monotonic(), MIN_FLUSH_S)
         # Past the deadline, or with nothing left in flight: close the inboxes, dependants first. Each actor answers
-        # what is queued and ends; the scheduler fails what still runs, so open streams get a clear error event.
-        with anyio.move_on_after(ACTOR_STOP_GRACE_S):
+        # what is queued and ends; the scheduler fails what still runs, so open streams get a clear error event. The
+        # snapshot store flushes to disk once the scheduler has ended: no insert (a last warm-up) can follow it.
+        with anyio.move_on_after(ACTOR_STOP_GRACE_S + flush_s):
             for outbox, done in reversed(self._started_actors):
+                if outbox is self._snapshots_send:
+                    await self._flush_snapshots(flush_s)
                 outbox.close()
                 await done.wait()
         for outbox in (
