@@ -90,6 +90,13 @@ def parse_non_negative_int(text: str) -> int:
     return value
 
 
+def _int_between(text: str, low: int, high: int) -> int:
+    value = int(text)
+    if not low <= value <= high:
+        raise ValueError(f"must be between {low} and {high}: {text!r}")
+    return value
+
+
 def _choice(options: Sequence[str]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         lowered = text.strip().lower()
@@ -231,6 +238,26 @@ class Settings:
         metavar="N",
     )
     max_batch: int = setting(16, parse_positive_int, "sequences generated together in one batch", metavar="N")
+    speculation: bool = setting(
+        True,
+        parse_bool,
+        "multi-token decode steps: drafts looked up in each sequence's own prompt and output, verified in one "
+        "batched forward pass (lossless), and tokens a grammar forces (dense KV-cache models only)",
+        flag=True,
+    )
+    speculative_ngram: int = setting(
+        4,
+        lambda text: _int_between(text, 2, 16),
+        "longest run of a sequence's last tokens matched against its context for a draft (2-16; shorter runs "
+        "down to 2 are tried next)",
+        metavar="N",
+    )
+    speculative_tokens: int = setting(
+        8,
+        lambda text: _int_between(text, 1, 64),
+        "most draft tokens verified per sequence in one step (1-64); drafts adapt below it to what gets accepted",
+        metavar="K",
+    )
     max_queue: int = setting(
         64,
         parse_non_negative_int,

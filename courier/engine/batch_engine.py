@@ -32,6 +32,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from courier.core.prompt_lookup import LookupLimits
 from courier.core.snapshot_store import Origin
 from courier.core.stop_text import StopTextMatcher
 from courier.engine import shared_prefix
@@ -50,6 +51,7 @@ from courier.engine.generation import (
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill, prefill_embedded, resume
 from courier.engine.penalties import Penalties
 from courier.engine.sampling import build_sampler
+from courier.engine.speculative_batch import SpeculationCounters, SpeculativeGenerator, StepResponse
 from courier.grammar.compiler import GrammarCompiler
 from courier.grammar.constraint import GrammarError
 from courier.model.vision.embedder import ImageEmbedder
@@ -97,6 +99,8 @@ class BatchLimits:
     prefill_step_size: int
     # Requests admitted in the same step that share at least this many new prompt tokens prefill them once (0: off).
     shared_prefix_min_tokens: int = shared_prefix.MIN_SHARED_TOKENS
+    # Prompt-lookup drafts verified in multi-token steps (None: one token per step, mlx-lm's own steps).
+    speculation: LookupLimits | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -136,6 +140,17 @@ class _Sequence:
         return max(0, self.snapshot_prompt_tokens - self.cached_tokens)
 
 
+@dataclass(slots=True)
+class _StepRead:
+    """What a step's tokens for one sequence read as: text, token ids and logprobs to send, and how it ends."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    reason: FinishReason | None = None
+    stopped_early: bool = False  # a stop string ended it before the generator's own end
+
+
 class BatchEngine:
     def __init__(
         self,
@@ -155,10 +170,12 @@ class BatchEngine:
         # The calling thread's own default stream: the engine is built and stepped on the MLX thread, and a
         # stream created on another thread (mlx-lm's module-level one) costs a cross-thread sync every step.
         self._stream = mx.default_stream(mx.default_device())
-        self._generator = self._new_generator()
         # Plain KV caches only (no sliding window, no recurrent state): the state after a prompt holds the exact
-        # state after each of its prefixes, so a boundary snapshot needs no separate prefill segment.
+        # state after each of its prefixes, so a boundary snapshot needs no separate prefill segment, and a verify
+        # step can take back rejected positions per sequence.
         self._dense = all(type(layer) is KVCache for layer in make_prompt_cache(model))
+        self.speculation = SpeculationCounters()
+        self._generator = self._new_generator()
         self._by_uid: dict[int, _Sequence] = {}
         self._uids_by_request: dict[RequestId, list[int]] = {}  # a request of `n` samples runs `n` sequences
         self._shared: list[_SharedState] = []
@@ -171,6 +188,11 @@ class BatchEngine:
     @property
     def active(self) -> int:
         return len(self._by_uid)
+
+    @property
+    def speculating(self) -> bool:
+        """Whether decode steps verify drafts: asked for, and a model whose KV cache can take positions back."""
+        return self._limits.speculation is not None and self._dense
 
     def step(self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId]) -> list[EngineOutput]:
         outputs: list[EngineOutput] = []
@@ -197,14 +219,18 @@ class BatchEngine:
         return outputs
 
     def _new_generator(self) -> BatchGenerator:
-        return BatchGenerator(
-            self._model,
-            stop_tokens=[[token] for token in self._eos],
-            completion_batch_size=self._limits.max_batch,
-            prefill_batch_size=self._limits.prefill_batch,
-            prefill_step_size=self._limits.prefill_step_size,
-            stream=self._stream,
-        )
+        options: dict[str, Any] = {
+            "stop_tokens": [[token] for token in self._eos],
+            "completion_batch_size": self._limits.max_batch,
+            "prefill_batch_size": self._limits.prefill_batch,
+            "prefill_step_size": self._limits.prefill_step_size,
+            "stream": self._stream,
+        }
+        if self.speculating:
+            return SpeculativeGenerator(
+                self._model, lookup=self._limits.speculation, counters=self.speculation, **options
+            )
+        return BatchGenerator(self._model, **options)
 
     def _share_prefixes(
         self, added: Sequence[EngineRequest]
@@ -449,37 +475,18 @@ class BatchEngine:
                 self._release(self._by_uid.pop(uid))
 
     def _advance(self, sequence: _Sequence, response: Any) -> list[EngineOutput]:
-        token = int(response.token)
-        sequence.generated += 1
-        sequence.token_ids.append(token)
-        finish = response.finish_reason
-        ended_by_eos = finish == "stop" and token in self._eos
-        text = ""
-        if not ended_by_eos:
-            sequence.detokenizer.add_token(token)
-            text = sequence.detokenizer.last_segment
-        if finish is not None:
-            sequence.detokenizer.finalize()
-            text += sequence.detokenizer.last_segment
-        scan = sequence.stop.feed(text)
-        text = scan.text
-        reason: FinishReason | None = None
-        if scan.stopped:
-            reason = FinishReason.STOP
-            if finish is None:
-                self._generator.remove([sequence.uid])
-        elif finish is not None:
-            text += sequence.stop.flush()
-            reason = FinishReason.STOP if finish == "stop" else FinishReason.LENGTH
-        logprobs = self._logprobs(sequence, token, response.logprobs) if not ended_by_eos else ()
+        """A step's tokens for one sequence (one, or several from a verified draft), as one event."""
+        read = self._read(sequence, response)
+        text, token_ids, logprobs, reason = read.text, read.token_ids, read.logprobs, read.reason
+        finish = response.finish_reason if not read.stopped_early else None
         request_id = sequence.request.request_id
         outputs: list[EngineOutput] = []
         choice = sequence.request.choice
         if text or logprobs:
-            generated = TokensGenerated(text=text, token_ids=(token,), logprobs=logprobs, choice=choice)
+            generated = TokensGenerated(text=text, token_ids=tuple(token_ids), logprobs=tuple(logprobs), choice=choice)
             outputs.append(EngineOutput(request_id, generated))
         if reason is not None:
-            if sequence.request.snapshots and response.prompt_cache is not None and response.all_tokens:
+            if sequence.request.snapshots and finish is not None and response.prompt_cache and response.all_tokens:
                 snapshot = _snapshot(Origin.COMPLETION, response.all_tokens, response.prompt_cache)
                 prefix = sequence.request.prefix
                 continues = prefix.continues if prefix is not None else None
@@ -498,6 +505,41 @@ class BatchEngine:
             )
             outputs.append(EngineOutput(request_id, finished))
         return outputs
+
+    def _read(self, sequence: _Sequence, response: Any) -> _StepRead:
+        """Detokenize a step's tokens, with stop strings and end-of-sequence tokens taken out."""
+        tokens, vectors = _step_tokens(response)
+        finish = response.finish_reason
+        read = _StepRead()
+        pieces: list[str] = []
+        for index, (token, vector) in enumerate(zip(tokens, vectors, strict=True)):
+            ends = finish if index == len(tokens) - 1 else None  # the generator's finish is its last token's
+            sequence.generated += 1
+            sequence.token_ids.append(token)
+            ended_by_eos = ends == "stop" and token in self._eos
+            text = ""
+            if not ended_by_eos:
+                sequence.detokenizer.add_token(token)
+                text = sequence.detokenizer.last_segment
+                read.token_ids.append(token)
+                read.logprobs.extend(self._logprobs(sequence, token, vector))
+            if ends is not None:
+                sequence.detokenizer.finalize()
+                text += sequence.detokenizer.last_segment
+            scan = sequence.stop.feed(text)
+            pieces.append(scan.text)
+            if scan.stopped:
+                read.reason = FinishReason.STOP
+                if finish is None:
+                    self._generator.remove([sequence.uid])
+                else:
+                    read.stopped_early = True  # before the generator's end: no completion snapshot past the stop
+                break
+            if ends is not None:
+                pieces.append(sequence.stop.flush())
+                read.reason = FinishReason.STOP if ends == "stop" else FinishReason.LENGTH
+        read.text = "".join(pieces)
+        return read
 
     def _boundary_snapshots(self, prompt_responses: Sequence[Any]) -> list[EngineOutput]:
         """The states at the end of a prefill segment: a conversation's history, and the prompt but its last token.
@@ -626,6 +668,13 @@ def _processors(request: EngineRequest, constrained: ConstrainedSequence | None)
     if constrained is not None:
         processors.extend(constrained.processors)
     return processors
+
+
+def _step_tokens(response: Any) -> tuple[list[int], list[mx.array]]:
+    """A generator response's tokens and their logprobs vectors (mlx-lm's carries one, a speculative one several)."""
+    if isinstance(response, StepResponse):
+        return response.tokens, response.logprobs
+    return [int(response.token)], [response.logprobs]
 
 
 def _candidate(request: EngineRequest) -> shared_prefix.Candidate:

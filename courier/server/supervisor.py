@@ -40,6 +40,7 @@ from courier.actors.storage import StorageActor
 from courier.actors.token_counter import TokenCounterActor
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
+from courier.core.prompt_lookup import LookupLimits
 from courier.core.sampling_defaults import resolve
 from courier.engine.batch_engine import BatchEngine, BatchLimits
 from courier.grammar.compiler import GrammarCompiler
@@ -288,6 +289,9 @@ class Supervisor:
             max_batch=settings.max_batch,
             prefill_batch=min(settings.max_batch, PREFILL_BATCH),
             prefill_step_size=settings.prefill_step_size,
+            speculation=LookupLimits(settings.speculative_ngram, settings.speculative_tokens)
+            if settings.speculation
+            else None,
         )
         vision = loaded.vision
         media_fetcher = await self._start_media_fetcher(task_group) if vision is not None else None

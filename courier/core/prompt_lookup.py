@@ -1,0 +1,103 @@
+"""Prompt-lookup drafts: what followed the last time a sequence's latest n-gram appeared in its own context.
+
+Agents' outputs repeat their inputs (a file returned with a small edit, a quoted passage, JSON that carries the
+user's values), so the tokens that followed an earlier occurrence of the last few tokens are often the tokens the
+model is about to produce. A `PromptLookup` keeps one index per n-gram length, from each n-gram of the sequence's
+prompt and output to where the tokens after its most recent occurrence start, and proposes up to `draft` tokens
+from the longest n-gram that matches (`max_ngram` down to `MIN_NGRAM`).
+
+It also decides how much to draft. After a fully accepted draft the next may be twice as long (up to the limit);
+after a partial one it is one token longer than what was accepted. A sequence whose drafts keep missing rests
+(proposes nothing) for a number of tokens that doubles each time it rests again, so a workload with nothing to copy
+soon stops paying for drafts; a draft that lands ends the rest schedule. Pure Python: the engine verifies drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+MIN_NGRAM = 2
+# Drafts that miss entirely, in a row, before a sequence rests; and how long its first and longest rests are.
+MISSES_BEFORE_REST = 3
+FIRST_REST_TOKENS = 16
+LONGEST_REST_TOKENS = 512
+
+
+@dataclass(frozen=True, slots=True)
+class LookupLimits:
+    max_ngram: int  # the longest n-gram matched (at least MIN_NGRAM)
+    max_draft: int  # the most tokens proposed at once
+
+    def __post_init__(self) -> None:
+        if self.max_ngram < MIN_NGRAM:
+            raise ValueError(f"max_ngram must be at least {MIN_NGRAM}")
+        if self.max_draft < 1:
+            raise ValueError("max_draft must be at least 1")
+
+
+class PromptLookup:
+    """One sequence's n-gram index over its context, and its drafting schedule."""
+
+    def __init__(self, context: Sequence[int], limits: LookupLimits) -> None:
+        self._limits = limits
+        self._tokens: list[int] = []
+        # _index[n - MIN_NGRAM]: n-gram -> where the tokens after its most recent occurrence start.
+        self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(MIN_NGRAM, limits.max_ngram + 1)]
+        self._draft = limits.max_draft
+        self._misses = 0  # drafts in a row of which nothing was accepted
+        self._rest = 0  # tokens left before it drafts again
+        self._next_rest = FIRST_REST_TOKENS
+        self.extend(context)
+
+    @property
+    def resting(self) -> bool:
+        return self._rest > 0
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """The sequence went on with `tokens` (its prompt first, then what it generated)."""
+        for token in tokens:
+            self._tokens.append(token)
+            end = len(self._tokens) - 1  # the new token's position: it follows the n-grams that end just before it
+            for n, index in enumerate(self._index, start=MIN_NGRAM):
+                if end >= n:
+                    index[tuple(self._tokens[end - n : end])] = end
+            if self._rest > 0:
+                self._rest -= 1
+
+    def may_propose(self) -> bool:
+        """Whether a draft is likely after the next token: the context as it stands has a match (cheap, no copy)."""
+        return not self.resting and self._find(self._tokens) is not None
+
+    def propose(self, next_token: int | None = None) -> list[int]:
+        """Up to the current draft length of tokens to follow the context (and `next_token`, not yet added)."""
+        if self.resting:
+            return []
+        tokens = self._tokens if next_token is None else [*self._tokens[-self._limits.max_ngram :], next_token]
+        start = self._find(tokens)
+        return [] if start is None else self._tokens[start : start + self._draft]
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """How a draft of `drafted` tokens fared: adapt the draft length, rest after repeated misses."""
+        if drafted <= 0:
+            return
+        if accepted >= drafted:
+            self._draft = min(self._limits.max_draft, 2 * self._draft)
+        else:
+            self._draft = max(1, accepted + 1)
+        if accepted > 0:
+            self._misses, self._next_rest = 0, FIRST_REST_TOKENS
+            return
+        self._misses += 1
+        if self._misses >= MISSES_BEFORE_REST:
+            self._rest, self._misses = self._next_rest, 0
+            self._next_rest = min(LONGEST_REST_TOKENS, 2 * self._next_rest)
+            self._draft = self._limits.max_draft
+
+    def _find(self, tokens: Sequence[int]) -> int | None:
+        """Where the tokens after the longest indexed n-gram that ends `tokens` start, in the whole context."""
+        for n in range(min(self._limits.max_ngram, len(tokens)), MIN_NGRAM - 1, -1):
+            start = self._index[n - MIN_NGRAM].get(tuple(tokens[len(tokens) - n :]))
+            if start is not None:
+                return start
+        return None

@@ -1,0 +1,327 @@
+"""Multi-token decode steps inside the continuous batch: prompt-lookup drafts, verified in one forward pass.
+
+`SpeculativeGenerator` is mlx-lm's `BatchGenerator` with its generation batch replaced by a
+`SpeculativeGenerationBatch`. While no sequence of the batch has a draft in sight, a step is mlx-lm's own,
+pipelined one (the next forward pass is queued before the host reads the last tokens). When one has, the step
+waits for the pending tokens, asks each sequence's `PromptLookup` for a draft after its token, and runs one forward
+pass over a right-padded block `[token, draft..., pad...]` per sequence; a sequence without a draft rides along
+with its one token. Each sequence keeps the longest prefix of its draft that its own sampler reproduces at each
+position, plus the token its sampler chose after that prefix (the next step's input), so every step moves each
+sequence on by at least one token. The KV cache (`RaggedKVCache`) takes back each sequence's rejected positions.
+
+Lossless: at every position the sequence's own sampler draws from the model's distribution given the tokens before
+it, and a draft token is kept only when the draw equals it. That is greedy decoding exactly at temperature 0, and
+the standard speculative acceptance rule for a draft that is a point mass (accept with probability p(draft), else a
+draw from p without the draft) when sampling. A seeded sampler's key is set back to where it stood after the last
+kept token, so a seeded output is the one without drafts.
+
+Sequences with logits processors (penalties, logit bias, a grammar) do not draft: their processors read one token
+per step. `fast_forward` lets a constrained sequence supply the tokens its grammar forces instead (see
+`engine/constrained.py`), which it keeps without drawing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.sample_utils import greedy_sampler
+
+from courier.core.prompt_lookup import LookupLimits, PromptLookup
+from courier.engine.ragged_cache import RaggedKVCache
+from courier.engine.sampling import SeededSampler
+
+# The most positions one verify pass computes over the whole batch (rows x block width): past it, a pass costs more
+# than a decode step would, so the drafts are cut. A batch of one always gets its full draft.
+VERIFY_POSITIONS = 32
+
+# Given a sequence's index and its next input token: tokens forced after it (a grammar's), or none.
+ForcedTokens = Callable[[int, int], list[int]]
+
+
+@dataclass(slots=True)
+class SpeculationCounters:
+    """Totals since start (the engine reads them for /metrics and /health)."""
+
+    steps: int = 0  # forward passes of the generation batch
+    verify_steps: int = 0  # of which verified drafts or forced tokens
+    tokens: int = 0  # tokens emitted by the generation batch
+    drafted: int = 0
+    accepted: int = 0
+    forced: int = 0  # fast-forwarded by a grammar
+
+
+@dataclass(slots=True)
+class StepResponse:
+    """One sequence's tokens from one step (one or more), with a logprobs vector per token."""
+
+    uid: int
+    tokens: list[int]
+    logprobs: list[mx.array]
+    finish_reason: str | None
+    prompt_cache: list[Any] | None
+    all_tokens: list[int] | None
+    drafted: int = 0
+    accepted: int = 0
+    forced: int = 0
+
+    @property
+    def token(self) -> int:
+        return self.tokens[-1]
+
+
+@dataclass(slots=True)
+class _Row:
+    """What one sequence drafts from, kept in step with the batch's rows."""
+
+    lookup: PromptLookup | None  # None: it does not draft
+    forced: list[int] = field(default_factory=list)
+
+
+class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
+    limits: LookupLimits | None = None  # None: no drafts (forced tokens still apply)
+    fast_forward: ForcedTokens | None = None
+    counters: SpeculationCounters
+    # mlx-lm's own attributes this class reads (its module is untyped).
+    prompt_cache: list[Any]
+    _rows: list[_Row]
+    _next_tokens: Any
+    _next_logprobs: list[Any]
+
+    @classmethod
+    def create(
+        cls, model: Any, sampler: Any, limits: LookupLimits | None, counters: SpeculationCounters
+    ) -> SpeculativeGenerationBatch:
+        batch = cast("SpeculativeGenerationBatch", cls.empty(model, sampler))
+        batch.limits = limits
+        batch.counters = counters
+        batch._rows = []
+        return batch
+
+    def extend(self, batch: GenerationBatch) -> None:
+        super().extend(batch)
+        self.prompt_cache = [RaggedKVCache.adopt(c) if type(c) is BatchKVCache else c for c in self.prompt_cache]
+        for index, processors in enumerate(batch.logits_processors):
+            drafts = self.limits is not None and not processors
+            self._rows.append(_Row(PromptLookup(batch.tokens[index], self.limits) if drafts and self.limits else None))
+
+    def filter(self, keep: list[int]) -> None:
+        super().filter(keep)
+        self._rows = [self._rows[index] for index in keep]
+
+    def extract_prefix(self, index: int, length: int) -> list[Any]:
+        caches: list[Any] = self.extract_cache(index)
+        for cache in caches:
+            if cache.offset > length:
+                cache.keys, cache.values = cache.keys[..., :length, :], cache.values[..., :length, :]
+                cache.offset = length
+        return caches
+
+    @property
+    def _ragged(self) -> bool:
+        return bool(self.prompt_cache) and all(isinstance(c, RaggedKVCache) for c in self.prompt_cache)
+
+    def next(self) -> list[StepResponse]:
+        if not self.uids:
+            return []
+        self.counters.steps += 1
+        drafting = self.fast_forward is not None or any(r.lookup and r.lookup.may_propose() for r in self._rows)
+        if self._ragged and drafting:
+            responses = self._verify()
+            if responses is not None:
+                return responses
+        rows = list(self._rows)
+        plain = super().next()
+        responses = []
+        for row, response in zip(rows, plain, strict=True):
+            if row.lookup is not None:
+                row.lookup.extend([response.token])
+            responses.append(
+                StepResponse(
+                    uid=response.uid,
+                    tokens=[response.token],
+                    logprobs=[response.logprobs],
+                    finish_reason=response.finish_reason,
+                    prompt_cache=response.prompt_cache,
+                    all_tokens=response.all_tokens,
+                )
+            )
+        self.counters.tokens += len(responses)
+        return responses
+
+    def _drafts(self, inputs: list[int]) -> list[tuple[list[int], bool]]:
+        """Each row's draft after its input token, and whether it is forced (kept without drawing)."""
+        drafts: list[tuple[list[int], bool]] = []
+        for index, (row, token) in enumerate(zip(self._rows, inputs, strict=True)):
+            room = self.max_tokens[index] - self._num_tokens[index] - 1  # tokens it may still emit after `token`
+            forced = self.fast_forward(index, token) if self.fast_forward is not None else []
+            if forced:
+                drafts.append((forced[: max(0, room)], True))
+            elif row.lookup is not None and room > 0:
+                drafts.append((row.lookup.propose(token)[:room], False))
+            else:
+                drafts.append(([], False))
+        most = max(1, VERIFY_POSITIONS // len(inputs) - 1)  # per-row draft length the pass can afford
+        if len(inputs) > 1:
+            drafts = [(draft[:most], forced) for draft, forced in drafts]
+        return drafts
+
+    def _verify(self) -> list[StepResponse] | None:
+        """One step over every row's block; None when no row has a draft after all (the plain step runs)."""
+        mx.eval(self._next_tokens)
+        inputs = cast("list[int]", self._next_tokens.tolist())
+        drafts = self._drafts(inputs)
+        width = 1 + max(len(draft) for draft, _ in drafts)
+        if width == 1:
+            return None
+        self.counters.verify_steps += 1
+        pairs = zip(inputs, drafts, strict=True)
+        block = [[token, *draft] + [token] * (width - 1 - len(draft)) for token, (draft, _) in pairs]
+        logits = self.model(mx.array(block), cache=self.prompt_cache)  # [rows, width, vocabulary]
+        chosen, logprobs, keys = self._draw(logits, inputs, drafts)
+        mx.eval(chosen)
+        drawn = cast("list[list[int]]", chosen.tolist())
+        kept: list[int] = []
+        emitted: list[tuple[list[int], list[mx.array], int, int]] = []
+        next_tokens: list[int] = []
+        next_logprobs: list[mx.array] = []
+        for index, (token, (draft, forced)) in enumerate(zip(inputs, drafts, strict=True)):
+            accepted = len(draft) if forced else _agreeing(draft, drawn[index])
+            kept.append(1 + accepted)
+            row_logprobs = logprobs[index]
+            vectors = [self._next_logprobs[index], *row_logprobs[:accepted]]
+            emitted.append(([token, *draft[:accepted]], vectors, len(draft), accepted))
+            next_tokens.append(drawn[index][accepted])
+            next_logprobs.append(row_logprobs[accepted])
+            sampler = self._sampler(index)
+            if isinstance(sampler, SeededSampler) and keys[index]:
+                sampler.key = keys[index][accepted]
+        for cache in self.prompt_cache:
+            cache.keep(kept, width)
+        self._next_tokens = mx.array(next_tokens, dtype=mx.uint32)
+        self._next_logprobs = next_logprobs
+        return self._respond(emitted, drafts)
+
+    def _sampler(self, index: int) -> Any:
+        samplers = self.samplers or []
+        sampler = samplers[index] if index < len(samplers) else None
+        return self.fallback_sampler if sampler is None else sampler
+
+    def _draw(
+        self, logits: mx.array, inputs: list[int], drafts: list[tuple[list[int], bool]]
+    ) -> tuple[mx.array, list[mx.array], list[list[mx.array]]]:
+        """Each row's own choice at each block position (the last of a forced block only), its logprobs per
+        position, and a seeded sampler's key after each draw."""
+        rows, width = logits.shape[0], logits.shape[1]
+        choices: list[mx.array] = []
+        logprobs: list[mx.array] = []
+        keys: list[list[mx.array]] = []
+        greedy = mx.argmax(logits, axis=-1)  # [rows, width]: a greedy row needs no normalised logits
+        for index in range(rows):
+            draft, forced = drafts[index]
+            row_logits = logits[index]
+            processors = self.logits_processors[index] if self.logits_processors else None
+            if processors:  # one position: the processors read one token per step (forced tokens included)
+                positions = [len(draft)] if forced else [0]
+                context = self._token_context[index].update_and_fetch(mx.array([inputs[index], *draft], dtype=mx.int32))
+                processed = [row_logits[p : p + 1] for p in range(width)]
+                for position in positions:
+                    for processor in processors:
+                        processed[position] = processor(context, processed[position])
+                row_logits = mx.concatenate(processed, axis=0)
+            row_logprobs = row_logits - mx.logsumexp(row_logits, axis=-1, keepdims=True)
+            logprobs.append(row_logprobs)
+            sampler = self._sampler(index)
+            if sampler is greedy_sampler and not processors:
+                choices.append(greedy[index])
+                keys.append([])
+                continue
+            drawn: list[mx.array] = []
+            row_keys: list[mx.array] = []
+            draws = range(len(draft), len(draft) + 1) if forced else range(len(draft) + 1)
+            for position in range(width):
+                if position in draws:
+                    drawn.append(sampler(row_logprobs[position : position + 1]).reshape(1))
+                    if isinstance(sampler, SeededSampler):
+                        row_keys.append(sampler.key)
+                else:
+                    drawn.append(mx.array([0], dtype=mx.uint32))
+            if forced and isinstance(sampler, SeededSampler):
+                row_keys = [row_keys[-1]] * width
+            choices.append(mx.concatenate(drawn).astype(mx.uint32))
+            keys.append(row_keys)
+        return mx.stack(choices), logprobs, keys
+
+    def _respond(
+        self, emitted: list[tuple[list[int], list[mx.array], int, int]], drafts: list[tuple[list[int], bool]]
+    ) -> list[StepResponse]:
+        responses: list[StepResponse] = []
+        keep: list[int] = []
+        for index, (tokens, logprobs, drafted, accepted) in enumerate(emitted):
+            forced = drafts[index][1]
+            row = self._rows[index]
+            if row.lookup is not None:
+                row.lookup.extend(tokens)
+                if not forced:
+                    row.lookup.record(drafted, accepted)
+            finish: str | None = None
+            for position, token in enumerate(tokens):
+                self._num_tokens[index] += 1
+                if self._num_tokens[index] >= self.max_tokens[index]:
+                    finish = "length"
+                if self._matchers[index].advance(token):
+                    finish = "stop"
+                if finish is not None:
+                    del tokens[position + 1 :], logprobs[position + 1 :]
+                    break
+            self.tokens[index].extend(tokens)
+            if forced:
+                self.counters.forced += drafted
+            else:
+                self.counters.drafted += drafted
+                self.counters.accepted += accepted
+            self.counters.tokens += len(tokens)
+            done = finish is not None
+            responses.append(
+                StepResponse(
+                    uid=self.uids[index],
+                    tokens=tokens,
+                    logprobs=logprobs,
+                    finish_reason=finish,
+                    prompt_cache=self.extract_prefix(index, len(self.tokens[index])) if done else None,
+                    all_tokens=self.tokens[index] if done else None,
+                    drafted=0 if forced else drafted,
+                    accepted=0 if forced else accepted,
+                    forced=drafted if forced else 0,
+                )
+            )
+            if not done:
+                keep.append(index)
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
+
+
+def _agreeing(draft: Sequence[int], drawn: Sequence[int]) -> int:
+    """How many of the draft's tokens, from the first, equal what the sequence drew at their positions."""
+    count = 0
+    while count < len(draft) and draft[count] == drawn[count]:
+        count += 1
+    return count
+
+
+class SpeculativeGenerator(BatchGenerator):  # type: ignore[misc]
+    """mlx-lm's continuous batching with multi-token decode steps (see the module docstring)."""
+
+    def __init__(
+        self, model: Any, *, lookup: LookupLimits | None, counters: SpeculationCounters, **options: Any
+    ) -> None:
+        super().__init__(model, **options)
+        self._generation_batch = SpeculativeGenerationBatch.create(self.model, self.sampler, lookup, counters)
+
+    def set_fast_forward(self, fast_forward: ForcedTokens | None) -> None:
+        self._generation_batch.fast_forward = fast_forward
