@@ -4,7 +4,8 @@ Agents' outputs repeat their inputs (a file returned with a small edit, a quoted
 user's values), so the tokens that followed an earlier occurrence of the last few tokens are often the tokens the
 model is about to produce. A `PromptLookup` keeps one index per n-gram length, from each n-gram of the sequence's
 prompt and output to where the tokens after its most recent occurrence start, and proposes up to `draft` tokens
-from the longest n-gram that matches (`max_ngram` down to `MIN_NGRAM`).
+from the longest n-gram that matches (`max_ngram` down to `MIN_NGRAM`); a continuation that runs into the end of
+the context is a loop, and repeats.
 
 It also decides how much to draft. After a fully accepted draft the next may be twice as long (up to the limit);
 after a partial one it is one token longer than what was accepted. A sequence whose drafts keep missing rests
@@ -75,7 +76,13 @@ class PromptLookup:
             return []
         tokens = self._tokens if next_token is None else [*self._tokens[-self._limits.max_ngram :], next_token]
         start = self._find(tokens)
-        return [] if start is None else self._tokens[start : start + self._draft]
+        if start is None:
+            return []
+        draft = self._tokens[start : start + self._draft]
+        if len(draft) < self._draft:  # it runs into the end: the tokens since `start` repeat (a loop)
+            period = [*draft] if next_token is None else [*draft, next_token]
+            draft = [period[i % len(period)] for i in range(self._draft)]
+        return draft
 
     def record(self, drafted: int, accepted: int) -> None:
         """How a draft of `drafted` tokens fared: adapt the draft length, rest after repeated misses."""
