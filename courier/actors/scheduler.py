@@ -25,13 +25,14 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
+from courier.actors.generation_trace import GenerationTally
 from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_store import Bucket
 from courier.engine.batch_engine import BatchEngine, EngineOutput, EngineRequest, SnapshotTaken
@@ -92,6 +93,7 @@ class _Queued:
     lookup_started: bool = False
     looked_up: bool = False
     prefix: CachedPrefix | None = None
+    tally: GenerationTally = field(default_factory=GenerationTally)  # for its generation span
 
     @property
     def width(self) -> int:
@@ -138,6 +140,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
 
     async def setup(self) -> None:
         self._engine = await self._mlx.call(self._make_engine)
+        self._stats.speculation.mode = self._engine.speculation_mode
 
     async def background(self) -> None:
         assert self._engine is not None, "setup() builds the engine"
@@ -227,7 +230,13 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 continue  # (none left: their consumers went away) back to idle, and its warm-ups
             cancelled, self._cancelled = self._cancelled, []
             outputs = await self._mlx.call(partial(engine.step, added, cancelled))
+            self._count_steps(engine)
             self._deliver(outputs)
+
+    def _count_steps(self, engine: BatchEngine) -> None:
+        counters, stats = engine.speculation, self._stats.speculation
+        stats.steps, stats.verify_steps, stats.tokens = counters.steps, counters.verify_steps, counters.tokens
+        stats.drafted, stats.accepted, stats.forced = counters.drafted, counters.accepted, counters.forced
 
     async def _gather_burst(self) -> None:
         """Let a burst of arrivals gather so it is prefilled as one batch; only an idle engine waits.
@@ -387,7 +396,9 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 continue
             if isinstance(output.event, GenerationFinished):
                 running.finished += 1
+                running.tally.add(output.event)
                 if running.finished == running.width:
+                    running.tally.record(running.trace, output.event)
                     self._stats.completed += 1
                     self._end(output.request_id)
             elif isinstance(output.event, GenerationFailed):

@@ -131,6 +131,9 @@ class _Sequence:
     constrained: ConstrainedSequence | None = None  # its grammar state, kept for a replay too
     processors: list[Any] = field(default_factory=list)  # penalties, bias, grammar: kept for a replay too
     snapshot_prompt_tokens: int = 0  # how much of the prompt the snapshots it took cover
+    drafted: int = 0  # draft tokens verified for it, accepted of them, and tokens its grammar forced
+    accepted: int = 0
+    forced: int = 0
 
     def took_snapshot(self, tokens: int) -> None:
         self.snapshot_prompt_tokens = max(self.snapshot_prompt_tokens, min(tokens, len(self.request.prompt_tokens)))
@@ -190,6 +193,14 @@ class BatchEngine:
         return len(self._by_uid)
 
     @property
+    def speculation_mode(self) -> str:
+        if self._limits.speculation is None:
+            return "off (--no-speculation)"
+        if not self._dense:
+            return "off (the model's cache cannot take positions back: recurrent or sliding-window layers)"
+        return "on"
+
+    @property
     def speculating(self) -> bool:
         """Whether decode steps verify drafts: asked for, and a model whose KV cache can take positions back."""
         return self._limits.speculation is not None and self._dense
@@ -211,6 +222,9 @@ class BatchEngine:
         except Exception as error:  # a fault in the batched forward pass: isolate the culprit, keep serving
             return outputs + self._recover(error)
         self._just_recovered = False
+        if responses and not self.speculating:  # a speculative generator counts its own steps
+            self.speculation.steps += 1
+            self.speculation.tokens += len(responses)
         outputs.extend(self._boundary_snapshots(prompt_responses))
         for response in responses:
             sequence = self._by_uid.get(response.uid)
@@ -502,6 +516,9 @@ class BatchEngine:
                 cached_tokens=sequence.cached_tokens,
                 choice=choice,
                 cache_write_tokens=sequence.cache_write_tokens,
+                drafted_tokens=sequence.drafted,
+                accepted_tokens=sequence.accepted,
+                forced_tokens=sequence.forced,
             )
             outputs.append(EngineOutput(request_id, finished))
         return outputs
@@ -509,6 +526,10 @@ class BatchEngine:
     def _read(self, sequence: _Sequence, response: Any) -> _StepRead:
         """Detokenize a step's tokens, with stop strings and end-of-sequence tokens taken out."""
         tokens, vectors = _step_tokens(response)
+        if isinstance(response, StepResponse):
+            sequence.drafted += response.drafted
+            sequence.accepted += response.accepted
+            sequence.forced += response.forced
         finish = response.finish_reason
         read = _StepRead()
         pieces: list[str] = []

@@ -77,6 +77,10 @@ class GenerationFinished:
     choice: int = 0  # a request of `n` samples finishes once per sample
     # Prompt tokens beyond `cached_tokens` whose state this request handed to the snapshot store (0 without caching).
     cache_write_tokens: int = 0
+    # Multi-token decode steps: draft tokens verified, how many of them were kept, tokens a grammar forced.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    forced_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -113,6 +113,12 @@ def message_span(actor: str, message: object, carrier: TraceCarrier) -> Iterator
         yield span
 
 
+def record_span(name: str, carrier: TraceCarrier, started_ns: int, attributes: Mapping[str, str | int | float]) -> None:
+    """A span for work already done (from `started_ns`, wall clock, until now), parented on a carried context."""
+    span = tracer().start_span(name, context=propagate.extract(carrier), start_time=started_ns, attributes=attributes)
+    span.end()
+
+
 @contextmanager
 def carried_span(name: str, carrier: TraceCarrier, attributes: Mapping[str, str] | None = None) -> Iterator[trace.Span]:
     """A span `name` parented on a context captured earlier: a message's handling, or work done later for it."""

@@ -78,6 +78,19 @@ class _StateCollector(Collector):
         outcomes.add_metric(["rejected"], self._state.rejected)
         yield outcomes
         yield CounterMetricFamily("courier_generated_tokens", "Tokens generated", value=stats.generated_tokens)
+        yield from self._speculation()
+
+    def _speculation(self) -> Iterator[Metric]:
+        speculation = self._state.scheduler.speculation
+        for name, help_text, value in (
+            ("steps", "Forward passes of the generation batch (decode steps)", speculation.steps),
+            ("verify_steps", "Decode steps that verified drafts or appended forced tokens", speculation.verify_steps),
+            ("emitted_tokens", "Tokens decode steps produced", speculation.tokens),
+            ("drafted_tokens", "Prompt-lookup draft tokens verified", speculation.drafted),
+            ("accepted_tokens", "Draft tokens kept (the model agreed)", speculation.accepted),
+            ("forced_tokens", "Tokens a grammar forced, appended without sampling", speculation.forced),
+        ):
+            yield CounterMetricFamily(f"courier_speculative_{name}", help_text, value=value)
 
     def _connections(self) -> Iterator[Metric]:
         connections = self._state.connections

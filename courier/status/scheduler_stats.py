@@ -6,7 +6,33 @@ ingress actor. HTTP handlers only read them, on the same event loop.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass(slots=True)
+class SpeculationStats:
+    """Multi-token decode steps since start, copied from the engine after each step by the scheduler actor."""
+
+    mode: str = "off"  # "on", or why not
+    steps: int = 0  # forward passes of the generation batch
+    verify_steps: int = 0  # of which verified drafts or forced tokens
+    tokens: int = 0  # tokens those passes produced
+    drafted: int = 0
+    accepted: int = 0
+    forced: int = 0
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "forced_tokens": self.forced,
+            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,
+            "decode_steps": self.steps,
+            "verify_steps": self.verify_steps,
+            "tokens_per_step": round(self.tokens / self.steps, 3) if self.steps else None,
+        }
 
 
 @dataclass(slots=True)
@@ -28,13 +54,15 @@ class SchedulerStats:
     warmups_skipped: int = 0
     warmups_pending: int = 0
     warmups_queued: int = 0
+    speculation: SpeculationStats = field(default_factory=SpeculationStats)
 
     @property
     def at_capacity(self) -> bool:
         return self.running + self.waiting >= self.max_batch + self.max_queue
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        """The counters (speculation has its own view)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "speculation"}
 
 
 @dataclass(slots=True)

@@ -29,6 +29,7 @@ def blueprint(context: AppContext) -> Blueprint:
             "model_info": model.as_dict() if model else None,
             "capabilities": state.capabilities() if model else None,
             "scheduler": state.scheduler_view(),
+            "speculation": state.scheduler.speculation.view(),
             "connections": state.connections.as_dict(),
             "memory": mlx_memory().as_dict(),
             "malloc": malloc_usage(),
