@@ -131,6 +131,7 @@ class _Sequence:
     constrained: ConstrainedSequence | None = None  # its grammar state, kept for a replay too
     processors: list[Any] = field(default_factory=list)  # penalties, bias, grammar: kept for a replay too
     snapshot_prompt_tokens: int = 0  # how much of the prompt the snapshots it took cover
+    unsent_ids: list[int] = field(default_factory=list)  # generated, but in no event yet (they added no text)
     drafted: int = 0  # draft tokens verified for it, accepted of them, and tokens its grammar forced
     accepted: int = 0
     forced: int = 0
@@ -232,6 +233,15 @@ class BatchEngine:
                 outputs.extend(self._advance(sequence, response))
         return outputs
 
+    def may_force(self, uid: int) -> bool:
+        """Whether a sequence's grammar holds its output now (`Forcing`, for the speculative generator)."""
+        sequence = self._by_uid.get(uid)
+        return sequence is not None and sequence.constrained is not None and sequence.constrained.matching
+
+    def forced(self, uid: int, token: int) -> list[int]:
+        constrained = self._by_uid[uid].constrained
+        return constrained.forced_after(token) if constrained is not None else []
+
     def _new_generator(self) -> BatchGenerator:
         options: dict[str, Any] = {
             "stop_tokens": [[token] for token in self._eos],
@@ -241,9 +251,11 @@ class BatchEngine:
             "stream": self._stream,
         }
         if self.speculating:
-            return SpeculativeGenerator(
+            generator = SpeculativeGenerator(
                 self._model, lookup=self._limits.speculation, counters=self.speculation, **options
             )
+            generator.set_forcing(self)
+            return generator
         return BatchGenerator(self._model, **options)
 
     def _share_prefixes(
@@ -497,8 +509,12 @@ class BatchEngine:
         outputs: list[EngineOutput] = []
         choice = sequence.request.choice
         if text or logprobs:
+            # Tokens that added no text (part of a character, a stop string's start) go out with the next event.
+            token_ids, sequence.unsent_ids = [*sequence.unsent_ids, *token_ids], []
             generated = TokensGenerated(text=text, token_ids=tuple(token_ids), logprobs=tuple(logprobs), choice=choice)
             outputs.append(EngineOutput(request_id, generated))
+        else:
+            sequence.unsent_ids.extend(token_ids)
         if reason is not None:
             if sequence.request.snapshots and finish is not None and response.prompt_cache and response.all_tokens:
                 snapshot = _snapshot(Origin.COMPLETION, response.all_tokens, response.prompt_cache)

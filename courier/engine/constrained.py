@@ -28,6 +28,7 @@ from llguidance import LLExecutor, LLMatcher
 from llguidance.numpy import fill_next_token_bitmask_par
 
 from courier.engine.generated_tokens import GeneratedTokens
+from courier.engine.sampling import SeededSampler
 from courier.grammar.compiler import GrammarCompiler
 from courier.grammar.constraint import Constraint
 
@@ -130,6 +131,38 @@ class ConstrainedSequence:
     def release(self) -> None:
         self._filler.release(self._row)
 
+    @property
+    def matching(self) -> bool:
+        """Whether its grammar holds the output now (a forced continuation is possible)."""
+        return self.phase is _Phase.CONSTRAINED
+
+    def forced_after(self, token: int) -> list[int]:
+        """Advance the grammar over `token` (the step's input, not yet read from the context) and return the
+        tokens the grammar then forces, taken as generated: the caller appends them without sampling.
+
+        Forced means the mask allows that one token and no other: the grammar's forced text can often be written
+        as other tokens too (`{"` or `{` then `"`), and the model's choice among them is kept. A seeded sampler
+        passes over their draws, so what it samples after them is what it would have."""
+        self._advance(token)
+        self._consumed += 1
+        forced: list[int] = []
+        if self.phase is not _Phase.CONSTRAINED or self._matcher is None:
+            return forced
+        for candidate in self._matcher.compute_ff_tokens():
+            matcher = self._matcher
+            if (
+                matcher is None
+                or self.phase is not _Phase.CONSTRAINED
+                or not _only(matcher.compute_bitmask(), candidate)
+            ):
+                break
+            self._advance(candidate)
+            forced.append(candidate)
+        self._consumed += len(forced)
+        if isinstance(self._inner, SeededSampler):
+            self._inner.skip(len(forced))
+        return forced
+
     def process(self, context: mx.array, logits: mx.array) -> mx.array:
         """The logits processor: advance the matcher over the tokens generated since the last step.
 
@@ -209,3 +242,9 @@ class ConstrainedSequence:
     def _start_matching(self) -> None:
         self._matcher = self._compiler.matcher(self.constraint)
         self.phase = _Phase.CONSTRAINED
+
+
+def _only(bitmask: bytes, token: int) -> bool:
+    """Whether a token bitmask (bit i of the little-endian words: token i) allows `token` and nothing else."""
+    allowed = int.from_bytes(bitmask, "little")
+    return allowed == 1 << token

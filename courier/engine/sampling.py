@@ -35,6 +35,11 @@ class SeededSampler:
         self._inverse_temperature = 1.0 / temperature
         self._top_p, self._top_k, self._min_p = top_p, top_k, min_p
 
+    def skip(self, tokens: int) -> None:
+        """Pass over the draws of `tokens` tokens appended without drawing (a grammar forced them)."""
+        for _ in range(tokens):
+            self.key = mx.random.split(self.key)[0]
+
     def __call__(self, logprobs: mx.array) -> mx.array:
         self.key, step_key = mx.random.split(self.key)
         if 0 < self._top_p < 1:

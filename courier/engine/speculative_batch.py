@@ -16,15 +16,16 @@ draw from p without the draft) when sampling. A seeded sampler's key is set back
 kept token, so a seeded output is the one without drafts.
 
 Sequences with logits processors (penalties, logit bias, a grammar) do not draft: their processors read one token
-per step. `fast_forward` lets a constrained sequence supply the tokens its grammar forces instead (see
-`engine/constrained.py`), which it keeps without drawing them.
+per step. A `Forcing` lets a constrained sequence supply the tokens its grammar forces instead (JSON keys and
+punctuation of a schema; see `ConstrainedSequence.forced_after`): they go into the block like a draft and are kept
+without being drawn, and the sequence draws only after them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
@@ -39,8 +40,15 @@ from courier.engine.sampling import SeededSampler
 # than a decode step would, so the drafts are cut. A batch of one always gets its full draft.
 VERIFY_POSITIONS = 32
 
-# Given a sequence's index and its next input token: tokens forced after it (a grammar's), or none.
-ForcedTokens = Callable[[int, int], list[int]]
+
+class Forcing(Protocol):
+    """The engine's grammars, by sequence uid: which may force tokens now, and which they force."""
+
+    def may_force(self, uid: int) -> bool: ...
+
+    def forced(self, uid: int, token: int) -> list[int]:
+        """Advance uid's grammar over `token` (its next input) and return the tokens it then forces."""
+        ...
 
 
 @dataclass(slots=True)
@@ -84,7 +92,7 @@ class _Row:
 
 class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
     limits: LookupLimits | None = None  # None: no drafts (forced tokens still apply)
-    fast_forward: ForcedTokens | None = None
+    forcing: Forcing | None = None
     counters: SpeculationCounters
     # mlx-lm's own attributes this class reads (its module is untyped).
     prompt_cache: list[Any]
@@ -129,7 +137,10 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
         if not self.uids:
             return []
         self.counters.steps += 1
-        drafting = self.fast_forward is not None or any(r.lookup and r.lookup.may_propose() for r in self._rows)
+        forcing = self.forcing
+        drafting = any(r.lookup and r.lookup.may_propose() for r in self._rows) or (
+            forcing is not None and any(forcing.may_force(uid) for uid in self.uids)
+        )
         if self._ragged and drafting:
             responses = self._verify()
             if responses is not None:
@@ -158,7 +169,8 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
         drafts: list[tuple[list[int], bool]] = []
         for index, (row, token) in enumerate(zip(self._rows, inputs, strict=True)):
             room = self.max_tokens[index] - self._num_tokens[index] - 1  # tokens it may still emit after `token`
-            forced = self.fast_forward(index, token) if self.fast_forward is not None else []
+            uid = self.uids[index]
+            forced = self.forcing.forced(uid, token) if self.forcing and self.forcing.may_force(uid) else []
             if forced:
                 drafts.append((forced[: max(0, room)], True))
             elif row.lookup is not None and room > 0:
@@ -323,5 +335,5 @@ class SpeculativeGenerator(BatchGenerator):  # type: ignore[misc]
         super().__init__(model, **options)
         self._generation_batch = SpeculativeGenerationBatch.create(self.model, self.sampler, lookup, counters)
 
-    def set_fast_forward(self, fast_forward: ForcedTokens | None) -> None:
-        self._generation_batch.fast_forward = fast_forward
+    def set_forcing(self, forcing: Forcing | None) -> None:
+        self._generation_batch.forcing = forcing

@@ -20,10 +20,13 @@ import pytest
 
 from courier.core.prompt_lookup import LookupLimits
 from courier.engine.batch_engine import BatchEngine, BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
-from courier.engine.generation import GenerationFinished, RequestId, SamplingParams, TokensGenerated
+from courier.engine.generation import FinishReason, GenerationFinished, RequestId, SamplingParams, TokensGenerated
+from courier.grammar.compiler import GrammarCompiler, build_tokenizer
+from courier.grammar.constraint import json_schema
 from courier.model.loader import load_model
 from courier.model.progress import Progress
 from courier.model.source import resolve_model_source
+from tests.support.grammar import VOCAB_SIZE
 
 PLAIN = BatchLimits(max_batch=8, prefill_batch=8, prefill_step_size=64)
 SPECULATIVE = replace(PLAIN, speculation=LookupLimits(max_ngram=4, max_draft=8))
@@ -39,9 +42,13 @@ class Outcome:
 
 
 def run(
-    model: Any, tokenizer: Any, limits: BatchLimits, requests: list[EngineRequest]
+    model: Any,
+    tokenizer: Any,
+    limits: BatchLimits,
+    requests: list[EngineRequest],
+    grammars: GrammarCompiler | None = None,
 ) -> tuple[dict[str, Outcome], BatchEngine]:
-    engine = BatchEngine(model, tokenizer, limits)
+    engine = BatchEngine(model, tokenizer, limits, grammars=grammars)
     outputs: list[EngineOutput] = engine.step(requests, [])
     for _ in range(2000):
         if not engine.active:
@@ -167,6 +174,37 @@ def test_penalised_and_speculating_sequences_share_a_batch(tiny: tuple[Any, Any]
     speculative, engine = run(model, tokenizer, SPECULATIVE, requests)
     assert_same(plain, speculative)
     assert engine.speculation.accepted > 0
+
+
+CARD_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "city": {"enum": ["London", "Paris"]},
+        "born": {"type": "integer", "minimum": 1000, "maximum": 2000},
+        "tags": {"type": "array", "items": {"enum": ["math", "poetry"]}, "maxItems": 2},
+    },
+    "required": ["name", "city", "born", "tags"],
+    "additionalProperties": False,
+}
+
+
+def test_constrained_sequences_append_forced_tokens_and_write_what_they_would_have(tiny: tuple[Any, Any]) -> None:
+    model, tokenizer = tiny
+    grammars = GrammarCompiler(build_tokenizer(tokenizer._tokenizer, VOCAB_SIZE, tokenizer.eos_token_ids))
+    constraint = json_schema(CARD_SCHEMA, name="card", param="response_format")
+    prompt = loop_prompt(tokenizer, "Ada Lovelace, London, 1815: ")
+    requests = [
+        request("greedy", prompt, max_tokens=60, constraint=constraint, logprobs=True),
+        request("seeded", prompt, max_tokens=60, constraint=constraint, temperature=0.9, seed=4),
+        request("cut", prompt, max_tokens=5, constraint=constraint),  # max_tokens inside a forced run
+        request("free", loop_prompt(tokenizer, TINY_TEXTS["repeat"])),
+    ]
+    plain, _ = run(model, tokenizer, PLAIN, requests, grammars)
+    speculative, engine = run(model, tokenizer, SPECULATIVE, requests, grammars)
+    assert_same(plain, speculative)
+    assert engine.speculation.forced > 0 and engine.speculation.accepted > 0
+    assert speculative["cut/0"].finish[:2] == (FinishReason.LENGTH, 5)
 
 
 def test_a_snapshotting_request_stores_the_same_completion(tiny: tuple[Any, Any]) -> None:
