@@ -13,6 +13,7 @@ import anyio
 
 from courier.engine.batch_engine import EngineOutput, EngineRequest
 from courier.engine.generation import RequestId
+from courier.engine.speculative_batch import SpeculationCounters
 from courier.runtime.mlx_thread import THREAD_NAME
 
 
@@ -31,8 +32,11 @@ class FakeEngine:
     the engine. Reading `model` is counted: only a warm-up that really runs needs it.
     """
 
+    speculation_mode = "off (a scripted engine)"
+
     def __init__(self) -> None:
         self.steps: list[Step] = []
+        self.speculation = SpeculationCounters()
         self.model_reads = 0
         self._script: deque[list[EngineOutput]] = deque()
         self._ready = threading.Condition()
