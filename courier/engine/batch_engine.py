@@ -242,6 +242,18 @@ class BatchEngine:
         constrained = self._by_uid[uid].constrained
         return constrained.forced_after(token) if constrained is not None else []
 
+    def may_draft(self, uid: int) -> bool:
+        """A constrained sequence may verify drafts when it decodes greedily and its grammar is its only
+        processor (penalties would change the argmax a draft is checked against)."""
+        sequence = self._by_uid.get(uid)
+        if sequence is None or sequence.constrained is None:
+            return False
+        return sequence.constrained.greedy and not sequence.request.sampling.penalised
+
+    def valid(self, uid: int, tokens: list[int]) -> int:
+        constrained = self._by_uid[uid].constrained
+        return constrained.valid(tokens) if constrained is not None else 0
+
     def _new_generator(self) -> BatchGenerator:
         options: dict[str, Any] = {
             "stop_tokens": [[token] for token in self._eos],

@@ -26,6 +26,7 @@ import mlx.core as mx
 import numpy as np
 from llguidance import LLExecutor, LLMatcher
 from llguidance.numpy import fill_next_token_bitmask_par
+from mlx_lm.sample_utils import greedy_sampler
 
 from courier.engine.generated_tokens import GeneratedTokens
 from courier.engine.sampling import SeededSampler
@@ -135,6 +136,17 @@ class ConstrainedSequence:
     def matching(self) -> bool:
         """Whether its grammar holds the output now (a forced continuation is possible)."""
         return self.phase is _Phase.CONSTRAINED
+
+    @property
+    def greedy(self) -> bool:
+        """Whether it decodes greedily (a guided draft is then verified by its plain argmax)."""
+        return self._inner is greedy_sampler
+
+    def valid(self, tokens: list[int]) -> int:
+        """How many of `tokens`, from the first, its grammar accepts in its present state."""
+        if self.phase is not _Phase.CONSTRAINED or self._matcher is None:
+            return 0
+        return int(self._matcher.validate_tokens(tokens))
 
     def forced_after(self, token: int) -> list[int]:
         """Advance the grammar over `token` (the step's input, not yet read from the context) and return the

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol, cast
 
 import mlx.core as mx
@@ -49,6 +50,27 @@ class Forcing(Protocol):
     def forced(self, uid: int, token: int) -> list[int]:
         """Advance uid's grammar over `token` (its next input) and return the tokens it then forces."""
         ...
+
+    def may_draft(self, uid: int) -> bool:
+        """Whether a constrained sequence may verify drafts: greedy, its grammar its only logits processor."""
+        ...
+
+    def valid(self, uid: int, tokens: list[int]) -> int:
+        """How many of `tokens`, from the first, uid's grammar accepts now."""
+        ...
+
+
+class DraftKind(Enum):
+    LOOKUP = "lookup"  # a free sequence's draft: drawn for at each position
+    FORCED = "forced"  # tokens its grammar forces: kept without drawing
+    GUIDED = "guided"  # a greedy constrained sequence's draft, valid under its grammar: its argmax at each
+    # position is the masked one while it equals the draft; the draw after the kept tokens is made under the mask
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    tokens: list[int]
+    kind: DraftKind = DraftKind.LOOKUP
 
 
 @dataclass(slots=True)
@@ -114,8 +136,11 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
         super().extend(batch)
         self.prompt_cache = [RaggedKVCache.adopt(c) if type(c) is BatchKVCache else c for c in self.prompt_cache]
         for index, processors in enumerate(batch.logits_processors):
-            drafts = self.limits is not None and not processors
-            self._rows.append(_Row(PromptLookup(batch.tokens[index], self.limits) if drafts and self.limits else None))
+            guided = self.forcing is not None and self.forcing.may_draft(batch.uids[index])
+            lookup = (
+                PromptLookup(batch.tokens[index], self.limits) if self.limits and (guided or not processors) else None
+            )
+            self._rows.append(_Row(lookup))
 
     def filter(self, keep: list[int]) -> None:
         super().filter(keep)
@@ -164,22 +189,28 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
         self.counters.tokens += len(responses)
         return responses
 
-    def _drafts(self, inputs: list[int]) -> list[tuple[list[int], bool]]:
-        """Each row's draft after its input token, and whether it is forced (kept without drawing)."""
-        drafts: list[tuple[list[int], bool]] = []
+    def _drafts(self, inputs: list[int]) -> list[Draft]:
+        """Each row's draft after its input token (forced tokens, a lookup draft, or none)."""
+        drafts: list[Draft] = []
+        forcing = self.forcing
         for index, (row, token) in enumerate(zip(self._rows, inputs, strict=True)):
-            room = self.max_tokens[index] - self._num_tokens[index] - 1  # tokens it may still emit after `token`
+            room = max(0, self.max_tokens[index] - self._num_tokens[index] - 1)  # it may emit this many after `token`
             uid = self.uids[index]
-            forced = self.forcing.forced(uid, token) if self.forcing and self.forcing.may_force(uid) else []
+            constrained = forcing is not None and forcing.may_force(uid)
+            forced = forcing.forced(uid, token) if forcing is not None and constrained else []
+            processed = bool(self.logits_processors[index])
             if forced:
-                drafts.append((forced[: max(0, room)], True))
-            elif row.lookup is not None and room > 0:
-                drafts.append((row.lookup.propose(token)[:room], False))
+                drafts.append(Draft(forced[:room], DraftKind.FORCED))
+            elif row.lookup is None or room == 0 or (processed and not constrained):
+                drafts.append(Draft([]))  # (a constrained sequence drafts only while its grammar holds the output)
+            elif forcing is not None and processed:
+                proposed = row.lookup.propose(token)[:room]
+                drafts.append(Draft(proposed[: forcing.valid(uid, proposed)] if proposed else [], DraftKind.GUIDED))
             else:
-                drafts.append(([], False))
+                drafts.append(Draft(row.lookup.propose(token)[:room]))
         most = max(1, VERIFY_POSITIONS // len(inputs) - 1)  # per-row draft length the pass can afford
         if len(inputs) > 1:
-            drafts = [(draft[:most], forced) for draft, forced in drafts]
+            drafts = [Draft(draft.tokens[:most], draft.kind) for draft in drafts]
         return drafts
 
     def _verify(self) -> list[StepResponse] | None:
@@ -187,36 +218,66 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
         mx.eval(self._next_tokens)
         inputs = cast("list[int]", self._next_tokens.tolist())
         drafts = self._drafts(inputs)
-        width = 1 + max(len(draft) for draft, _ in drafts)
+        width = 1 + max(len(draft.tokens) for draft in drafts)
         if width == 1:
             return None
         self.counters.verify_steps += 1
         pairs = zip(inputs, drafts, strict=True)
-        block = [[token, *draft] + [token] * (width - 1 - len(draft)) for token, (draft, _) in pairs]
+        block = [[token, *draft.tokens] + [token] * (width - 1 - len(draft.tokens)) for token, draft in pairs]
         logits = self.model(mx.array(block), cache=self.prompt_cache)  # [rows, width, vocabulary]
         chosen, logprobs, keys = self._draw(logits, inputs, drafts)
         mx.eval(chosen)
         drawn = cast("list[list[int]]", chosen.tolist())
-        kept: list[int] = []
+        accepted = [
+            len(draft.tokens) if draft.kind is DraftKind.FORCED else _agreeing(draft.tokens, drawn[index])
+            for index, draft in enumerate(drafts)
+        ]
+        self._draw_guided(logits, inputs=inputs, drafts=drafts, accepted=accepted, drawn=drawn, logprobs=logprobs)
         emitted: list[tuple[list[int], list[mx.array], int, int]] = []
-        next_tokens: list[int] = []
         next_logprobs: list[mx.array] = []
-        for index, (token, (draft, forced)) in enumerate(zip(inputs, drafts, strict=True)):
-            accepted = len(draft) if forced else _agreeing(draft, drawn[index])
-            kept.append(1 + accepted)
-            row_logprobs = logprobs[index]
-            vectors = [self._next_logprobs[index], *row_logprobs[:accepted]]
-            emitted.append(([token, *draft[:accepted]], vectors, len(draft), accepted))
-            next_tokens.append(drawn[index][accepted])
-            next_logprobs.append(row_logprobs[accepted])
+        for index, (token, draft) in enumerate(zip(inputs, drafts, strict=True)):
+            kept, row_logprobs = accepted[index], logprobs[index]
+            vectors = [self._next_logprobs[index], *row_logprobs[:kept]]
+            emitted.append(([token, *draft.tokens[:kept]], vectors, len(draft.tokens), kept))
+            next_logprobs.append(row_logprobs[kept])
             sampler = self._sampler(index)
             if isinstance(sampler, SeededSampler) and keys[index]:
-                sampler.key = keys[index][accepted]
+                sampler.key = keys[index][kept]
         for cache in self.prompt_cache:
-            cache.keep(kept, width)
-        self._next_tokens = mx.array(next_tokens, dtype=mx.uint32)
+            cache.keep([1 + kept for kept in accepted], width)
+        self._next_tokens = mx.array([drawn[index][kept] for index, kept in enumerate(accepted)], dtype=mx.uint32)
         self._next_logprobs = next_logprobs
         return self._respond(emitted, drafts)
+
+    def _draw_guided(
+        self,
+        logits: mx.array,
+        *,
+        inputs: list[int],
+        drafts: list[Draft],
+        accepted: list[int],
+        drawn: list[list[int]],
+        logprobs: list[mx.array],
+    ) -> None:
+        """The draws after the kept part of guided drafts: under the grammar's mask once it has read those tokens
+        (through the row's processors, as a plain step would), written into `drawn` and `logprobs` in place."""
+        draws: list[tuple[int, int, mx.array]] = []
+        for index, draft in enumerate(drafts):
+            if draft.kind is not DraftKind.GUIDED or not draft.tokens:
+                continue
+            kept = accepted[index]
+            tokens = mx.array([inputs[index], *draft.tokens[:kept]], dtype=mx.int32)
+            context = self._token_context[index].update_and_fetch(tokens)
+            row_logits = logits[index, kept : kept + 1]
+            for processor in self.logits_processors[index]:
+                row_logits = processor(context, row_logits)
+            row_logprobs = row_logits - mx.logsumexp(row_logits, axis=-1, keepdims=True)
+            logprobs[index] = mx.concatenate([logprobs[index][:kept], row_logprobs], axis=0)
+            draws.append((index, kept, self._sampler(index)(row_logprobs).reshape(1)))
+        if draws:
+            mx.eval([draw for _, _, draw in draws])
+            for index, kept, draw in draws:
+                drawn[index][kept] = cast("int", draw.item())
 
     def _sampler(self, index: int) -> Any:
         samplers = self.samplers or []
@@ -224,57 +285,59 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
         return self.fallback_sampler if sampler is None else sampler
 
     def _draw(
-        self, logits: mx.array, inputs: list[int], drafts: list[tuple[list[int], bool]]
+        self, logits: mx.array, inputs: list[int], drafts: list[Draft]
     ) -> tuple[mx.array, list[mx.array], list[list[mx.array]]]:
         """Each row's own choice at each block position (the last of a forced block only), its logprobs per
-        position, and a seeded sampler's key after each draw."""
-        rows, width = logits.shape[0], logits.shape[1]
+        position, and a seeded sampler's key after each draw. A guided row's choices are its plain argmax here
+        (`_draw_guided` draws after its kept tokens)."""
         choices: list[mx.array] = []
         logprobs: list[mx.array] = []
         keys: list[list[mx.array]] = []
         greedy = mx.argmax(logits, axis=-1)  # [rows, width]: a greedy row needs no normalised logits
-        for index in range(rows):
-            draft, forced = drafts[index]
-            row_logits = logits[index]
-            processors = self.logits_processors[index] if self.logits_processors else None
-            if processors:  # one position: the processors read one token per step (forced tokens included)
-                positions = [len(draft)] if forced else [0]
-                context = self._token_context[index].update_and_fetch(mx.array([inputs[index], *draft], dtype=mx.int32))
-                processed = [row_logits[p : p + 1] for p in range(width)]
-                for position in positions:
-                    for processor in processors:
-                        processed[position] = processor(context, processed[position])
-                row_logits = mx.concatenate(processed, axis=0)
+        for index, draft in enumerate(drafts):
+            guided = draft.kind is DraftKind.GUIDED and bool(draft.tokens)
+            processors = bool(self.logits_processors[index]) and not guided
+            row_logits = self._processed(index, logits[index], inputs[index], draft) if processors else logits[index]
             row_logprobs = row_logits - mx.logsumexp(row_logits, axis=-1, keepdims=True)
             logprobs.append(row_logprobs)
             sampler = self._sampler(index)
-            if sampler is greedy_sampler and not processors:
+            if not processors and (sampler is greedy_sampler or guided):
                 choices.append(greedy[index])
                 keys.append([])
                 continue
-            drawn: list[mx.array] = []
+            first = len(draft.tokens) if draft.kind is DraftKind.FORCED else 0
+            drawn: list[mx.array] = [mx.zeros((first,), dtype=mx.uint32)]
             row_keys: list[mx.array] = []
-            draws = range(len(draft), len(draft) + 1) if forced else range(len(draft) + 1)
-            for position in range(width):
-                if position in draws:
-                    drawn.append(sampler(row_logprobs[position : position + 1]).reshape(1))
-                    if isinstance(sampler, SeededSampler):
-                        row_keys.append(sampler.key)
-                else:
-                    drawn.append(mx.array([0], dtype=mx.uint32))
-            if forced and isinstance(sampler, SeededSampler):
-                row_keys = [row_keys[-1]] * width
-            choices.append(mx.concatenate(drawn).astype(mx.uint32))
+            for position in range(first, len(draft.tokens) + 1):
+                drawn.append(sampler(row_logprobs[position : position + 1]).reshape(1).astype(mx.uint32))
+                if isinstance(sampler, SeededSampler):
+                    row_keys.append(sampler.key)
+            if draft.kind is DraftKind.FORCED and row_keys:
+                row_keys = [row_keys[-1]] * (first + 1)
+            drawn.append(mx.zeros((logits.shape[1] - len(draft.tokens) - 1,), dtype=mx.uint32))
+            choices.append(mx.concatenate(drawn))
             keys.append(row_keys)
         return mx.stack(choices), logprobs, keys
 
+    def _processed(self, index: int, logits: mx.array, token: int, draft: Draft) -> mx.array:
+        """A row's logits with its processors applied at the one position it draws at (after forced tokens),
+        given the tokens up to there (processors read one step's tokens from their context)."""
+        forced = draft.kind is DraftKind.FORCED
+        position = len(draft.tokens) if forced else 0
+        read = [token, *draft.tokens] if forced else [token]
+        context = self._token_context[index].update_and_fetch(mx.array(read, dtype=mx.int32))
+        processed = logits[position : position + 1]
+        for processor in self.logits_processors[index]:
+            processed = processor(context, processed)
+        return mx.concatenate([logits[:position], processed, logits[position + 1 :]], axis=0)
+
     def _respond(
-        self, emitted: list[tuple[list[int], list[mx.array], int, int]], drafts: list[tuple[list[int], bool]]
+        self, emitted: list[tuple[list[int], list[mx.array], int, int]], drafts: list[Draft]
     ) -> list[StepResponse]:
         responses: list[StepResponse] = []
         keep: list[int] = []
         for index, (tokens, logprobs, drafted, accepted) in enumerate(emitted):
-            forced = drafts[index][1]
+            forced = drafts[index].kind is DraftKind.FORCED
             row = self._rows[index]
             if row.lookup is not None:
                 row.lookup.extend(tokens)

@@ -294,3 +294,35 @@ def test_smollm2_copying_code_is_token_identical_and_takes_fewer_steps(smollm2: 
     assert_same(plain, speculative)
     assert "def parse_line" in plain["copy/0"].text
     assert engine.speculation.steps < 0.75 * plain["copy/0"].finish[1]
+
+
+ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "customer": {"type": "string"},
+        "address": {"type": "string"},
+        "items": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["customer", "address", "items"],
+    "additionalProperties": False,
+}
+ORDER = (
+    "Order 1187 from Margaret Hamilton, 1 Memorial Drive, Cambridge, Massachusetts 02142: a mechanical keyboard "
+    "with brown switches, a 27-inch monitor stand, two USB-C charging cables.\n"
+    "Return the customer, the address and the items as JSON."
+)
+
+
+def test_smollm2_json_echoing_its_input_drafts_values_and_forces_keys(smollm2: tuple[Any, Any]) -> None:
+    model, tokenizer = smollm2
+    grammars = GrammarCompiler(build_tokenizer(tokenizer._tokenizer, VOCAB_SIZE, tokenizer.eos_token_ids))
+    prompt = tuple(tokenizer.apply_chat_template([{"role": "user", "content": ORDER}], add_generation_prompt=True))
+    constraint = json_schema(ORDER_SCHEMA, name="order", param="response_format")
+    requests = [request("order", prompt, max_tokens=90, constraint=constraint, logprobs=True)]
+    plain, _ = run(model, tokenizer, PLAIN, requests, grammars)
+    speculative, engine = run(model, tokenizer, SPECULATIVE, requests, grammars)
+    assert_same(plain, speculative)
+    assert "1 Memorial Drive, Cambridge" in plain["order/0"].text  # a value copied from the input
+    counters = engine.speculation
+    assert counters.forced > 0 and counters.accepted > 0
+    assert counters.steps < 0.8 * plain["order/0"].finish[1]
