@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 MIN_NGRAM = 2
+# Acceptance is estimated from recent drafts (older ones weigh this much less per draft), from a prior of 1 in 2.
+ACCEPTANCE_DECAY = 0.8
 # Drafts that miss entirely, in a row, before a sequence rests; and how long its first and longest rests are.
 MISSES_BEFORE_REST = 3
 FIRST_REST_TOKENS = 16
@@ -49,11 +51,22 @@ class PromptLookup:
         self._misses = 0  # drafts in a row of which nothing was accepted
         self._rest = 0  # tokens left before it drafts again
         self._next_rest = FIRST_REST_TOKENS
+        self._kept, self._refused = 1.0, 1.0  # decayed counts of draft tokens kept, and of drafts cut short
         self.extend(context)
 
     @property
     def resting(self) -> bool:
         return self._rest > 0
+
+    @property
+    def draft_length(self) -> int:
+        """How many tokens its next draft may have (0 while it rests)."""
+        return 0 if self.resting else self._draft
+
+    @property
+    def acceptance(self) -> float:
+        """The estimated chance that a draft token is kept, given the ones before it were (recent drafts)."""
+        return self._kept / (self._kept + self._refused)
 
     def extend(self, tokens: Iterable[int]) -> None:
         """The sequence went on with `tokens` (its prompt first, then what it generated)."""
@@ -88,6 +101,8 @@ class PromptLookup:
         """How a draft of `drafted` tokens fared: adapt the draft length, rest after repeated misses."""
         if drafted <= 0:
             return
+        self._kept = ACCEPTANCE_DECAY * self._kept + accepted
+        self._refused = ACCEPTANCE_DECAY * self._refused + (accepted < drafted)
         if accepted >= drafted:
             self._draft = min(self._limits.max_draft, 2 * self._draft)
         else:

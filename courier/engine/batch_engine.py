@@ -23,7 +23,7 @@ prefill segment there, which saves a forward pass before the first token.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -35,6 +35,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from courier.core.prompt_lookup import LookupLimits
 from courier.core.snapshot_store import Origin
 from courier.core.stop_text import StopTextMatcher
+from courier.core.verify_width import StepCosts
 from courier.engine import shared_prefix
 from courier.engine.constrained import ConstrainedSequence, MaskFiller
 from courier.engine.generation import (
@@ -101,6 +102,8 @@ class BatchLimits:
     shared_prefix_min_tokens: int = shared_prefix.MIN_SHARED_TOKENS
     # Prompt-lookup drafts verified in multi-token steps (None: one token per step, mlx-lm's own steps).
     speculation: LookupLimits | None = None
+    # How a verify pass is costed when choosing its width: fitted to timed passes (tests pin a line).
+    step_costs: Callable[[], StepCosts] = StepCosts
 
 
 @dataclass(slots=True, kw_only=True)
@@ -238,9 +241,9 @@ class BatchEngine:
         sequence = self._by_uid.get(uid)
         return sequence is not None and sequence.constrained is not None and sequence.constrained.matching
 
-    def forced(self, uid: int, token: int) -> list[int]:
+    def forced(self, uid: int, token: int, most: int) -> list[int]:
         constrained = self._by_uid[uid].constrained
-        return constrained.forced_after(token) if constrained is not None else []
+        return constrained.forced_after(token, most) if constrained is not None else []
 
     def may_draft(self, uid: int) -> bool:
         """A constrained sequence may verify drafts when it decodes greedily and its grammar is its only
@@ -264,7 +267,11 @@ class BatchEngine:
         }
         if self.speculating:
             generator = SpeculativeGenerator(
-                self._model, lookup=self._limits.speculation, counters=self.speculation, **options
+                self._model,
+                lookup=self._limits.speculation,
+                counters=self.speculation,
+                costs=self._limits.step_costs(),
+                **options,
             )
             generator.set_forcing(self)
             return generator

@@ -148,9 +148,10 @@ class ConstrainedSequence:
             return 0
         return int(self._matcher.validate_tokens(tokens))
 
-    def forced_after(self, token: int) -> list[int]:
+    def forced_after(self, token: int, most: int) -> list[int]:
         """Advance the grammar over `token` (the step's input, not yet read from the context) and return the
-        tokens the grammar then forces, taken as generated: the caller appends them without sampling.
+        tokens the grammar then forces (at most `most`), taken as generated: the caller appends them all, without
+        sampling.
 
         Forced means the mask allows that one token and no other: the grammar's forced text can often be written
         as other tokens too (`{"` or `{` then `"`), and the model's choice among them is kept. A seeded sampler
@@ -160,7 +161,7 @@ class ConstrainedSequence:
         forced: list[int] = []
         if self.phase is not _Phase.CONSTRAINED or self._matcher is None:
             return forced
-        for candidate in self._matcher.compute_ff_tokens():
+        for candidate in self._matcher.compute_ff_tokens()[:most]:
             matcher = self._matcher
             if (
                 matcher is None

@@ -23,6 +23,7 @@ without being drawn, and the sequence draws only after them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -34,12 +35,12 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
 from courier.core.prompt_lookup import LookupLimits, PromptLookup
+from courier.core.verify_width import RowDraft, StepCosts, best_width
 from courier.engine.ragged_cache import RaggedKVCache
 from courier.engine.sampling import SeededSampler
 
-# The most positions one verify pass computes over the whole batch (rows x block width): past it, a pass costs more
-# than a decode step would, so the drafts are cut. A batch of one always gets its full draft.
-VERIFY_POSITIONS = 32
+# The most tokens a grammar may force into one step (they are appended whatever the width's cost model says).
+MAX_FORCED_TOKENS = 16
 
 
 class Forcing(Protocol):
@@ -47,8 +48,9 @@ class Forcing(Protocol):
 
     def may_force(self, uid: int) -> bool: ...
 
-    def forced(self, uid: int, token: int) -> list[int]:
-        """Advance uid's grammar over `token` (its next input) and return the tokens it then forces."""
+    def forced(self, uid: int, token: int, most: int) -> list[int]:
+        """Advance uid's grammar over `token` (its next input) and return the tokens it then forces (at most
+        `most`: all of them are appended)."""
         ...
 
     def may_draft(self, uid: int) -> bool:
@@ -119,17 +121,19 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
     # mlx-lm's own attributes this class reads (its module is untyped).
     prompt_cache: list[Any]
     _rows: list[_Row]
+    _costs: StepCosts
     _next_tokens: Any
     _next_logprobs: list[Any]
 
     @classmethod
     def create(
-        cls, model: Any, sampler: Any, limits: LookupLimits | None, counters: SpeculationCounters
+        cls, model: Any, sampler: Any, limits: LookupLimits | None, counters: SpeculationCounters, costs: StepCosts
     ) -> SpeculativeGenerationBatch:
         batch = cast("SpeculativeGenerationBatch", cls.empty(model, sampler))
         batch.limits = limits
         batch.counters = counters
         batch._rows = []
+        batch._costs = costs
         return batch
 
     def extend(self, batch: GenerationBatch) -> None:
@@ -162,13 +166,12 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
         if not self.uids:
             return []
         self.counters.steps += 1
-        forcing = self.forcing
-        drafting = any(r.lookup and r.lookup.may_propose() for r in self._rows) or (
-            forcing is not None and any(forcing.may_force(uid) for uid in self.uids)
-        )
-        if self._ragged and drafting:
-            responses = self._verify()
-            if responses is not None:
+        started = time.perf_counter()
+        if self._ragged and self._worth_verifying():
+            verified = self._verify()
+            if verified is not None:
+                responses, positions = verified
+                self._costs.observe(positions, time.perf_counter() - started)
                 return responses
         rows = list(self._rows)
         plain = super().next()
@@ -187,20 +190,38 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
                 )
             )
         self.counters.tokens += len(responses)
+        self._costs.observe(len(rows), time.perf_counter() - started)
         return responses
 
+    def _worth_verifying(self) -> bool:
+        """Whether a verify pass may pay, judged before waiting for the pending tokens: rows with a draft in sight
+        (or a grammar that may force tokens), at their current draft lengths and acceptance."""
+        forcing = self.forcing
+        estimates: list[RowDraft] = []
+        for uid, row in zip(self.uids, self._rows, strict=True):
+            if forcing is not None and forcing.may_force(uid):
+                return True  # forced tokens cost nothing to find and are always kept
+            lookup = row.lookup
+            seen = lookup is not None and lookup.may_propose()
+            estimates.append(RowDraft(lookup.draft_length, lookup.acceptance) if lookup and seen else RowDraft(0, 0.0))
+        longest = max(estimate.tokens for estimate in estimates)
+        return longest > 0 and best_width(estimates, self._costs, most=1 + longest) > 1
+
     def _drafts(self, inputs: list[int]) -> list[Draft]:
-        """Each row's draft after its input token (forced tokens, a lookup draft, or none)."""
+        """Each row's draft after its input token (forced tokens, a lookup draft, or none), cut to the block width
+        with the most expected tokens per second (forced tokens are never cut: the grammar has taken them)."""
         drafts: list[Draft] = []
+        estimates: list[RowDraft] = []
         forcing = self.forcing
         for index, (row, token) in enumerate(zip(self._rows, inputs, strict=True)):
             room = max(0, self.max_tokens[index] - self._num_tokens[index] - 1)  # it may emit this many after `token`
             uid = self.uids[index]
             constrained = forcing is not None and forcing.may_force(uid)
-            forced = forcing.forced(uid, token) if forcing is not None and constrained else []
+            most = min(room, MAX_FORCED_TOKENS)
+            forced = forcing.forced(uid, token, most) if forcing is not None and constrained else []
             processed = bool(self.logits_processors[index])
             if forced:
-                drafts.append(Draft(forced[:room], DraftKind.FORCED))
+                drafts.append(Draft(forced, DraftKind.FORCED))
             elif row.lookup is None or room == 0 or (processed and not constrained):
                 drafts.append(Draft([]))  # (a constrained sequence drafts only while its grammar holds the output)
             elif forcing is not None and processed:
@@ -208,13 +229,19 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
                 drafts.append(Draft(proposed[: forcing.valid(uid, proposed)] if proposed else [], DraftKind.GUIDED))
             else:
                 drafts.append(Draft(row.lookup.propose(token)[:room]))
-        most = max(1, VERIFY_POSITIONS // len(inputs) - 1)  # per-row draft length the pass can afford
-        if len(inputs) > 1:
-            drafts = [Draft(draft.tokens[:most], draft.kind) for draft in drafts]
-        return drafts
+            acceptance = 1.0 if forced else row.lookup.acceptance if row.lookup is not None else 0.0
+            estimates.append(RowDraft(len(drafts[-1].tokens), acceptance))
+        longest = max(len(draft.tokens) for draft in drafts)
+        width = best_width(estimates, self._costs, most=1 + longest)
+        width = max(width, 1 + max((len(d.tokens) for d in drafts if d.kind is DraftKind.FORCED), default=0))
+        return [
+            draft if draft.kind is DraftKind.FORCED else Draft(draft.tokens[: width - 1], draft.kind)
+            for draft in drafts
+        ]
 
-    def _verify(self) -> list[StepResponse] | None:
-        """One step over every row's block; None when no row has a draft after all (the plain step runs)."""
+    def _verify(self) -> tuple[list[StepResponse], int] | None:
+        """One step over every row's block, and the positions it computed; None when no row has a draft worth
+        verifying (the plain step runs)."""
         mx.eval(self._next_tokens)
         inputs = cast("list[int]", self._next_tokens.tolist())
         drafts = self._drafts(inputs)
@@ -247,7 +274,7 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
             cache.keep([1 + kept for kept in accepted], width)
         self._next_tokens = mx.array([drawn[index][kept] for index, kept in enumerate(accepted)], dtype=mx.uint32)
         self._next_logprobs = next_logprobs
-        return self._respond(emitted, drafts)
+        return self._respond(emitted, drafts), len(inputs) * width
 
     def _draw_guided(
         self,
@@ -393,10 +420,18 @@ class SpeculativeGenerator(BatchGenerator):  # type: ignore[misc]
     """mlx-lm's continuous batching with multi-token decode steps (see the module docstring)."""
 
     def __init__(
-        self, model: Any, *, lookup: LookupLimits | None, counters: SpeculationCounters, **options: Any
+        self,
+        model: Any,
+        *,
+        lookup: LookupLimits | None,
+        counters: SpeculationCounters,
+        costs: StepCosts | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(model, **options)
-        self._generation_batch = SpeculativeGenerationBatch.create(self.model, self.sampler, lookup, counters)
+        self._generation_batch = SpeculativeGenerationBatch.create(
+            self.model, self.sampler, lookup, counters, costs or StepCosts()
+        )
 
     def set_forcing(self, forcing: Forcing | None) -> None:
         self._generation_batch.forcing = forcing

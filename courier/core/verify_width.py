@@ -1,0 +1,91 @@
+"""How wide a verify pass should be: the width that gives the most expected tokens per second.
+
+A forward pass over `positions` tokens (rows x block width) costs about `fixed + per_position * positions` seconds:
+at batch 1 on a CPU the fixed part (dispatching 30 layers) dominates and a block of 9 costs 1.5 times a block of
+1, while at batch 8 every extra column costs a third of a step. `StepCosts` fits that line to the passes the
+engine timed (least squares over the most recent ones), so the choice follows the machine and the model, not
+constants. `best_width` then weighs each width: a row with a draft of `d` tokens, each kept with probability `p`
+(its recent acceptance), is expected to emit `1 + p + p^2 + ... + p^min(d, width - 1)` tokens; rows without a draft
+emit one. A width of 1 means no verify pass pays: the plain, pipelined step runs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+RECENT_PASSES = 128
+# Until passes of more than one size have been timed: the cost of a column relative to a step's fixed cost.
+PRIOR_PER_POSITION_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class RowDraft:
+    tokens: int  # draft length (0: the row rides along with its one token)
+    acceptance: float  # the chance each draft token is kept (1.0 for tokens a grammar forces)
+
+
+class StepCosts:
+    """Seconds per forward pass as a line in its positions, fitted to the passes timed most recently."""
+
+    def __init__(self) -> None:
+        self._passes: deque[tuple[int, float]] = deque(maxlen=RECENT_PASSES)
+
+    def observe(self, positions: int, seconds: float) -> None:
+        if positions > 0 and seconds > 0:
+            self._passes.append((positions, seconds))
+
+    def line(self) -> tuple[float, float]:
+        """(fixed seconds, seconds per position); a prior share per position until sizes vary."""
+        if not self._passes:
+            return 1.0, PRIOR_PER_POSITION_SHARE
+        count = len(self._passes)
+        mean_x = sum(x for x, _ in self._passes) / count
+        mean_y = sum(y for _, y in self._passes) / count
+        spread = sum((x - mean_x) ** 2 for x, _ in self._passes)
+        if spread == 0:  # one size only: split its cost by the prior
+            fixed = mean_y / (1 + PRIOR_PER_POSITION_SHARE * mean_x)
+            return fixed, fixed * PRIOR_PER_POSITION_SHARE
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._passes) / spread
+        slope = max(slope, 0.0)
+        return max(mean_y - slope * mean_x, 1e-6), slope
+
+    def estimate(self, positions: int) -> float:
+        fixed, per_position = self.line()
+        return fixed + per_position * positions
+
+
+def expected_tokens(draft: RowDraft, width: int) -> float:
+    """Tokens a row is expected to emit from a pass `width` wide: its input's next token, plus kept drafts."""
+    used = min(draft.tokens, width - 1)
+    p = min(max(draft.acceptance, 0.0), 1.0)
+    if p >= 1.0:
+        return 1.0 + used
+    return (1 - p ** (used + 1)) / (1 - p)
+
+
+def best_width(drafts: Sequence[RowDraft], costs: StepCosts, most: int) -> int:
+    """The block width (1 .. most) with the most expected tokens per second of forward pass."""
+    rows = len(drafts)
+    longest = max((draft.tokens for draft in drafts), default=0)
+    best, best_rate = 1, rows / costs.estimate(rows)
+    for width in range(2, min(most, longest + 1) + 1):
+        rate = sum(expected_tokens(draft, width) for draft in drafts) / costs.estimate(rows * width)
+        if rate > best_rate:
+            best, best_rate = width, rate
+    return best
+
+
+class FixedCosts(StepCosts):
+    """A cost line given, not fitted (`observe` is ignored): for tests and for pinning a machine's measured line."""
+
+    def __init__(self, fixed: float, per_position: float) -> None:
+        super().__init__()
+        self._line = (fixed, per_position)
+
+    def observe(self, positions: int, seconds: float) -> None:
+        del positions, seconds
+
+    def line(self) -> tuple[float, float]:
+        return self._line
