@@ -865,6 +865,13 @@ def print_report(report: Report) -> None:
         print_baseline(report.baseline)
 
 
+def server_line(name: str, command: Sequence[str], extra_env: dict[str, str], status: str) -> str:
+    """A server as a Markdown list item: its name, the environment it got on top of ours and its command, and
+    `status` (how its start went)."""
+    env_text = " ".join(f"{key}={value}" for key, value in extra_env.items())
+    return f"- `{name}`: `{(env_text + ' ') if env_text else ''}{' '.join(command)}` ({status})"
+
+
 def print_commands(runs: Sequence[ServerRun]) -> None:
     print("### Servers\n")
     for run in runs:
