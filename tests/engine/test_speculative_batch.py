@@ -330,4 +330,3 @@ def test_smollm2_json_echoing_its_input_drafts_values_and_forces_keys(smollm2: t
     counters = engine.speculation
     assert counters.forced > 0 and counters.accepted > 0
     assert counters.steps < 0.8 * plain["order/0"].finish[1]
-
