@@ -101,10 +101,6 @@ class StepResponse:
     accepted: int = 0
     forced: int = 0
 
-    @property
-    def token(self) -> int:
-        return self.tokens[-1]
-
 
 @dataclass(slots=True)
 class _Row:
