@@ -7,10 +7,13 @@ prompt and output to where the tokens after its most recent occurrence start, an
 from the longest n-gram that matches (`max_ngram` down to `MIN_NGRAM`); a continuation that runs into the end of
 the context is a loop, and repeats.
 
-It also decides how much to draft. After a fully accepted draft the next may be twice as long (up to the limit);
-after a partial one it is one token longer than what was accepted. A sequence whose drafts keep missing rests
-(proposes nothing) for a number of tokens that doubles each time it rests again, so a workload with nothing to copy
-soon stops paying for drafts; a draft that lands ends the rest schedule. Pure Python: the engine verifies drafts.
+It also decides how much to draft, and estimates how often a draft token is kept. After a fully accepted draft the
+next may be twice as long (up to the limit); after a partial one it is one token longer than what was accepted.
+The estimate weighs recent drafts most, and it is kept up to date on steps that verify nothing too: a `shadow`
+draft is proposed and never verified, and the tokens the sequence goes on with say how much of it would have been
+kept. So a sequence whose drafts miss (nothing to copy, or an edit the copy diverges at) is soon expected to gain
+little and is not verified (the engine weighs gains against the cost of a wider pass), and one that starts copying
+again is seen to, without paying for a failed verify to find out. Pure Python: the engine verifies drafts.
 """
 
 from __future__ import annotations
@@ -21,10 +24,6 @@ from dataclasses import dataclass
 MIN_NGRAM = 2
 # Acceptance is estimated from recent drafts (older ones weigh this much less per draft), from a prior of 1 in 2.
 ACCEPTANCE_DECAY = 0.8
-# Drafts that miss entirely, in a row, before a sequence rests; and how long its first and longest rests are.
-MISSES_BEFORE_REST = 3
-FIRST_REST_TOKENS = 16
-LONGEST_REST_TOKENS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,20 +47,15 @@ class PromptLookup:
         # _index[n - MIN_NGRAM]: n-gram -> where the tokens after its most recent occurrence start.
         self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(MIN_NGRAM, limits.max_ngram + 1)]
         self._draft = limits.max_draft
-        self._misses = 0  # drafts in a row of which nothing was accepted
-        self._rest = 0  # tokens left before it drafts again
-        self._next_rest = FIRST_REST_TOKENS
         self._kept, self._refused = 1.0, 1.0  # decayed counts of draft tokens kept, and of drafts cut short
+        self._shadow: list[int] = []  # a draft not verified, checked against the tokens that follow
+        self._shadow_kept = 0
         self.extend(context)
 
     @property
-    def resting(self) -> bool:
-        return self._rest > 0
-
-    @property
     def draft_length(self) -> int:
-        """How many tokens its next draft may have (0 while it rests)."""
-        return 0 if self.resting else self._draft
+        """How many tokens its next draft may have."""
+        return self._draft
 
     @property
     def acceptance(self) -> float:
@@ -71,22 +65,27 @@ class PromptLookup:
     def extend(self, tokens: Iterable[int]) -> None:
         """The sequence went on with `tokens` (its prompt first, then what it generated)."""
         for token in tokens:
+            if self._shadow:
+                self._check_shadow(token)
             self._tokens.append(token)
             end = len(self._tokens) - 1  # the new token's position: it follows the n-grams that end just before it
             for n, index in enumerate(self._index, start=MIN_NGRAM):
                 if end >= n:
                     index[tuple(self._tokens[end - n : end])] = end
-            if self._rest > 0:
-                self._rest -= 1
 
     def may_propose(self) -> bool:
         """Whether a draft is likely after the next token: the context as it stands has a match (cheap, no copy)."""
-        return not self.resting and self._find(self._tokens) is not None
+        return self._find(self._tokens) is not None
+
+    def shadow(self) -> None:
+        """Draft after the context as it stands without verifying it (unless a shadow draft is being checked):
+        the tokens that follow are recorded against it as a verified draft's would be."""
+        if not self._shadow:
+            self._shadow, self._shadow_kept = self.propose(), 0
 
     def propose(self, next_token: int | None = None) -> list[int]:
         """Up to the current draft length of tokens to follow the context (and `next_token`, not yet added)."""
-        if self.resting:
-            return []
+        self._shadow = []  # a draft to verify replaces any shadow one
         tokens = self._tokens if next_token is None else [*self._tokens[-self._limits.max_ngram :], next_token]
         start = self._find(tokens)
         if start is None:
@@ -98,7 +97,7 @@ class PromptLookup:
         return draft
 
     def record(self, drafted: int, accepted: int) -> None:
-        """How a draft of `drafted` tokens fared: adapt the draft length, rest after repeated misses."""
+        """How a draft of `drafted` tokens fared: adapt the draft length and the acceptance estimate."""
         if drafted <= 0:
             return
         self._kept = ACCEPTANCE_DECAY * self._kept + accepted
@@ -107,14 +106,15 @@ class PromptLookup:
             self._draft = min(self._limits.max_draft, 2 * self._draft)
         else:
             self._draft = max(1, accepted + 1)
-        if accepted > 0:
-            self._misses, self._next_rest = 0, FIRST_REST_TOKENS
-            return
-        self._misses += 1
-        if self._misses >= MISSES_BEFORE_REST:
-            self._rest, self._misses = self._next_rest, 0
-            self._next_rest = min(LONGEST_REST_TOKENS, 2 * self._next_rest)
-            self._draft = self._limits.max_draft
+
+    def _check_shadow(self, token: int) -> None:
+        """The sequence went on with `token`: one more shadow token kept, or the shadow draft ends here."""
+        if token == self._shadow[self._shadow_kept]:
+            self._shadow_kept += 1
+            if self._shadow_kept < len(self._shadow):
+                return
+        self.record(len(self._shadow), self._shadow_kept)
+        self._shadow = []
 
     def _find(self, tokens: Sequence[int]) -> int | None:
         """Where the tokens after the longest indexed n-gram that ends `tokens` start, in the whole context."""

@@ -4,18 +4,28 @@ A forward pass over `positions` tokens (rows x block width) costs about `fixed +
 at batch 1 on a CPU the fixed part (dispatching 30 layers) dominates and a block of 9 costs 1.5 times a block of
 1, while at batch 8 every extra column costs a third of a step. `StepCosts` fits that line to the passes the
 engine timed (least squares over the most recent ones), so the choice follows the machine and the model, not
-constants. `best_width` then weighs each width: a row with a draft of `d` tokens, each kept with probability `p`
-(its recent acceptance), is expected to emit `1 + p + p^2 + ... + p^min(d, width - 1)` tokens; rows without a draft
-emit one. A width of 1 means no verify pass pays: the plain, pipelined step runs.
+constants. Timings are kept per pass size (the most recent few of each), and the line is fitted to each size's
+median: a run of plain steps, all of one size, does not push the sizes verify passes had out of the fit (a fit to
+the last passes alone would then guess the cost of a wider pass from noise, and might never try one again).
+
+`best_width` then weighs each width: a row with a draft of `d` tokens, each kept with probability `p` (its recent
+acceptance), is expected to emit `1 + p + p^2 + ... + p^min(d, width - 1)` tokens; rows without a draft emit one.
+A wider pass must beat a plain one by `MIN_VERIFY_GAIN`: a plain step overlaps its host work with the next pass,
+a verify pass does not. A width of 1 means no verify pass pays: the plain, pipelined step runs.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import statistics
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-RECENT_PASSES = 128
+# Timings kept per pass size, and pass sizes kept (the least recently timed size goes first).
+RECENT_PER_SIZE = 16
+MAX_SIZES = 256
+# How many times the tokens per second of a plain step a verify pass must be expected to reach.
+MIN_VERIFY_GAIN = 1.1
 # Until passes of more than one size have been timed: the cost of a column relative to a step's fixed cost.
 PRIOR_PER_POSITION_SHARE = 0.05
 
@@ -27,27 +37,42 @@ class RowDraft:
 
 
 class StepCosts:
-    """Seconds per forward pass as a line in its positions, fitted to the passes timed most recently."""
+    """Seconds per forward pass as a line in its positions, fitted to the median recent time of each pass size."""
 
     def __init__(self) -> None:
-        self._passes: deque[tuple[int, float]] = deque(maxlen=RECENT_PASSES)
+        self._sizes: OrderedDict[int, deque[float]] = OrderedDict()
+        self._line: tuple[float, float] | None = None
 
     def observe(self, positions: int, seconds: float) -> None:
-        if positions > 0 and seconds > 0:
-            self._passes.append((positions, seconds))
+        if positions <= 0 or seconds <= 0:
+            return
+        timings = self._sizes.get(positions)
+        if timings is None:
+            timings = self._sizes[positions] = deque(maxlen=RECENT_PER_SIZE)
+            if len(self._sizes) > MAX_SIZES:
+                self._sizes.popitem(last=False)
+        self._sizes.move_to_end(positions)
+        timings.append(seconds)
+        self._line = None
 
     def line(self) -> tuple[float, float]:
         """(fixed seconds, seconds per position); a prior share per position until sizes vary."""
-        if not self._passes:
+        if self._line is None:
+            self._line = self._fit()
+        return self._line
+
+    def _fit(self) -> tuple[float, float]:
+        if not self._sizes:
             return 1.0, PRIOR_PER_POSITION_SHARE
-        count = len(self._passes)
-        mean_x = sum(x for x, _ in self._passes) / count
-        mean_y = sum(y for _, y in self._passes) / count
-        spread = sum((x - mean_x) ** 2 for x, _ in self._passes)
+        points = [(x, statistics.median(timings)) for x, timings in self._sizes.items()]
+        count = len(points)
+        mean_x = sum(x for x, _ in points) / count
+        mean_y = sum(y for _, y in points) / count
+        spread = sum((x - mean_x) ** 2 for x, _ in points)
         if spread == 0:  # one size only: split its cost by the prior
             fixed = mean_y / (1 + PRIOR_PER_POSITION_SHARE * mean_x)
             return fixed, fixed * PRIOR_PER_POSITION_SHARE
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._passes) / spread
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
         slope = max(slope, 0.0)
         return max(mean_y - slope * mean_x, 1e-6), slope
 
@@ -66,10 +91,11 @@ def expected_tokens(draft: RowDraft, width: int) -> float:
 
 
 def best_width(drafts: Sequence[RowDraft], costs: StepCosts, most: int) -> int:
-    """The block width (1 .. most) with the most expected tokens per second of forward pass."""
+    """The block width (1 .. most) with the most expected tokens per second of forward pass (a width above 1 only
+    when it beats a plain step by `MIN_VERIFY_GAIN`)."""
     rows = len(drafts)
     longest = max((draft.tokens for draft in drafts), default=0)
-    best, best_rate = 1, rows / costs.estimate(rows)
+    best, best_rate = 1, MIN_VERIFY_GAIN * rows / costs.estimate(rows)
     for width in range(2, min(most, longest + 1) + 1):
         rate = sum(expected_tokens(draft, width) for draft in drafts) / costs.estimate(rows * width)
         if rate > best_rate:
@@ -82,10 +108,10 @@ class FixedCosts(StepCosts):
 
     def __init__(self, fixed: float, per_position: float) -> None:
         super().__init__()
-        self._line = (fixed, per_position)
+        self._fixed = (fixed, per_position)
 
     def observe(self, positions: int, seconds: float) -> None:
         del positions, seconds
 
     def line(self) -> tuple[float, float]:
-        return self._line
+        return self._fixed

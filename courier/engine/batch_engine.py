@@ -245,6 +245,11 @@ class BatchEngine:
         constrained = self._by_uid[uid].constrained
         return constrained.forced_after(token, most) if constrained is not None else []
 
+    def take_back(self, uid: int, count: int) -> None:
+        constrained = self._by_uid[uid].constrained
+        if constrained is not None:
+            constrained.take_back(count)
+
     def may_draft(self, uid: int) -> bool:
         """A constrained sequence may verify drafts when it decodes greedily and its grammar is its only
         processor (penalties would change the argmax a draft is checked against)."""

@@ -117,6 +117,9 @@ class ConstrainedSequence:
         self._row = filler.acquire()
         self._tail = ""  # the end of the free text, to spot the trigger
         self._matcher: LLMatcher | None = None
+        # The last forced run: a seeded sampler's key before each of its tokens, and the matcher it completed.
+        self._forced_keys: list[mx.array] = []
+        self._stopped: LLMatcher | None = None
         self.phase = _Phase.FREE
         if not constraint.trigger:
             self._start_matching()
@@ -149,9 +152,9 @@ class ConstrainedSequence:
         return int(self._matcher.validate_tokens(tokens))
 
     def forced_after(self, token: int, most: int) -> list[int]:
-        """Advance the grammar over `token` (the step's input, not yet read from the context) and return the
-        tokens the grammar then forces (at most `most`), taken as generated: the caller appends them all, without
-        sampling.
+        """Advance the grammar over `token` (the step's input, not yet read from the context) and over the tokens
+        the grammar then forces (at most `most`), and return those: taken as generated, appended without sampling,
+        unless `take_back` gives some of them back.
 
         Forced means the mask allows that one token and no other: the grammar's forced text can often be written
         as other tokens too (`{"` or `{` then `"`), and the model's choice among them is kept. A seeded sampler
@@ -159,8 +162,10 @@ class ConstrainedSequence:
         self._advance(token)
         self._consumed += 1
         forced: list[int] = []
+        self._forced_keys, self._stopped = [], None
         if self.phase is not _Phase.CONSTRAINED or self._matcher is None:
             return forced
+        seeded = self._inner if isinstance(self._inner, SeededSampler) else None
         for candidate in self._matcher.compute_ff_tokens()[:most]:
             matcher = self._matcher
             if (
@@ -169,12 +174,29 @@ class ConstrainedSequence:
                 or not _only(matcher.compute_bitmask(), candidate)
             ):
                 break
+            if seeded is not None:
+                self._forced_keys.append(seeded.key)
+                seeded.skip(1)
             self._advance(candidate)
+            if self._matcher is None:  # the grammar is complete: kept, in case the run is cut
+                self._stopped = matcher
             forced.append(candidate)
         self._consumed += len(forced)
-        if isinstance(self._inner, SeededSampler):
-            self._inner.skip(len(forced))
         return forced
+
+    def take_back(self, count: int) -> None:
+        """The last `count` tokens of the last forced run are not appended: the grammar and a seeded sampler's
+        key go back to where they stood before them (the step's input stays read)."""
+        if count <= 0:
+            return
+        if self._stopped is not None:
+            self._matcher, self.phase, self._stopped = self._stopped, _Phase.CONSTRAINED, None
+        if self._matcher is None or not self._matcher.rollback(count):
+            raise RuntimeError(f"{self.constraint.label}: the grammar could not take back {count} forced tokens")
+        self._consumed -= count
+        if self._forced_keys and isinstance(self._inner, SeededSampler):
+            self._inner.key = self._forced_keys[len(self._forced_keys) - count]
+        del self._forced_keys[len(self._forced_keys) - count :]
 
     def process(self, context: mx.array, logits: mx.array) -> mx.array:
         """The logits processor: advance the matcher over the tokens generated since the last step.
@@ -225,6 +247,7 @@ class ConstrainedSequence:
     def _restart(self) -> None:
         """Back to the grammar state before any token: the caller advances it again over the tokens kept."""
         self._tail, self._matcher, self.phase, self._consumed = "", None, _Phase.FREE, 0
+        self._forced_keys, self._stopped = [], None
         if not self.constraint.trigger:
             self._start_matching()
 

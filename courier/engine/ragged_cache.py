@@ -8,14 +8,17 @@ counts only valid positions (rotary positions stay exact, so the next token sees
 had the rejected tokens never been written). Columns that are holes in every row are given back at once; when holes
 take more than a quarter of the cache, the rows are compacted (one gather of the valid positions, right-aligned).
 
-Validity is kept on the host (numpy, a byte per position and row): it changes only between forward passes, and the
-mask built from it is a few kilobytes.
+Validity is kept on the host (numpy, a byte per position and row, grown in chunks) and changes only between forward
+passes. The mask is built lazily on the device: from mlx-lm's own causal mask while no row has holes (a batch that
+has verified nothing, or whose rows all kept as many tokens), else from a device copy of the validity map made when
+holes last changed (every column written since is valid). Building it on the host each step would cost a plain
+step time while the previous step computes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -24,6 +27,8 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 # Compact once holes take more than this share of the cache's columns, and at least this many columns.
 COMPACT_SHARE = 0.25
 COMPACT_MIN_COLUMNS = 64
+# The host validity map grows by this many columns at a time.
+VALID_CHUNK = 256
 
 BoolMatrix = np.ndarray[Any, np.dtype[np.bool_]]
 
@@ -40,6 +45,7 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
     def __init__(self, left_padding: Sequence[int]) -> None:
         super().__init__(list(left_padding))
         self.valid: BoolMatrix = np.zeros((len(left_padding), 0), dtype=np.bool_)
+        self._holes: mx.array | None = None  # the validity map on the device while some row has holes
 
     @classmethod
     def adopt(cls, cache: BatchKVCache) -> RaggedKVCache:
@@ -50,20 +56,23 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
         ragged._right_padding = None
         padding = np.array(cache.left_padding.tolist(), dtype=np.int64)
         ragged.valid = np.arange(cache._idx)[None, :] >= padding[:, None]
+        ragged._holes = None
         return ragged
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> mx.array:  # noqa: N803 (mlx-lm's name)
         """Causal over the new block, and only the valid columns of what is already cached."""
-        rows = self.valid.shape[0]
-        written = np.concatenate([self.valid[:, : self._idx], np.ones((rows, N), dtype=np.bool_)], axis=1)
-        columns = np.arange(self._idx + N)
-        causal = columns[None, :] <= (self._idx + np.arange(N))[:, None]
-        return mx.array(written[:, None, None, :] & causal[None, None, :, :])
+        if self._holes is None:  # every row's tokens are contiguous behind its left padding
+            return cast("mx.array", super().make_mask(N, return_array=return_array, **kwargs))
+        rows, known = self._holes.shape
+        written = mx.concatenate([self._holes, mx.ones((rows, self._idx + N - known), dtype=mx.bool_)], axis=1)
+        columns = mx.arange(self._idx + N)
+        causal = columns[None, :] <= (self._idx + mx.arange(N))[:, None]
+        return written[:, None, None, :] & causal[None, None, :, :]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         width = keys.shape[2]
         if self.valid.shape[1] < self._idx + width:
-            grown = np.zeros((self.valid.shape[0], self._idx + width), dtype=np.bool_)
+            grown = np.zeros((self.valid.shape[0], self._idx + width + VALID_CHUNK), dtype=np.bool_)
             grown[:, : self._idx] = self.valid[:, : self._idx]
             self.valid = grown
         self.valid[:, self._idx : self._idx + width] = True
@@ -79,24 +88,33 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
         tail = int(dropped.min()) if dropped.size else 0
         if tail:  # holes in every row at the end: give the columns back
             self._idx -= tail
-        self.valid = self.valid[:, : self._idx]
-        counts = self.valid.sum(axis=1)
+        counts = self.valid[:, : self._idx].sum(axis=1)
         waste = self._idx - int(counts.max()) if counts.size else 0
         if waste > max(COMPACT_MIN_COLUMNS, COMPACT_SHARE * self._idx):
             self._compact(counts)
+        elif dropped.size and int(dropped.max()) > tail:  # some row kept fewer than another: new holes
+            self._mark_holes()
+
+    def _mark_holes(self) -> None:
+        """Copy the validity map to the device if some row has holes (columns invalid after its first valid one)."""
+        valid = self.valid[:, : self._idx]
+        first = np.where(valid.any(axis=1), valid.argmax(axis=1), self._idx)
+        contiguous = bool((valid.sum(axis=1) == self._idx - first).all())
+        self._holes = None if contiguous else mx.array(valid)
 
     def _compact(self, counts: np.ndarray[Any, np.dtype[np.int64]]) -> None:
         """Every row's valid columns, right-aligned in a cache as long as the longest row."""
         length = int(counts.max())
         gather = np.zeros((len(counts), length), dtype=np.int32)
         for row, count in enumerate(counts.tolist()):
-            gather[row, length - count :] = np.flatnonzero(self.valid[row])
+            gather[row, length - count :] = np.flatnonzero(self.valid[row, : self._idx])
         index = mx.array(gather)[:, None, :, None]
         self.keys = mx.take_along_axis(self.keys[..., : self._idx, :], index, axis=2)
         self.values = mx.take_along_axis(self.values[..., : self._idx, :], index, axis=2)
         self._idx = length
         self.valid = np.arange(length)[None, :] >= (length - counts)[:, None]
         self.left_padding = mx.array((length - counts).astype(np.int32))
+        self._holes = None
 
     def filter(self, batch_indices: Sequence[int]) -> None:
         rows = list(batch_indices)
@@ -105,7 +123,7 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
             self.values = self.values[mx.array(rows)]
         self.offset = self.offset[mx.array(rows)]
         self.left_padding = self.left_padding[mx.array(rows)]
-        self.valid = self.valid[rows]
+        self.valid = self.valid[rows, : self._idx]
         used = np.flatnonzero(self.valid.any(axis=0))
         lead = int(used[0]) if used.size else self._idx
         if lead > 0:  # columns no remaining row uses, on the left
@@ -115,6 +133,7 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
             self._idx -= lead
             self.valid = self.valid[:, lead:]
             self.left_padding = mx.maximum(self.left_padding - lead, 0)
+        self._mark_holes()
 
     def extend(self, other: BatchKVCache) -> None:
         other_valid = other.valid if isinstance(other, RaggedKVCache) else RaggedKVCache.adopt(other).valid
@@ -123,6 +142,7 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
         theirs = _left_pad(other_valid[:, : other._idx], width)
         super().extend(other)
         self.valid = np.concatenate([mine, theirs], axis=0)
+        self._mark_holes()
 
     def extract(self, idx: int) -> KVCache:
         """Row `idx`'s valid positions as a plain single-sequence cache."""

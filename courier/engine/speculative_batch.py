@@ -18,7 +18,11 @@ kept token, so a seeded output is the one without drafts.
 Sequences with logits processors (penalties, logit bias, a grammar) do not draft: their processors read one token
 per step. A `Forcing` lets a constrained sequence supply the tokens its grammar forces instead (JSON keys and
 punctuation of a schema; see `ConstrainedSequence.forced_after`): they go into the block like a draft and are kept
-without being drawn, and the sequence draws only after them.
+without being drawn, and the sequence draws only after them. They weigh in the block width like a draft that is
+always kept; those past the width are given back to the grammar (`Forcing.take_back`).
+
+Every row's `PromptLookup` also drafts in shadow on steps that do not verify its draft, so its acceptance
+estimate, which decides whether a wider pass pays, follows what it would keep now.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from courier.core.verify_width import RowDraft, StepCosts, best_width
 from courier.engine.ragged_cache import RaggedKVCache
 from courier.engine.sampling import SeededSampler
 
-# The most tokens a grammar may force into one step (they are appended whatever the width's cost model says).
+# The most tokens a grammar may force into one step (fewer when the block width's cost model cuts them).
 MAX_FORCED_TOKENS = 16
 
 
@@ -59,6 +63,10 @@ class Forcing(Protocol):
 
     def valid(self, uid: int, tokens: list[int]) -> int:
         """How many of `tokens`, from the first, uid's grammar accepts now."""
+        ...
+
+    def take_back(self, uid: int, count: int) -> None:
+        """The last `count` tokens `forced` returned for uid are not appended: its grammar goes back before them."""
         ...
 
 
@@ -175,6 +183,7 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
         for row, response in zip(rows, plain, strict=True):
             if row.lookup is not None:
                 row.lookup.extend([response.token])
+                row.lookup.shadow()
             responses.append(
                 StepResponse(
                     uid=response.uid,
@@ -205,7 +214,7 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
 
     def _drafts(self, inputs: list[int]) -> list[Draft]:
         """Each row's draft after its input token (forced tokens, a lookup draft, or none), cut to the block width
-        with the most expected tokens per second (forced tokens are never cut: the grammar has taken them)."""
+        with the most expected tokens per second (forced tokens cut are given back to the grammar)."""
         drafts: list[Draft] = []
         estimates: list[RowDraft] = []
         forcing = self.forcing
@@ -229,11 +238,13 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
             estimates.append(RowDraft(len(drafts[-1].tokens), acceptance))
         longest = max(len(draft.tokens) for draft in drafts)
         width = best_width(estimates, self._costs, most=1 + longest)
-        width = max(width, 1 + max((len(d.tokens) for d in drafts if d.kind is DraftKind.FORCED), default=0))
-        return [
-            draft if draft.kind is DraftKind.FORCED else Draft(draft.tokens[: width - 1], draft.kind)
-            for draft in drafts
-        ]
+        for index, draft in enumerate(drafts):
+            surplus = len(draft.tokens) - (width - 1)
+            if surplus > 0:
+                if draft.kind is DraftKind.FORCED and forcing is not None:
+                    forcing.take_back(self.uids[index], surplus)
+                drafts[index] = Draft(draft.tokens[: width - 1], draft.kind)
+        return drafts
 
     def _verify(self) -> tuple[list[StepResponse], int] | None:
         """One step over every row's block, and the positions it computed; None when no row has a draft worth
@@ -364,8 +375,10 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
             row = self._rows[index]
             if row.lookup is not None:
                 row.lookup.extend(tokens)
-                if not forced:
+                if drafted and not forced:
                     row.lookup.record(drafted, accepted)
+                elif not forced:
+                    row.lookup.shadow()
             finish: str | None = None
             for position, token in enumerate(tokens):
                 self._num_tokens[index] += 1

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafts: what they propose, and how the draft length and the rests adapt."""
+"""Prompt-lookup drafts: what they propose, and how the draft length and the acceptance estimate adapt."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from courier.core.prompt_lookup import FIRST_REST_TOKENS, MISSES_BEFORE_REST, LookupLimits, PromptLookup
+from courier.core.prompt_lookup import LookupLimits, PromptLookup
 
 LIMITS = LookupLimits(max_ngram=3, max_draft=4)
 
@@ -44,26 +44,39 @@ def test_the_draft_grows_when_it_lands_and_shrinks_to_what_landed() -> None:
     assert len(lookup.propose()) == 6
 
 
-def test_drafts_that_keep_missing_rest_for_longer_each_time() -> None:
+def test_drafts_that_miss_lower_the_acceptance_and_drafts_that_land_raise_it() -> None:
     lookup = PromptLookup([1, 2, 3, 1, 2], LIMITS)
-    for _ in range(MISSES_BEFORE_REST):
-        assert lookup.propose()
+    prior = lookup.acceptance
+    for _ in range(3):
         lookup.record(drafted=3, accepted=0)
-    assert lookup.resting and lookup.propose() == [] and not lookup.may_propose()
-    lookup.extend([9] * (FIRST_REST_TOKENS - 1))
-    assert lookup.resting
-    lookup.extend([1, 2])
-    assert not lookup.resting and lookup.may_propose()
-    for _ in range(MISSES_BEFORE_REST):
-        lookup.record(drafted=1, accepted=0)
-    lookup.extend([9] * (2 * FIRST_REST_TOKENS - 1))
-    assert lookup.resting  # the second rest is twice as long
+    missing = lookup.acceptance
+    assert missing < prior / 2
+    for _ in range(3):
+        lookup.record(drafted=2, accepted=2)
+    assert lookup.acceptance > missing
+
+
+def test_a_shadow_draft_is_judged_by_the_tokens_that_follow() -> None:
+    copying = PromptLookup([1, 2, 3, 4, 5, 6, 1, 2], LIMITS)
+    copying.shadow()  # drafts [3, 4, 5, 6] without a verify
+    copying.extend([3, 4, 5, 6])
+    chatting = PromptLookup([1, 2, 3, 4, 5, 6, 1, 2], LIMITS)
+    chatting.shadow()
+    chatting.extend([7])  # the first shadow token missed
+    assert copying.acceptance > 0.5 > chatting.acceptance
+    assert chatting.draft_length == 1  # shrunk to what landed, plus one
+
+
+def test_a_shadow_draft_waits_for_its_tokens_and_a_draft_to_verify_replaces_it() -> None:
+    lookup = PromptLookup([1, 2, 3, 4, 5, 6, 1, 2], LIMITS)
+    lookup.shadow()
+    lookup.extend([3, 4])
+    before = lookup.acceptance
+    lookup.shadow()  # one is being checked: no new one
+    assert lookup.acceptance == before
+    lookup.propose()  # a real draft: the shadow is dropped, nothing recorded for it
     lookup.extend([9])
-    lookup.record(drafted=2, accepted=1)  # a draft that lands resets the schedule
-    for _ in range(MISSES_BEFORE_REST):
-        lookup.record(drafted=1, accepted=0)
-    lookup.extend([9] * FIRST_REST_TOKENS)
-    assert not lookup.resting
+    assert lookup.acceptance == before
 
 
 @pytest.mark.parametrize(("ngram", "draft"), [(1, 4), (3, 0)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from courier.core.verify_width import RowDraft, StepCosts, best_width, expected_tokens
+from courier.core.verify_width import FixedCosts, RowDraft, StepCosts, best_width, expected_tokens
 
 
 def costs(fixed: float, per_position: float, sizes: tuple[int, ...] = (1, 4, 8, 16, 32)) -> StepCosts:
@@ -53,3 +53,18 @@ def test_a_full_batch_where_columns_cost_verifies_narrow_blocks_or_none() -> Non
 
 def test_with_nothing_timed_yet_a_likely_draft_is_tried() -> None:
     assert best_width([RowDraft(4, 0.5)], StepCosts(), most=5) > 1
+
+
+def test_a_run_of_plain_steps_does_not_push_wider_passes_out_of_the_fit() -> None:
+    timed = costs(0.060, 0.004, sizes=(8, 16, 24, 32))
+    for _ in range(1000):
+        timed.observe(8, 0.060 + 0.004 * 8 + 0.001)  # noisy plain steps, all of one size
+    fixed, per_position = timed.line()
+    assert per_position == pytest.approx(0.004, rel=0.1) and fixed == pytest.approx(0.060, rel=0.1)
+
+
+def test_a_verify_must_beat_a_plain_step_by_a_margin() -> None:
+    # A pass of two positions costs 1.10 / 1.05 of one: 1.1 expected tokens is not enough gain, 1.9 is.
+    line = FixedCosts(1.0, 0.05)
+    assert best_width([RowDraft(1, 0.1)], line, most=2) == 1
+    assert best_width([RowDraft(1, 0.9)], line, most=2) == 2

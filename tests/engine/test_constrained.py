@@ -26,6 +26,7 @@ from courier.engine.generation import (
     SamplingParams,
     TokensGenerated,
 )
+from courier.engine.sampling import SeededSampler
 from courier.grammar.compiler import GrammarCompiler, build_tokenizer
 from courier.grammar.constraint import Constraint, json_schema, tool_calls
 from tests.support.faulty_model import FailingModel
@@ -382,3 +383,61 @@ def test_a_marker_completed_inside_a_token_still_triggers_the_call(
     pick = drive.next(close)
     assert pick != hello
     assert str(real([pick])).startswith("{")  # the separator is behind: the call's JSON opens
+
+
+def seeded_sequence(loaded: tuple[Any, Any], compiler: GrammarCompiler, constraint: Constraint) -> ConstrainedSequence:
+    return ConstrainedSequence(
+        constraint,
+        compiler=compiler,
+        filler=MaskFiller(VOCAB_SIZE, 1),
+        decode=loaded[1].decode,
+        prompt_length=len(PROMPT),
+        sampler=SeededSampler(7, temperature=1.0, top_p=1.0),
+        eos_tokens=[EOS],
+    )
+
+
+# After its first token, the rest of it is one forced run that completes the grammar.
+CONSTANT = {"type": "object", "properties": {"a": {"const": "the end of it"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("kept", [0, 1])
+@pytest.mark.parametrize(
+    ("constraint", "json_text"),
+    [
+        (schema_constraint("enum"), '{"color": "red", "ok": true}'),
+        (schema_constraint("constant", {**CONSTANT, "additionalProperties": False}), '{"a": "the end of it"}'),
+    ],
+    ids=["keys", "to-the-end"],
+)
+def test_forced_tokens_given_back_leave_the_grammar_and_the_seed_as_fewer_forced_would(
+    loaded: tuple[Any, Any],
+    compiler: GrammarCompiler,
+    tokenize: Callable[[str], list[int]],
+    kept: int,
+    constraint: Constraint,
+    json_text: str,
+) -> None:
+    """A forced run cut by the block width: the grammar and a seeded sampler's key stand where a run of only the
+    kept tokens would have left them, the run that completes the grammar included."""
+    text = tokenize(json_text)
+    runs = 0
+    for end in range(len(text)):
+        probe = seeded_sequence(loaded, compiler, constraint)
+        for token in text[:end]:
+            probe.forced_after(token, 0)
+        forced = probe.forced_after(text[end], 16)
+        if len(forced) < 2:
+            continue
+        runs += 1
+        cut, fewer = probe, seeded_sequence(loaded, compiler, constraint)
+        cut.take_back(len(forced) - kept)
+        for token in text[:end]:
+            fewer.forced_after(token, 0)
+        assert fewer.forced_after(text[end], kept) == forced[:kept]
+        following = forced[kept:] + text[end + 1 + len(forced) :]
+        assert cut.valid(following) == fewer.valid(following) == len(following)
+        assert cut.forced_after(following[0], 16) == fewer.forced_after(following[0], 16)
+        assert isinstance(cut._inner, SeededSampler) and isinstance(fewer._inner, SeededSampler)
+        assert mx.array_equal(cut._inner.key, fewer._inner.key)
+    assert runs >= 1

@@ -105,3 +105,15 @@ def _single(row: list[float]) -> KVCache:
     cache = KVCache()
     cache.update_and_fetch(*tokens(*row))
     return cache
+
+
+def test_while_no_row_has_holes_the_mask_is_mlx_lms_own() -> None:
+    cache = batch([1, 2], [3])
+    write(cache, [4, 5], [6, 7])
+    cache.keep([1, 1], width=2)  # both rows gave back as many: no holes
+    mask = np.array(cache.make_mask(1))
+    expected = BatchKVCache.make_mask(cache, 1)
+    assert mask.tolist() == np.array(expected).tolist()
+    assert mask[:, 0, 0].tolist() == [[True, True, True, True], [False, True, True, True]]
+    cache.filter([1])  # the padded row alone: still no holes, padding gone
+    assert np.array(cache.make_mask(1))[0, 0, 0].tolist() == [True, True, True]

@@ -194,7 +194,12 @@ CARD_SCHEMA = {
 }
 
 
-def test_constrained_sequences_append_forced_tokens_and_write_what_they_would_have(tiny: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("per_position", [0.001, 0.02, 50.0], ids=["cheap-columns", "some-cut", "none-pay"])
+def test_constrained_sequences_append_forced_tokens_and_write_what_they_would_have(
+    tiny: tuple[Any, Any], per_position: float
+) -> None:
+    """Forced runs and drafts cut by the block width (forced tokens past it given back to the grammar) or not
+    verified at all: the same output."""
     model, tokenizer = tiny
     grammars = GrammarCompiler(build_tokenizer(tokenizer._tokenizer, VOCAB_SIZE, tokenizer.eos_token_ids))
     constraint = json_schema(CARD_SCHEMA, name="card", param="response_format")
@@ -206,10 +211,15 @@ def test_constrained_sequences_append_forced_tokens_and_write_what_they_would_ha
         request("free", loop_prompt(tokenizer, TINY_TEXTS["repeat"])),
     ]
     plain, _ = run(model, tokenizer, PLAIN, requests, grammars)
-    speculative, engine = run(model, tokenizer, SPECULATIVE, requests, grammars)
+    limits = replace(SPECULATIVE, step_costs=lambda: FixedCosts(1.0, per_position))
+    speculative, engine = run(model, tokenizer, limits, requests, grammars)
     assert_same(plain, speculative)
-    assert engine.speculation.forced > 0 and engine.speculation.accepted > 0
     assert speculative["cut/0"].finish[:2] == (FinishReason.LENGTH, 5)
+    counters = engine.speculation
+    if per_position < 0.01:
+        assert counters.forced > 0 and counters.accepted > 0
+    if per_position > 1:
+        assert counters.forced == counters.verify_steps == 0
 
 
 def test_a_snapshotting_request_stores_the_same_completion(tiny: tuple[Any, Any]) -> None:
