@@ -6,7 +6,10 @@ metadata. `OPTIONS` is derived from those fields, in declaration order, which is
 
 Precedence is CLI flag > environment variable > default. An environment value that
 does not parse logs a warning naming the variable and keeps the default, so a typo
-in a deployment's environment never stops the server from starting.
+in a deployment's environment never stops the server from starting; except for a
+`strict` setting, where the default would be a different thing rather than a safe
+one (`COURIER_STORAGE`: replicas meant to share PostgreSQL must not each fall back to
+a SQLite file of their own), so its typo is a start-up error (`SettingsError`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ logger = logging.getLogger(__name__)
 ENV_PREFIX = "COURIER_"
 WEIGHT_FORMATS = ("auto", "native", "float32", "float16", "bfloat16")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+STORAGE_URL_SCHEMES = ("postgresql", "postgres")
 _BYTE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
 _BYTES_PATTERN = re.compile(r"^\s*(\d+)\s*([kmg]i?)?b?\s*$", re.IGNORECASE)
 
@@ -132,6 +136,20 @@ def _optional_path(text: str) -> Path | None:
     return Path(text).expanduser() if text else None
 
 
+def parse_storage_url(text: str) -> str | None:
+    """A postgresql:// (or postgres://) URL selects PostgreSQL; empty is SQLite under --data-dir. The error never
+    repeats the text, which may hold a password."""
+    url = text.strip()
+    if not url:
+        return None
+    scheme, separator, _ = url.partition("://")
+    if not separator:
+        raise ValueError("expected a postgresql://user:password@host:port/dbname URL, or nothing for SQLite")
+    if scheme.lower() not in STORAGE_URL_SCHEMES:
+        raise ValueError(f"a {scheme!r} URL names no storage Courier has: use postgresql://, or nothing for SQLite")
+    return url
+
+
 def parse_api_prefix(text: str) -> str:
     """`/courier` nests every route under it; empty for none. No trailing slash, no query or spaces."""
     prefix = text.strip().rstrip("/")
@@ -148,6 +166,7 @@ class Option:
     help: str
     metavar: str | None = None
     is_flag: bool = False
+    strict: bool = False
 
     @property
     def flag(self) -> str:
@@ -166,6 +185,7 @@ class _OptionMetadata:
     help: str
     metavar: str | None
     is_flag: bool
+    strict: bool
 
 
 _METADATA_KEY = "courier.option"
@@ -173,10 +193,17 @@ _T = TypeVar("_T")
 
 
 def setting(
-    default: _T, parse: Callable[[str], _T], help: str, *, metavar: str | None = None, flag: bool = False
+    default: _T,
+    parse: Callable[[str], _T],
+    help: str,
+    *,
+    metavar: str | None = None,
+    flag: bool = False,
+    strict: bool = False,
 ) -> _T:
-    """Declare a `Settings` field with its option: default, parser, help text, and a metavar or on/off flag."""
-    metadata = _OptionMetadata(parse=parse, help=help, metavar=metavar, is_flag=flag)
+    """Declare a `Settings` field with its option: default, parser, help text, and a metavar or on/off flag.
+    `strict`: an environment value that does not parse stops the server instead of leaving the default."""
+    metadata = _OptionMetadata(parse=parse, help=help, metavar=metavar, is_flag=flag, strict=strict)
     return field(default=default, metadata={_METADATA_KEY: metadata})
 
 
@@ -403,8 +430,16 @@ class Settings:
     data_dir: Path = setting(  # noqa: RUF009
         Path(platformdirs.user_data_dir("courier")),
         _path,
-        "where stored responses and conversations live (an SQLite database)",
+        "where stored responses and conversations live (an SQLite database), unless --storage names PostgreSQL",
         metavar="DIR",
+    )
+    storage: str | None = setting(
+        None,
+        parse_storage_url,
+        "store responses and conversations in PostgreSQL, shared by every replica given the same URL "
+        "(postgresql://user:password@host:port/dbname); unset: SQLite under --data-dir",
+        metavar="URL",
+        strict=True,
     )
     storage_max_bytes: int = setting(
         1024**3,
@@ -483,6 +518,7 @@ def options_of(settings_class: type[Any]) -> tuple[Option, ...]:
                 help=metadata.help,
                 metavar=metadata.metavar,
                 is_flag=metadata.is_flag,
+                strict=metadata.strict,
             )
         )
     return tuple(options)
@@ -535,10 +571,16 @@ def resolve(arguments: argparse.Namespace, environ: Mapping[str, str]) -> Settin
 _KNOWN_VARIABLES = frozenset(option.env for option in OPTIONS)
 
 
+class SettingsError(ValueError):
+    """A strict setting's environment variable does not parse: the server does not start."""
+
+
 def _from_environment(option: Option, raw: str) -> Any:
     try:
         return option.parse(raw)
     except ValueError as error:
+        if option.strict:  # the value itself is not repeated: it may hold a password
+            raise SettingsError(f"{option.env}: {error}") from None
         logger.warning("ignoring %s=%r: %s; using the default %r", option.env, raw, error, option.default)
         return option.default
 

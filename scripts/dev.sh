@@ -31,6 +31,23 @@ ensure_openblas() {
     fi
 }
 
+# The PostgreSQL storage tests start a private cluster of their own; they need the server's binaries (initdb,
+# pg_ctl), and are skipped without them. Installing adds ~20 s; no system cluster is started.
+ensure_postgresql() {
+    [ "$(uname -s)" = "Linux" ] || return 0
+    if command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+        return 0
+    fi
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        log "installing PostgreSQL for the storage tests (Debian package postgresql)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    else
+        log "WARNING: PostgreSQL not found; its storage tests will be skipped (Debian: sudo apt-get install postgresql)"
+    fi
+}
+
 # $1: the pip install target ("." or ".[dev,vision]"); reinstalls when pyproject.toml changes.
 ensure_venv() {
     local target=$1 stamp
@@ -61,6 +78,7 @@ case "$command" in
         ;;
     test)
         ensure_venv ".[dev,vision]"
+        ensure_postgresql
         log "ruff"
         "$VENV/bin/ruff" check courier tests bench traces
         "$VENV/bin/ruff" format --check courier tests bench traces

@@ -1,4 +1,4 @@
-"""Shared fixtures: the embedded model converted once, tiny models, a BLAS loaded before MLX."""
+"""Shared fixtures: the embedded model converted once, tiny models, a BLAS loaded before MLX, a PostgreSQL cluster."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from courier.model.progress import Progress  # noqa: E402
 from courier.model.source import embedded_gguf_path  # noqa: E402
 from courier.runtime.tracing import configure_tracing  # noqa: E402
 from tests.support import tiny_models  # noqa: E402
+from tests.support.postgres_cluster import PostgresCluster, private_cluster, unavailable_reason  # noqa: E402
 from tests.support.server import RunningServer  # noqa: E402
 from tests.support.tiny_vision_model import build_tiny_vision_model  # noqa: E402
 
@@ -63,6 +64,15 @@ def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight SmolVLM (needs mlx-vlm, the `vision` extra)."""
     pytest.importorskip("mlx_vlm")
     return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision"))
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A private PostgreSQL cluster for the session (skips the test where PostgreSQL is not installed)."""
+    if reason := unavailable_reason():
+        pytest.skip(reason)
+    with private_cluster() as cluster:
+        yield cluster
 
 
 # A test module that starts a server defines its own module-scoped `server` fixture; these talk to it.

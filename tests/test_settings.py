@@ -6,15 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from courier.server.cli import build_parser
+from courier.server.cli import EXIT_USAGE, build_parser, main
 from courier.settings import (
     OPTIONS,
     Settings,
+    SettingsError,
     options_of,
     parse_api_prefix,
     parse_bool,
     parse_bytes,
     parse_positive_int,
+    parse_storage_url,
     resolve,
     setting,
 )
@@ -153,3 +155,48 @@ def test_parse_api_prefix(text: str, expected: str) -> None:
 def test_parse_api_prefix_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="API prefix"):
         parse_api_prefix(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", None),
+        ("  ", None),
+        ("postgresql://courier:pw@db:5432/courier", "postgresql://courier:pw@db:5432/courier"),
+        ("postgres://db/courier", "postgres://db/courier"),
+        ("PostgreSQL://db/courier", "PostgreSQL://db/courier"),
+    ],
+)
+def test_parse_storage_url(text: str, expected: str | None) -> None:
+    assert parse_storage_url(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["mysql://user:hunter2@db/x", "sqlite:///tmp/hunter2.db", "hunter2", "postgresq://u:hunter2@db"]
+)
+def test_parse_storage_url_refuses_without_repeating_the_url(text: str) -> None:
+    with pytest.raises(ValueError, match="postgresql://") as error:
+        parse_storage_url(text)
+    assert "hunter2" not in str(error.value)
+
+
+def test_storage_selects_postgres_by_flag_or_environment() -> None:
+    url = "postgresql://courier:pw@db/courier"
+    assert settings_from([], {}).storage is None
+    assert settings_from([], {"COURIER_STORAGE": url}).storage == url
+    assert settings_from(["--storage", url], {"COURIER_STORAGE": "postgres://other/x"}).storage == url
+
+
+def test_a_bad_storage_url_stops_the_start_and_never_shows_the_password(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(SettingsError, match="COURIER_STORAGE"):
+        settings_from([], {"COURIER_STORAGE": "postgresq://u:hunter2@db/x"})  # not SQLite: that would split replicas
+    with caplog.at_level(logging.ERROR):
+        assert main(["serve"], {"COURIER_STORAGE": "mysql://u:hunter2@db/x"}) == EXIT_USAGE
+    assert "COURIER_STORAGE" in caplog.text and "hunter2" not in caplog.text
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["serve", "--storage", "mysql://u:hunter2@db/x"])
+    assert exit_info.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--storage" in err and "hunter2" not in err

@@ -41,7 +41,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     arguments = build_parser().parse_args(argv)
     _configure_logging(environ.get("COURIER_LOG_LEVEL", "info"))
-    settings = settings_module.resolve(arguments, environ)
+    try:
+        settings = settings_module.resolve(arguments, environ)
+    except settings_module.SettingsError as error:
+        logger.error("%s", error)
+        return EXIT_USAGE
     logging.getLogger().setLevel(settings.log_level.upper())
     return _serve(settings, environ)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import signal
 import socket
-import sqlite3
 import time
 from collections.abc import Mapping
 from contextlib import suppress
@@ -76,13 +75,13 @@ from courier.server.connection_cap import cap_for_open_files, install_connection
 from courier.server.errors import ServerFailed
 from courier.server.keys import load_api_keys, load_capsule_codec
 from courier.server.prompt_cache import open_prompt_cache
+from courier.server.response_store import StoreNotOpened, open_response_store
 from courier.settings import Settings
 from courier.status.connections import ConnectionStats
 from courier.status.metrics import CourierMetrics
 from courier.status.scheduler_stats import SchedulerStats
 from courier.status.service_state import ServiceState
 from courier.storage.records import StorageLimits
-from courier.storage.sqlite import SqliteStorage
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -259,24 +258,24 @@ class Supervisor:
             max_bytes=settings.storage_max_bytes, max_entries=settings.storage_max_entries, ttl_s=settings.storage_ttl
         )
         try:
-            storage = await anyio.to_thread.run_sync(SqliteStorage, settings.data_dir, limits)
-        except (OSError, sqlite3.Error, RuntimeError) as error:
-            self._failure = f"cannot open the response store under {settings.data_dir}: {error}"
+            opened = await anyio.to_thread.run_sync(open_response_store, settings, limits)
+        except StoreNotOpened as error:
+            self._failure = str(error)
             logger.error("%s", self._failure)
             self._stop.set()
             return False
         logger.info(
             "response store %s: %d records, %d bytes (budget %d bytes, %d records, TTL %.0f s)",
-            storage.path,
-            storage.stored_entries,
-            storage.stored_bytes,
+            opened.location,
+            opened.entries,
+            opened.nbytes,
             limits.max_bytes,
             limits.max_entries,
             limits.ttl_s,
         )
         await task_group.start(
             self._run_actor,
-            StorageActor(storage, self._state.storage_faults),
+            StorageActor(opened.storage, self._state.storage_faults),
             self._storage_receive,
             self._storage_send,
         )

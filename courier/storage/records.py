@@ -1,9 +1,10 @@
 """What the Responses API stores, and the interface any storage backend implements.
 
-The server's own backend is SQLite (`courier.storage.sqlite`); a server database
-for multi-replica deployments would implement the same `ResponseStorage`
-protocol. Items and response objects are stored as the JSON objects the API
-serves, so what a client reads back is byte for byte what it was sent.
+Two backends implement the `ResponseStorage` protocol: SQLite (`courier.storage.sqlite`),
+the embedded default, and PostgreSQL (`courier.storage.postgres`), which several
+replicas can share. Items and response objects are stored as the JSON objects the API
+serves, so what a client reads back is what it was sent: byte for byte from SQLite;
+from PostgreSQL's JSONB the same values, with an object's keys in JSONB's own order.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from enum import Enum
 from typing import Any, Protocol
 
 JsonObject = dict[str, Any]
+
+# A previous_response_id chain longer than this is refused rather than walked.
+MAX_CHAIN_HOPS = 10_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

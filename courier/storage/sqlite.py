@@ -30,6 +30,7 @@ import orjson
 from courier.storage.decoding import conversation_item, stored_conversation, stored_response
 from courier.storage.paging import UnknownCursor
 from courier.storage.records import (
+    MAX_CHAIN_HOPS,
     Chain,
     ItemPage,
     JsonObject,
@@ -46,8 +47,6 @@ from courier.storage.transaction import Transaction, served
 logger = logging.getLogger(__name__)
 
 DATABASE_NAME = "courier.sqlite3"
-# A previous_response_id chain longer than this is refused rather than walked.
-MAX_CHAIN_HOPS = 10_000
 _EVICTION_BATCH = 64
 
 

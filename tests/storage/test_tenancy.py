@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -10,8 +9,8 @@ import pytest
 
 from courier.messages.storage import LoadChain, LoadResponse, SaveResponse
 from courier.storage.records import StorageLimits, StoredResponse
-from courier.storage.sqlite import SqliteStorage
 from courier.storage.tenancy import scoped, unscoped
+from tests.storage.conftest import OpenStorage
 from tests.support.records import response
 
 ONE, TWO = "a1b2c3d4e5f60718", "0f1e2d3c4b5a6978"
@@ -36,8 +35,8 @@ def test_scoped_keys(tenant: str, record_id: str, key: str) -> None:
         assert unscoped(tenant, key) == record_id
 
 
-def test_a_tenants_records_are_its_own(tmp_path: Path) -> None:
-    storage = SqliteStorage(tmp_path, StorageLimits(max_bytes=1 << 20, max_entries=100, ttl_s=3600.0))
+def test_a_tenants_records_are_its_own(open_storage: OpenStorage) -> None:
+    storage = open_storage(StorageLimits(max_bytes=1 << 20, max_entries=100, ttl_s=3600.0))
     try:
         SaveResponse(response=response("resp_1"), tenant=ONE, reply=NO_REPLY).apply(storage)
         SaveResponse(response=response("resp_2", previous="resp_1"), tenant=ONE, reply=NO_REPLY).apply(storage)

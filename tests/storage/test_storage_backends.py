@@ -1,9 +1,10 @@
-"""The SQLite response store on a real database file: persistence, chains, pagination, budgets, TTL."""
+"""Both response stores, SQLite and PostgreSQL, on real databases: persistence, chains, pagination, budgets, TTL.
+
+Each test runs once per backend (`open_storage` in conftest.py); what only one backend
+has is tested in its own module.
+"""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -16,44 +17,21 @@ from courier.storage.records import (
     StoredConversation,
     StoredResponse,
 )
-from courier.storage.sqlite import SqliteStorage
+from tests.storage.conftest import LIMITS, Clock, OpenStorage, Storage
 from tests.support.records import item, response
 
-LIMITS = StorageLimits(max_bytes=10**9, max_entries=10_000, ttl_s=3600.0)
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def storage(tmp_path: Path, clock: Clock) -> Iterator[SqliteStorage]:
-    store = SqliteStorage(tmp_path, LIMITS, clock=clock)
-    yield store
-    store.close()
-
-
-def test_a_saved_response_survives_reopening(tmp_path: Path, clock: Clock) -> None:
-    first = SqliteStorage(tmp_path, LIMITS, clock=clock)
+def test_a_saved_response_survives_reopening(open_storage: OpenStorage) -> None:
+    first = open_storage(LIMITS)
     first.save_response(response("resp_1"), ())
     first.close()
-    reopened = SqliteStorage(tmp_path, LIMITS, clock=clock)
+    reopened = open_storage(LIMITS)
     assert reopened.load_response("resp_1") == response("resp_1")
     assert reopened.stored_entries == 1
     assert reopened.stored_bytes > 0
-    reopened.close()
 
 
-def test_a_chain_comes_back_oldest_first_and_names_a_missing_ancestor(storage: SqliteStorage) -> None:
+def test_a_chain_comes_back_oldest_first_and_names_a_missing_ancestor(storage: Storage) -> None:
     storage.save_response(response("resp_1"), ())
     storage.save_response(response("resp_2", previous="resp_1"), ())
     storage.save_response(response("resp_3", previous="resp_2"), ())
@@ -67,7 +45,7 @@ def test_a_chain_comes_back_oldest_first_and_names_a_missing_ancestor(storage: S
     assert storage.load_chain("resp_unknown") is None
 
 
-def test_saving_into_a_conversation_appends_its_items_atomically(storage: SqliteStorage) -> None:
+def test_saving_into_a_conversation_appends_its_items_atomically(storage: Storage) -> None:
     empty = storage.stored_bytes
     storage.create_conversation(StoredConversation(id="conv_1", created_at=1, metadata={"k": "v"}), [item("msg_0")])
     storage.save_response(response("resp_1", conversation="conv_1"), [item("msg_1"), item("msg_2")])
@@ -76,7 +54,7 @@ def test_saving_into_a_conversation_appends_its_items_atomically(storage: Sqlite
     assert storage.stored_bytes == empty  # every byte counted once, and given back
 
 
-def test_conversation_items_paginate_both_ways(storage: SqliteStorage) -> None:
+def test_conversation_items_paginate_both_ways(storage: Storage) -> None:
     ids = [f"msg_{index}" for index in range(5)]
     storage.create_conversation(StoredConversation(id="conv_1", created_at=1, metadata={}), [item(i) for i in ids])
 
@@ -103,7 +81,7 @@ def test_input_item_pages_match_the_stored_order() -> None:
     assert [entry["id"] for entry in rest.items] == ["msg_0"] and not rest.has_more
 
 
-def test_deleting_items_and_conversations_gives_their_bytes_back(storage: SqliteStorage) -> None:
+def test_deleting_items_and_conversations_gives_their_bytes_back(storage: Storage) -> None:
     empty = storage.stored_bytes
     storage.create_conversation(StoredConversation(id="conv_1", created_at=1, metadata={"a": "b"}), [item("msg_0")])
     assert storage.append_conversation_items("conv_1", [item("msg_1", "x" * 1000)])
@@ -118,9 +96,9 @@ def test_deleting_items_and_conversations_gives_their_bytes_back(storage: Sqlite
     assert not storage.append_conversation_items("conv_1", [item("msg_2")])
 
 
-def test_the_byte_budget_evicts_the_least_recently_updated_first(tmp_path: Path, clock: Clock) -> None:
+def test_the_byte_budget_evicts_the_least_recently_updated_first(open_storage: OpenStorage, clock: Clock) -> None:
     one = len(str(response("resp_0")).encode())  # roughly one record's JSON size
-    store = SqliteStorage(tmp_path, StorageLimits(max_bytes=3 * one, max_entries=100, ttl_s=3600.0), clock=clock)
+    store = open_storage(StorageLimits(max_bytes=3 * one, max_entries=100, ttl_s=3600.0))
     for index in range(6):
         clock.now += 1
         store.save_response(response(f"resp_{index}"), ())
@@ -128,21 +106,19 @@ def test_the_byte_budget_evicts_the_least_recently_updated_first(tmp_path: Path,
     kept = [f"resp_{index}" for index in range(6) if store.load_response(f"resp_{index}") is not None]
     assert kept and kept == [f"resp_{index}" for index in range(6 - len(kept), 6)]  # the newest survive
     assert "resp_5" in kept
-    store.close()
 
 
-def test_the_entry_budget_holds(tmp_path: Path, clock: Clock) -> None:
-    store = SqliteStorage(tmp_path, StorageLimits(max_bytes=10**9, max_entries=2, ttl_s=3600.0), clock=clock)
+def test_the_entry_budget_holds(open_storage: OpenStorage, clock: Clock) -> None:
+    store = open_storage(StorageLimits(max_bytes=10**9, max_entries=2, ttl_s=3600.0))
     for index in range(4):
         clock.now += 1
         store.save_response(response(f"resp_{index}"), ())
     assert store.stored_entries == 2
     assert [store.load_response(f"resp_{index}") is not None for index in range(4)] == [False, False, True, True]
-    store.close()
 
 
-def test_a_record_over_the_whole_budget_is_refused_and_evicts_nothing(tmp_path: Path, clock: Clock) -> None:
-    store = SqliteStorage(tmp_path, StorageLimits(max_bytes=2000, max_entries=100, ttl_s=3600.0), clock=clock)
+def test_a_record_over_the_whole_budget_is_refused_and_evicts_nothing(open_storage: OpenStorage, clock: Clock) -> None:
+    store = open_storage(StorageLimits(max_bytes=2000, max_entries=100, ttl_s=3600.0))
     store.save_response(response("resp_small"), ())
     huge = StoredResponse(
         id="resp_huge",
@@ -156,10 +132,9 @@ def test_a_record_over_the_whole_budget_is_refused_and_evicts_nothing(tmp_path: 
         store.save_response(huge, ())
     assert store.load_response("resp_small") is not None
     assert store.load_response("resp_huge") is None
-    store.close()
 
 
-def test_ttl_sweep_removes_what_was_not_updated(storage: SqliteStorage, clock: Clock) -> None:
+def test_ttl_sweep_removes_what_was_not_updated(storage: Storage, clock: Clock) -> None:
     storage.save_response(response("resp_old"), ())
     storage.create_conversation(StoredConversation(id="conv_old", created_at=1, metadata={}), [])
     storage.create_conversation(StoredConversation(id="conv_busy", created_at=1, metadata={}), [])
@@ -174,7 +149,7 @@ def test_ttl_sweep_removes_what_was_not_updated(storage: SqliteStorage, clock: C
     assert storage.load_conversation("conv_busy") is not None
 
 
-def test_a_response_whose_conversation_was_deleted_is_still_saved(storage: SqliteStorage) -> None:
+def test_a_response_whose_conversation_was_deleted_is_still_saved(storage: Storage) -> None:
     storage.save_response(response("resp_1", conversation="conv_gone"), [item("msg_1")])
     assert storage.load_response("resp_1") is not None
     assert storage.conversation_items("conv_gone") is None

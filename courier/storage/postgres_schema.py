@@ -1,0 +1,90 @@
+"""The PostgreSQL database's tables and their versions: migrations applied at start-up, under an advisory lock.
+
+Several replicas may start at once against one database. Each takes the same
+transaction-scoped advisory lock before it reads which migrations are applied, so
+one of them applies what is missing and the others then find it done. A database
+whose schema is newer than this Courier knows is refused, as SQLite's is.
+
+Records are JSONB. `storage_usage` is one row holding the bytes and records stored,
+which every write updates in its own transaction, so every replica enforces the same
+budgets (`postgres_budget.py`). A conversation's `next_position` is the position its
+next item gets, assigned under the conversation's row lock (`postgres.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, LiteralString
+
+import psycopg
+
+# Any fixed 64-bit key: the lock only has to be the same for every Courier sharing the database.
+SCHEMA_LOCK_KEY = 0x636F_7572_6965_7201
+
+_VERSION_1: tuple[LiteralString, ...] = (
+    """
+    CREATE TABLE responses (
+        id TEXT PRIMARY KEY,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        previous_response_id TEXT,
+        conversation_id TEXT,
+        input_items JSONB NOT NULL,
+        response JSONB NOT NULL,
+        nbytes BIGINT NOT NULL
+    )
+    """,
+    "CREATE INDEX responses_by_age ON responses (updated_at)",
+    """
+    CREATE TABLE conversations (
+        id TEXT PRIMARY KEY,
+        created_at BIGINT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        metadata JSONB NOT NULL,
+        nbytes BIGINT NOT NULL,
+        next_position BIGINT NOT NULL DEFAULT 0
+    )
+    """,
+    "CREATE INDEX conversations_by_age ON conversations (updated_at)",
+    """
+    CREATE TABLE conversation_items (
+        conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+        position BIGINT NOT NULL,
+        id TEXT NOT NULL,
+        item JSONB NOT NULL,
+        nbytes BIGINT NOT NULL,
+        PRIMARY KEY (conversation_id, position),
+        UNIQUE (conversation_id, id)
+    )
+    """,
+    """
+    CREATE TABLE storage_usage (
+        singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+        bytes BIGINT NOT NULL,
+        entries BIGINT NOT NULL
+    )
+    """,
+    "INSERT INTO storage_usage (bytes, entries) VALUES (0, 0)",
+)
+
+# Migration N (1-based) brings the schema from version N-1 to N; an applied one is never edited, only followed.
+MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (_VERSION_1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(connection: psycopg.Connection[Any]) -> int:
+    """Apply the migrations the database lacks; returns how many. Refuses a schema newer than `SCHEMA_VERSION`."""
+    with connection.transaction():
+        connection.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
+        connection.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            "(version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        row = connection.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations").fetchone()
+        current = int(row[0]) if row else 0
+        if current > SCHEMA_VERSION:
+            raise RuntimeError(f"the database has schema version {current}; this Courier knows up to {SCHEMA_VERSION}")
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[version - 1]:
+                connection.execute(statement)
+            connection.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (version,))
+    return SCHEMA_VERSION - current

@@ -1,0 +1,240 @@
+"""What only the PostgreSQL backend has: several writers on one database, budgets in SQL, migrations, outages.
+
+Each test opens storages on a fresh schema of the session's private cluster; two
+`PostgresStorage` instances stand for two replicas (each has its own pool).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from courier.storage import postgres_connection
+from courier.storage.postgres import PostgresStorage
+from courier.storage.postgres_budget import usage
+from courier.storage.postgres_connection import redacted
+from courier.storage.postgres_schema import SCHEMA_VERSION
+from courier.storage.records import StorageLimits, StorageRefused, StorageUnavailable, StoredConversation
+from tests.storage.conftest import LIMITS
+from tests.support.postgres_cluster import PASSWORD, PostgresCluster
+from tests.support.records import item, response
+
+WRITERS = 2
+TURNS = 40
+CHAIN = 200
+
+
+@pytest.fixture
+def url(postgres_cluster: PostgresCluster) -> str:
+    return postgres_cluster.fresh_url()
+
+
+@pytest.fixture
+def replicas(url: str) -> Iterator[Callable[[StorageLimits], PostgresStorage]]:
+    """Opens one more "replica" of the same database each call."""
+    opened: list[PostgresStorage] = []
+
+    def replica(limits: StorageLimits = LIMITS) -> PostgresStorage:
+        opened.append(PostgresStorage(url, limits))
+        return opened[-1]
+
+    yield replica
+    for storage in opened:
+        storage.close()
+
+
+def in_threads(*work: Callable[[], None]) -> None:
+    """Run each function on a thread of its own, started together; re-raise the first failure."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(work))
+
+    def run(function: Callable[[], None]) -> None:
+        try:
+            start.wait()
+            function()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(function,)) for function in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def saving(storage: PostgresStorage, name: str, count: int) -> Callable[[], None]:
+    def save() -> None:
+        for index in range(count):
+            storage.save_response(response(f"resp_{name}_{index}"), ())
+
+    return save
+
+
+def measured(url: str) -> tuple[int, int]:
+    """The bytes and records really in the tables, to compare with the shared counts."""
+    with psycopg.connect(url) as connection:
+        row = connection.execute(
+            "SELECT (SELECT COALESCE(SUM(nbytes), 0) FROM responses) + (SELECT COALESCE(SUM(nbytes), 0) FROM "
+            "conversations) + (SELECT COALESCE(SUM(nbytes), 0) FROM conversation_items), "
+            "(SELECT COUNT(*) FROM responses) + (SELECT COUNT(*) FROM conversations)"
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+
+def test_two_replicas_appending_to_one_conversation_keep_every_item_in_turns(
+    replicas: Callable[[StorageLimits], PostgresStorage], url: str
+) -> None:
+    first, second = replicas(LIMITS), replicas(LIMITS)
+    first.create_conversation(StoredConversation(id="conv_1", created_at=1, metadata={}), [item("start")])
+
+    def writer(storage: PostgresStorage, name: str) -> Callable[[], None]:
+        def write() -> None:
+            for turn in range(TURNS):
+                # A turn is a user message and its answer: the two must stay next to each other.
+                assert storage.append_conversation_items("conv_1", [item(f"{name}_q{turn}"), item(f"{name}_a{turn}")])
+                if turn % 2:
+                    storage.save_response(
+                        response(f"resp_{name}_{turn}", conversation="conv_1"), [item(f"{name}_r{turn}")]
+                    )
+
+        return write
+
+    in_threads(writer(first, "one"), writer(second, "two"))
+
+    ids = [entry["id"] for entry in second.conversation_items("conv_1") or ()]
+    assert ids[0] == "start"
+    expected = {"start"} | {f"{name}_{kind}{turn}" for name in ("one", "two") for kind in "qa" for turn in range(TURNS)}
+    expected |= {f"{name}_r{turn}" for name in ("one", "two") for turn in range(1, TURNS, 2)}
+    assert len(ids) == len(expected) and set(ids) == expected  # none lost, none twice
+    for name in ("one", "two"):
+        own = [entry for entry in ids if entry.startswith(name)]
+        assert own == [f"{name}_{kind}{turn}" for turn in range(TURNS) for kind in ("qar" if turn % 2 else "qa")]
+        for turn in range(TURNS):
+            question = ids.index(f"{name}_q{turn}")
+            assert ids[question + 1] == f"{name}_a{turn}"  # the other writer never got in between
+    assert (first.stored_bytes, first.stored_entries) == measured(url)
+
+
+def test_budgets_hold_for_all_replicas_together(replicas: Callable[[StorageLimits], PostgresStorage], url: str) -> None:
+    limits = StorageLimits(max_bytes=10**9, max_entries=3, ttl_s=3600.0)
+    first, second = replicas(limits), replicas(limits)
+    for index in range(6):
+        (first if index % 2 else second).save_response(response(f"resp_{index}"), ())
+        time.sleep(0.001)  # the real clock orders the records' updates
+    assert first.stored_entries == second.stored_entries == 3
+    assert [first.load_response(f"resp_{index}") is not None for index in range(6)] == [False] * 3 + [True] * 3
+
+    in_threads(saving(first, "one", 30), saving(second, "two", 30))
+    assert first.stored_entries == 3
+    assert (first.stored_bytes, first.stored_entries) == measured(url)
+
+
+def test_a_byte_budget_is_shared_and_a_record_over_it_is_refused(
+    replicas: Callable[[StorageLimits], PostgresStorage], url: str
+) -> None:
+    one = len(str(response("resp_0")).encode())
+    limits = StorageLimits(max_bytes=4 * one, max_entries=100, ttl_s=3600.0)
+    first, second = replicas(limits), replicas(limits)
+    in_threads(saving(first, "one", 20), saving(second, "two", 20))
+    assert 0 < second.stored_bytes <= 4 * one
+    assert (first.stored_bytes, first.stored_entries) == measured(url)
+
+
+def test_a_chain_of_200_is_loaded_in_one_query(
+    replicas: Callable[[StorageLimits], PostgresStorage], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = replicas(LIMITS)
+    for index in range(CHAIN):
+        storage.save_response(response(f"resp_{index}", previous=f"resp_{index - 1}" if index else None), ())
+    statements: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counting(cursor: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(query).strip():  # the pool's liveness check sends an empty query
+            statements.append(str(query))
+        return execute(cursor, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
+    chain = storage.load_chain(f"resp_{CHAIN - 1}")
+    monkeypatch.undo()
+    assert chain is not None and chain.missing is None
+    assert [hop.id for hop in chain.responses] == [f"resp_{index}" for index in range(CHAIN)]
+    assert len(statements) == 1 and "WITH RECURSIVE" in statements[0]
+
+
+def test_replicas_starting_together_apply_the_schema_once(url: str) -> None:
+    opened: list[PostgresStorage] = []
+    in_threads(*(lambda: opened.append(PostgresStorage(url, LIMITS)) for _ in range(3)))
+    for storage in opened:
+        storage.close()
+    with psycopg.connect(url) as connection:
+        versions = connection.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
+        assert [version for (version,) in versions] == list(range(1, SCHEMA_VERSION + 1))
+        assert usage(connection) == (0, 0)
+        connection.execute("INSERT INTO schema_migrations (version) VALUES (%s)", (SCHEMA_VERSION + 1,))
+    with pytest.raises(RuntimeError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        PostgresStorage(url, LIMITS)
+
+
+def test_a_stopped_database_is_unavailable_and_the_same_storage_reconnects(
+    replicas: Callable[[StorageLimits], PostgresStorage],
+    postgres_cluster: PostgresCluster,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(postgres_connection, "ACQUIRE_TIMEOUT_S", 2.0)  # a quicker 503 than a server's
+    storage = replicas(LIMITS)
+    storage.save_response(response("resp_before"), ())
+    with postgres_cluster.stopped():
+        with pytest.raises(StorageUnavailable):
+            storage.save_response(response("resp_during"), ())
+        with pytest.raises(StorageUnavailable):
+            storage.load_response("resp_before")
+    storage.save_response(response("resp_after"), ())  # no new instance: the pool reconnected
+    assert storage.load_response("resp_before") == response("resp_before")
+    assert storage.load_response("resp_during") is None
+    assert storage.load_response("resp_after") == response("resp_after")
+    assert storage.stored_entries == 2
+
+
+def test_a_database_too_slow_to_answer_is_unavailable_for_that_call_only(
+    replicas: Callable[[StorageLimits], PostgresStorage], url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres_connection, "STATEMENT_TIMEOUT_MS", 300)
+    storage = replicas(LIMITS)
+    storage.save_response(response("resp_1"), ())
+    with psycopg.connect(url) as blocker:  # holds every table the response needs until it commits
+        blocker.execute("LOCK TABLE responses IN ACCESS EXCLUSIVE MODE")
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable, match="statement timeout"):
+            storage.load_response("resp_1")
+        assert time.monotonic() - started < 5
+    assert storage.load_response("resp_1") == response("resp_1")
+
+
+def test_a_record_holding_a_nul_character_is_refused_and_nothing_else_changes(
+    replicas: Callable[[StorageLimits], PostgresStorage],
+) -> None:
+    storage = replicas(LIMITS)
+    storage.create_conversation(StoredConversation(id="conv_1", created_at=1, metadata={}), [item("msg_0")])
+    with pytest.raises(StorageRefused, match="cannot be stored in PostgreSQL"):
+        storage.save_response(response("resp_1", conversation="conv_1"), [item("msg_1", "a\x00b")])
+    assert storage.load_response("resp_1") is None
+    assert [entry["id"] for entry in storage.conversation_items("conv_1") or ()] == ["msg_0"]
+    assert storage.load_response("resp_\x00") is None  # an id PostgreSQL could not hold is simply not stored
+
+
+def test_the_database_is_named_without_its_password(url: str) -> None:
+    shown = redacted(url)
+    assert PASSWORD not in shown
+    assert shown.startswith("postgresql://courier@127.0.0.1:") and shown.endswith("/postgres")
+    storage = PostgresStorage(url, LIMITS)
+    assert storage.location == shown
+    storage.close()
