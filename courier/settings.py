@@ -9,7 +9,8 @@ does not parse logs a warning naming the variable and keeps the default, so a ty
 in a deployment's environment never stops the server from starting; except for a
 `strict` setting, where the default would be a different thing rather than a safe
 one (`COURIER_STORAGE`: replicas meant to share PostgreSQL must not each fall back to
-a SQLite file of their own), so its typo is a start-up error (`SettingsError`).
+a SQLite file of their own; `COURIER_REPLICA_ID`: a replica behind a front must not
+quietly mint ids that route nowhere), so its typo is a start-up error (`SettingsError`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 STORAGE_URL_SCHEMES = ("postgresql", "postgres")
 _BYTE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
 _BYTES_PATTERN = re.compile(r"^\s*(\d+)\s*([kmg]i?)?b?\s*$", re.IGNORECASE)
+# A replica id: the routing token its response ids carry, and its server's name in a front's configuration.
+REPLICA_ID_PATTERN = re.compile(r"[a-z0-9-]{1,16}")
 
 
 def parse_bytes(text: str) -> int:
@@ -148,6 +151,16 @@ def parse_storage_url(text: str) -> str | None:
     if scheme.lower() not in STORAGE_URL_SCHEMES:
         raise ValueError(f"a {scheme!r} URL names no storage Courier has: use postgresql://, or nothing for SQLite")
     return url
+
+
+def parse_replica_id(text: str) -> str | None:
+    """1-16 of a-z, 0-9 and `-` (`r1`, `gpu-a`); empty for none."""
+    replica = text.strip()
+    if not replica:
+        return None
+    if REPLICA_ID_PATTERN.fullmatch(replica) is None:
+        raise ValueError(f"a replica id is 1-16 of a-z, 0-9 and '-', not {text!r}")
+    return replica
 
 
 def parse_api_prefix(text: str) -> str:
@@ -282,7 +295,8 @@ class Settings:
     speculative_tokens: int = setting(
         8,
         lambda text: _int_between(text, 1, 64),
-        "most draft tokens verified per sequence in one step (1-64); drafts adapt below it to what gets accepted",
+        "draft tokens proposed per sequence (1-64); how many are verified in a step follows the measured cost of "
+        "a wider pass and each sequence's acceptance",
         metavar="K",
     )
     max_queue: int = setting(
@@ -455,6 +469,14 @@ class Settings:
         parse_positive_float,
         "seconds a stored response or conversation is kept after its last update",
         metavar="SECONDS",
+    )
+    replica_id: str | None = setting(
+        None,
+        parse_replica_id,
+        "this replica's name behind a front (1-16 of a-z, 0-9, -): every response id then carries it "
+        "(resp_ID.<hex>), so a front routes the next turn, GET, DELETE and cancel of a response to this replica",
+        metavar="ID",
+        strict=True,
     )
     api_key: str | None = setting(
         None,

@@ -3,17 +3,17 @@
 Agents' outputs repeat their inputs (a file returned with a small edit, a quoted passage, JSON that carries the
 user's values), so the tokens that followed an earlier occurrence of the last few tokens are often the tokens the
 model is about to produce. A `PromptLookup` keeps one index per n-gram length, from each n-gram of the sequence's
-prompt and output to where the tokens after its most recent occurrence start, and proposes up to `draft` tokens
+prompt and output to where the tokens after its most recent occurrence start, and proposes `max_draft` tokens
 from the longest n-gram that matches (`max_ngram` down to `MIN_NGRAM`); a continuation that runs into the end of
 the context is a loop, and repeats.
 
-It also decides how much to draft, and estimates how often a draft token is kept. After a fully accepted draft the
-next may be twice as long (up to the limit); after a partial one it is one token longer than what was accepted.
-The estimate weighs recent drafts most, and it is kept up to date on steps that verify nothing too: a `shadow`
-draft is proposed and never verified, and the tokens the sequence goes on with say how much of it would have been
-kept. So a sequence whose drafts miss (nothing to copy, or an edit the copy diverges at) is soon expected to gain
-little and is not verified (the engine weighs gains against the cost of a wider pass), and one that starts copying
-again is seen to, without paying for a failed verify to find out. Pure Python: the engine verifies drafts.
+How many of a draft's tokens are verified is the engine's choice (`verify_width.best_width`, from the cost of a
+wider pass and the sequence's acceptance). The lookup estimates that acceptance (the chance a draft token is kept,
+given the ones before it were) from recent drafts, weighed most, and keeps it up to date on steps that verify
+nothing too: a `shadow` draft is proposed and never verified, and the tokens the sequence goes on with say how
+much of it would have been kept. So a sequence whose drafts miss (nothing to copy, or an edit the copy diverges at)
+is soon expected to gain little and is not verified, and one that starts copying again is seen to, without paying
+for a failed verify to find out. Pure Python: the engine verifies drafts.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class PromptLookup:
         self._tokens: list[int] = []
         # _index[n - MIN_NGRAM]: n-gram -> where the tokens after its most recent occurrence start.
         self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(MIN_NGRAM, limits.max_ngram + 1)]
-        self._draft = limits.max_draft
         self._kept, self._refused = 1.0, 1.0  # decayed counts of draft tokens kept, and of drafts cut short
         self._shadow: list[int] = []  # a draft not verified, checked against the tokens that follow
         self._shadow_kept = 0
@@ -54,8 +53,8 @@ class PromptLookup:
 
     @property
     def draft_length(self) -> int:
-        """How many tokens its next draft may have."""
-        return self._draft
+        """How many tokens a draft has (when it finds a match)."""
+        return self._limits.max_draft
 
     @property
     def acceptance(self) -> float:
@@ -84,28 +83,25 @@ class PromptLookup:
             self._shadow, self._shadow_kept = self.propose(), 0
 
     def propose(self, next_token: int | None = None) -> list[int]:
-        """Up to the current draft length of tokens to follow the context (and `next_token`, not yet added)."""
+        """`max_draft` tokens to follow the context (and `next_token`, not yet added), or none without a match."""
         self._shadow = []  # a draft to verify replaces any shadow one
         tokens = self._tokens if next_token is None else [*self._tokens[-self._limits.max_ngram :], next_token]
         start = self._find(tokens)
         if start is None:
             return []
-        draft = self._tokens[start : start + self._draft]
-        if len(draft) < self._draft:  # it runs into the end: the tokens since `start` repeat (a loop)
+        length = self._limits.max_draft
+        draft = self._tokens[start : start + length]
+        if len(draft) < length:  # it runs into the end: the tokens since `start` repeat (a loop)
             period = [*draft] if next_token is None else [*draft, next_token]
-            draft = [period[i % len(period)] for i in range(self._draft)]
+            draft = [period[i % len(period)] for i in range(length)]
         return draft
 
     def record(self, drafted: int, accepted: int) -> None:
-        """How a draft of `drafted` tokens fared: adapt the draft length and the acceptance estimate."""
+        """How a draft of `drafted` tokens (as verified: perhaps cut) fared: the acceptance estimate follows."""
         if drafted <= 0:
             return
         self._kept = ACCEPTANCE_DECAY * self._kept + accepted
         self._refused = ACCEPTANCE_DECAY * self._refused + (accepted < drafted)
-        if accepted >= drafted:
-            self._draft = min(self._limits.max_draft, 2 * self._draft)
-        else:
-            self._draft = max(1, accepted + 1)
 
     def _check_shadow(self, token: int) -> None:
         """The sequence went on with `token`: one more shadow token kept, or the shadow draft ends here."""

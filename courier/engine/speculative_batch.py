@@ -200,7 +200,7 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
 
     def _worth_verifying(self) -> bool:
         """Whether a verify pass may pay, judged before waiting for the pending tokens: rows with a draft in sight
-        (or a grammar that may force tokens), at their current draft lengths and acceptance."""
+        (or a grammar that may force tokens), at their draft lengths and acceptance."""
         forcing = self.forcing
         estimates: list[RowDraft] = []
         for uid, row in zip(self.uids, self._rows, strict=True):
