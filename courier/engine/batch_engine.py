@@ -51,7 +51,7 @@ from courier.engine.generation import (
 )
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill, prefill_embedded, resume
 from courier.engine.penalties import Penalties
-from courier.engine.sampling import build_sampler
+from courier.engine.sampling import SeededSampler, build_sampler
 from courier.engine.speculative_batch import SpeculationCounters, SpeculativeGenerator, StepResponse
 from courier.grammar.compiler import GrammarCompiler
 from courier.grammar.constraint import GrammarError
@@ -696,6 +696,9 @@ class BatchEngine:
             mx.eval(self._model(mx.array([tokens[-1:]]), cache=probe))
         remaining = max(1, (request.sampling.max_tokens or 1) - sequence.generated)
         sampling = request.sampling
+        seeded = sequence.constrained.seeded if sequence.constrained is not None else sequence.sampler
+        if isinstance(seeded, SeededSampler):  # its next draw is for the token after those it has sent
+            seeded.position = len(sequence.token_ids)
         (uid,) = self._generator.insert_segments(
             [[tokens[-1:]]],
             max_tokens=[remaining],

@@ -117,9 +117,7 @@ class ConstrainedSequence:
         self._row = filler.acquire()
         self._tail = ""  # the end of the free text, to spot the trigger
         self._matcher: LLMatcher | None = None
-        # The last forced run: a seeded sampler's key before each of its tokens, and the matcher it completed.
-        self._forced_keys: list[mx.array] = []
-        self._stopped: LLMatcher | None = None
+        self._stopped: LLMatcher | None = None  # the matcher the last forced run completed, if it did
         self.phase = _Phase.FREE
         if not constraint.trigger:
             self._start_matching()
@@ -162,10 +160,9 @@ class ConstrainedSequence:
         self._advance(token)
         self._consumed += 1
         forced: list[int] = []
-        self._forced_keys, self._stopped = [], None
+        self._stopped = None
         if self.phase is not _Phase.CONSTRAINED or self._matcher is None:
             return forced
-        seeded = self._inner if isinstance(self._inner, SeededSampler) else None
         for candidate in self._matcher.compute_ff_tokens()[:most]:
             matcher = self._matcher
             if (
@@ -174,19 +171,18 @@ class ConstrainedSequence:
                 or not _only(matcher.compute_bitmask(), candidate)
             ):
                 break
-            if seeded is not None:
-                self._forced_keys.append(seeded.key)
-                seeded.skip(1)
             self._advance(candidate)
             if self._matcher is None:  # the grammar is complete: kept, in case the run is cut
                 self._stopped = matcher
             forced.append(candidate)
         self._consumed += len(forced)
+        if self.seeded is not None:
+            self.seeded.skip(len(forced))
         return forced
 
     def take_back(self, count: int) -> None:
         """The last `count` tokens of the last forced run are not appended: the grammar and a seeded sampler's
-        key go back to where they stood before them (the step's input stays read)."""
+        position go back to where they stood before them (the step's input stays read)."""
         if count <= 0:
             return
         if self._stopped is not None:
@@ -194,9 +190,13 @@ class ConstrainedSequence:
         if self._matcher is None or not self._matcher.rollback(count):
             raise RuntimeError(f"{self.constraint.label}: the grammar could not take back {count} forced tokens")
         self._consumed -= count
-        if self._forced_keys and isinstance(self._inner, SeededSampler):
-            self._inner.key = self._forced_keys[len(self._forced_keys) - count]
-        del self._forced_keys[len(self._forced_keys) - count :]
+        if self.seeded is not None:
+            self.seeded.position -= count
+
+    @property
+    def seeded(self) -> SeededSampler | None:
+        """Its request's own seeded sampler, if it has one (a replay sets its position)."""
+        return self._inner if isinstance(self._inner, SeededSampler) else None
 
     def process(self, context: mx.array, logits: mx.array) -> mx.array:
         """The logits processor: advance the matcher over the tokens generated since the last step.
@@ -247,7 +247,7 @@ class ConstrainedSequence:
     def _restart(self) -> None:
         """Back to the grammar state before any token: the caller advances it again over the tokens kept."""
         self._tail, self._matcher, self.phase, self._consumed = "", None, _Phase.FREE, 0
-        self._forced_keys, self._stopped = [], None
+        self._stopped = None
         if not self.constraint.trigger:
             self._start_matching()
 

@@ -12,8 +12,8 @@ sequence on by at least one token. The KV cache (`RaggedKVCache`) takes back eac
 Lossless: at every position the sequence's own sampler draws from the model's distribution given the tokens before
 it, and a draft token is kept only when the draw equals it. That is greedy decoding exactly at temperature 0, and
 the standard speculative acceptance rule for a draft that is a point mass (accept with probability p(draft), else a
-draw from p without the draft) when sampling. A seeded sampler's key is set back to where it stood after the last
-kept token, so a seeded output is the one without drafts.
+draw from p without the draft) when sampling. A seeded sampler keys each draw by token position, and its position
+is set back to the token after the last kept one, so a seeded output is the one without drafts.
 
 Sequences with logits processors (penalties, logit bias, a grammar) do not draft: their processors read one token
 per step. A `Forcing` lets a constrained sequence supply the tokens its grammar forces instead (JSON keys and
@@ -259,7 +259,7 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
         pairs = zip(inputs, drafts, strict=True)
         block = [[token, *draft.tokens] + [token] * (width - 1 - len(draft.tokens)) for token, draft in pairs]
         logits = self.model(mx.array(block), cache=self.prompt_cache)  # [rows, width, vocabulary]
-        chosen, logprobs, keys = self._draw(logits, inputs, drafts)
+        chosen, logprobs, positions = self._draw(logits, inputs, drafts)
         mx.eval(chosen)
         drawn = cast("list[list[int]]", chosen.tolist())
         accepted = [
@@ -275,8 +275,9 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
             emitted.append(([token, *draft.tokens[:kept]], vectors, len(draft.tokens), kept))
             next_logprobs.append(row_logprobs[kept])
             sampler = self._sampler(index)
-            if isinstance(sampler, SeededSampler) and keys[index]:
-                sampler.key = keys[index][kept]
+            start = positions[index]
+            if isinstance(sampler, SeededSampler) and start is not None:
+                sampler.position = start + kept + 1  # the kept tokens and the draw after them
         for cache in self.prompt_cache:
             cache.keep([1 + kept for kept in accepted], width)
         self._next_tokens = mx.array([drawn[index][kept] for index, kept in enumerate(accepted)], dtype=mx.uint32)
@@ -320,13 +321,14 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
 
     def _draw(
         self, logits: mx.array, inputs: list[int], drafts: list[Draft]
-    ) -> tuple[mx.array, list[mx.array], list[list[mx.array]]]:
+    ) -> tuple[mx.array, list[mx.array], list[int | None]]:
         """Each row's own choice at each block position (the last of a forced block only), its logprobs per
-        position, and a seeded sampler's key after each draw. A guided row's choices are its plain argmax here
-        (`_draw_guided` draws after its kept tokens)."""
+        position, and for a seeded sampler the token position of block position 0 (None otherwise), to set it
+        after the kept tokens. A guided row's choices are its plain argmax here (`_draw_guided` draws after its
+        kept tokens)."""
         choices: list[mx.array] = []
         logprobs: list[mx.array] = []
-        keys: list[list[mx.array]] = []
+        positions: list[int | None] = []
         greedy = mx.argmax(logits, axis=-1)  # [rows, width]: a greedy row needs no normalised logits
         for index, draft in enumerate(drafts):
             guided = draft.kind is DraftKind.GUIDED and bool(draft.tokens)
@@ -337,21 +339,17 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
             sampler = self._sampler(index)
             if not processors and (sampler is greedy_sampler or guided):
                 choices.append(greedy[index])
-                keys.append([])
+                positions.append(None)
                 continue
             first = len(draft.tokens) if draft.kind is DraftKind.FORCED else 0
+            seeded = isinstance(sampler, SeededSampler)
+            positions.append(sampler.position - first if seeded else None)
             drawn: list[mx.array] = [mx.zeros((first,), dtype=mx.uint32)]
-            row_keys: list[mx.array] = []
             for position in range(first, len(draft.tokens) + 1):
                 drawn.append(sampler(row_logprobs[position : position + 1]).reshape(1).astype(mx.uint32))
-                if isinstance(sampler, SeededSampler):
-                    row_keys.append(sampler.key)
-            if draft.kind is DraftKind.FORCED and row_keys:
-                row_keys = [row_keys[-1]] * (first + 1)
             drawn.append(mx.zeros((logits.shape[1] - len(draft.tokens) - 1,), dtype=mx.uint32))
             choices.append(mx.concatenate(drawn))
-            keys.append(row_keys)
-        return mx.stack(choices), logprobs, keys
+        return mx.stack(choices), logprobs, positions
 
     def _processed(self, index: int, logits: mx.array, token: int, draft: Draft) -> mx.array:
         """A row's logits with its processors applied at the one position it draws at (after forced tokens),

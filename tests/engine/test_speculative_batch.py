@@ -27,6 +27,7 @@ from courier.grammar.constraint import json_schema
 from courier.model.loader import load_model
 from courier.model.progress import Progress
 from courier.model.source import resolve_model_source
+from tests.support.faulty_model import FailingModel
 from tests.support.grammar import VOCAB_SIZE
 
 PLAIN = BatchLimits(max_batch=8, prefill_batch=8, prefill_step_size=64)
@@ -340,3 +341,31 @@ def test_smollm2_json_echoing_its_input_drafts_values_and_forces_keys(smollm2: t
     counters = engine.speculation
     assert counters.forced > 0 and counters.accepted > 0
     assert counters.steps < 0.8 * plain["order/0"].finish[1]
+
+
+@pytest.mark.parametrize("limits", [PLAIN, SPECULATIVE], ids=["plain", "speculative"])
+def test_a_seeded_request_replayed_after_a_fault_writes_what_it_would_have(
+    tiny: tuple[Any, Any], limits: BatchLimits
+) -> None:
+    """The step that failed had drawn tokens nobody received; the replay draws them again with the same keys."""
+    model, tokenizer = tiny
+    prompt = loop_prompt(tokenizer, TINY_TEXTS["repeat"])
+    requests = [
+        request("seeded", prompt, max_tokens=30, temperature=0.9, seed=11),
+        request("greedy", prompt, max_tokens=30),
+    ]
+    undisturbed, _ = run(model, tokenizer, limits, requests)
+    flaky = FailingModel(model)
+    engine = BatchEngine(flaky, tokenizer, limits)
+    outputs = engine.step(requests, [])
+    for _ in range(3):
+        outputs += engine.step([], [])
+    flaky.failures = 1  # the next forward pass fails: both sequences are replayed alone
+    while engine.active:
+        outputs += engine.step([], [])
+    texts = {
+        name: "".join(o.event.text for o in outputs if o.request_id == name and isinstance(o.event, TokensGenerated))
+        for name in ("seeded", "greedy")
+    }
+    assert texts == {name: undisturbed[f"{name}/0"].text for name in ("seeded", "greedy")}
+    assert undisturbed["seeded/0"].text != undisturbed["greedy/0"].text
