@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from courier.core.snapshot_store import StoreStats
 from courier.platform.malloc_tuning import malloc_usage
 from courier.platform.mlx_memory import mlx_memory
+from courier.status.gateway_metrics import gateway_gauges
 from courier.status.service_state import ServiceState
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -50,6 +51,7 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._scheduler()
+        yield from gateway_gauges(self._state.scheduler, self._state.model_id)
         yield from self._faults()
         yield from self._connections()
         yield from self._prompt_cache()

@@ -44,6 +44,9 @@ def test_health_reports_device_blas_and_weight_format(server: RunningServer) -> 
     with server.http() as http:
         metrics = http.get("/metrics").text
     assert "courier_mlx_cache_bytes" in metrics and "courier_mlx_active_bytes" in metrics
+    # What a Kubernetes inference gateway reads, by vLLM's names (idle: nothing queued or running).
+    assert 'vllm:num_requests_waiting{model_name="tiny"} 0.0' in metrics.splitlines()
+    assert 'vllm:kv_cache_usage_perc{model_name="tiny"} 0.0' in metrics.splitlines()
 
 
 def test_models_list_and_retrieve_with_the_openai_client(server: RunningServer) -> None:
