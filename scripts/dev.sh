@@ -31,21 +31,37 @@ ensure_openblas() {
     fi
 }
 
+# $1: a Debian package the tests need, $2: the tests it is for. Installed as root with apt-get (the package index
+# is updated once per run); elsewhere a warning says those tests will be skipped.
+apt_install() {
+    local package=$1 purpose=$2
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        log "installing $package for $purpose (Debian package $package)"
+        export DEBIAN_FRONTEND=noninteractive
+        if [ -z "${APT_UPDATED:-}" ]; then
+            apt-get update -qq >/dev/null
+            APT_UPDATED=1
+        fi
+        apt-get install -y -qq --no-install-recommends "$package" >/dev/null
+    else
+        log "WARNING: $package not found; $purpose will be skipped (Debian: sudo apt-get install $package)"
+    fi
+}
+
 # The PostgreSQL storage tests start a private cluster of their own; they need the server's binaries (initdb,
 # pg_ctl), and are skipped without them. Installing adds ~20 s; no system cluster is started.
 ensure_postgresql() {
     [ "$(uname -s)" = "Linux" ] || return 0
-    if command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
-        return 0
-    fi
-    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-        log "installing PostgreSQL for the storage tests (Debian package postgresql)"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >/dev/null
-        apt-get install -y -qq --no-install-recommends postgresql >/dev/null
-    else
-        log "WARNING: PostgreSQL not found; its storage tests will be skipped (Debian: sudo apt-get install postgresql)"
-    fi
+    command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null && return 0
+    apt_install postgresql "the PostgreSQL storage tests"
+}
+
+# The front's tests run the configuration `courier cluster haproxy-config` writes in a real HAProxy (2.6+), and
+# are skipped without one. Installing takes ~10 s; the tests start HAProxy themselves, from files of their own.
+ensure_haproxy() {
+    [ "$(uname -s)" = "Linux" ] || return 0
+    command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] && return 0
+    apt_install haproxy "the front's tests"
 }
 
 # $1: the pip install target ("." or ".[dev,vision]"); reinstalls when pyproject.toml changes.
@@ -79,6 +95,7 @@ case "$command" in
     test)
         ensure_venv ".[dev,vision]"
         ensure_postgresql
+        ensure_haproxy
         log "ruff"
         "$VENV/bin/ruff" check courier tests bench traces
         "$VENV/bin/ruff" format --check courier tests bench traces

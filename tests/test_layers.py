@@ -18,7 +18,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "courier"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"__main__"}),
     frozenset({"server"}),
-    frozenset({"actors", "http"}),
+    frozenset({"actors", "http", "cluster"}),
     frozenset({"conversation"}),
     frozenset({"messages", "status"}),
     frozenset({"engine"}),

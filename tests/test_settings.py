@@ -16,6 +16,7 @@ from courier.settings import (
     parse_bool,
     parse_bytes,
     parse_positive_int,
+    parse_replica_id,
     parse_storage_url,
     resolve,
     setting,
@@ -200,3 +201,24 @@ def test_a_bad_storage_url_stops_the_start_and_never_shows_the_password(
     assert exit_info.value.code == EXIT_USAGE
     err = capsys.readouterr().err
     assert "--storage" in err and "hunter2" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("", None), (" ", None), ("r1", "r1"), ("gpu-a", "gpu-a"), ("a" * 16, "a" * 16)]
+)
+def test_parse_replica_id(text: str, expected: str | None) -> None:
+    assert parse_replica_id(text) == expected
+
+
+@pytest.mark.parametrize("text", ["R1", "r_1", "r.1", "a" * 17, "r 1", "é"])
+def test_parse_replica_id_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="replica id"):
+        parse_replica_id(text)
+
+
+def test_replica_id_by_flag_or_environment_and_a_bad_one_stops_the_start() -> None:
+    assert settings_from([], {}).replica_id is None
+    assert settings_from([], {"COURIER_REPLICA_ID": "r2"}).replica_id == "r2"
+    assert settings_from(["--replica-id", "r3"], {"COURIER_REPLICA_ID": "r2"}).replica_id == "r3"
+    with pytest.raises(SettingsError, match="COURIER_REPLICA_ID"):  # no token would route this replica's ids
+        settings_from([], {"COURIER_REPLICA_ID": "Replica_2"})

@@ -39,9 +39,10 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.conversation.capsule import Capsule, CapsuleCodec, item_digest
 from courier.conversation.chat_render import chat_messages
+from courier.conversation.ids import new_id
 from courier.conversation.image_refs import image_refs
 from courier.conversation.images import IN_THE_HISTORY, ImageAdmission
-from courier.conversation.items import is_instruction, message_item, new_id, text_part
+from courier.conversation.items import is_instruction, message_item, text_part
 from courier.conversation.replay import replay
 from courier.conversation.response_object import usage_object
 from courier.conversation.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS, segments, select

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from courier.conversation.ids import new_id
 from courier.core.tool_calls import ToolCall
 from courier.storage.records import JsonObject
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 def message_item(role: str, content: list[JsonObject], status: str = "completed") -> JsonObject:

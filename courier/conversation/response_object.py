@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from courier.conversation.items import new_id
+from courier.conversation.ids import new_response_id
 from courier.conversation.request import ResponsesRequest
 from courier.engine.generation import FinishReason, GenerationFinished
 from courier.messages.base import RequestFailed
@@ -40,7 +40,7 @@ TERMINAL_EVENTS = {
 class ResponseDraft:
     request: ResponsesRequest
     model: str
-    id: str = field(default_factory=lambda: new_id("resp"))
+    id: str = field(default_factory=new_response_id)
     created_at: int = field(default_factory=lambda: int(time.time()))
 
 

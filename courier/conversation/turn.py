@@ -24,6 +24,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.conversation.capsule import CapsuleCodec, CapsuleError
 from courier.conversation.chat_render import chat_messages
+from courier.conversation.ids import new_response_id
 from courier.conversation.image_refs import image_refs
 from courier.conversation.images import ImageAdmission
 from courier.conversation.replay import expand
@@ -59,6 +60,7 @@ class TurnServices:
     context_length: int
     warm_up: bool  # the prompt cache is on: a recorded turn asks for its next turn to be prepared
     tenant: str = ""  # the caller's (its API key's): whose stored records and prompt-cache state the turn uses
+    replica_id: str | None = None  # `--replica-id`: the routing token this turn's response id carries
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,7 +193,7 @@ async def plan_turn(services: TurnServices, request: ResponsesRequest) -> Plan:
         tokens = len(counted.tokens)
         wanted = request.max_output_tokens or 1
         due = tokens >= request.compact_threshold or tokens + wanted > services.context_length
-    draft = ResponseDraft(request=request, model=services.model_id)
+    draft = ResponseDraft(request=request, model=services.model_id, id=new_response_id(services.replica_id))
     return Plan(
         request=request, draft=draft, items=items, rendered=rendered, counted=counted, compaction_due=due, memo=memo
     )

@@ -102,6 +102,7 @@ class AppContext:
             context_length=self.context_length,
             warm_up=self.settings.prompt_cache,
             tenant=self.caller().tenant,
+            replica_id=self.settings.replica_id,
         )
 
     async def snapshot_stats(self) -> StoreStats | None:

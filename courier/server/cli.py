@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from courier import __version__
 from courier import settings as settings_module
+from courier.cluster import command as cluster_command
 from courier.model.source import ModelSourceError, resolve_model_source
 from courier.platform.blas import load_optimized_blas
 from courier.platform.malloc_tuning import pin_malloc_thresholds
@@ -34,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a model over the OpenAI API. Every flag can also be set by the environment variable shown.",
     )
     settings_module.add_arguments(serve)
+    cluster = commands.add_parser(
+        "cluster", help="run replicas behind a front", description="Tools for Courier replicas behind a front."
+    )
+    cluster_command.add_arguments(cluster)
     return parser
 
 
@@ -41,6 +46,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     arguments = build_parser().parse_args(argv)
     _configure_logging(environ.get("COURIER_LOG_LEVEL", "info"))
+    if arguments.command == "cluster":
+        refusal = cluster_command.run(arguments, sys.stdout)
+        if refusal is not None:
+            logger.error("%s", refusal)
+            return EXIT_USAGE
+        return 0
     try:
         settings = settings_module.resolve(arguments, environ)
     except settings_module.SettingsError as error:

@@ -9,7 +9,7 @@ from the context the compactor replayed, so its fresh capsule is never decoded.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -17,6 +17,7 @@ import pytest
 
 from courier.conversation.capsule import Capsule, CapsuleCodec, item_digest
 from courier.conversation.chat_render import chat_messages
+from courier.conversation.ids import replica_of
 from courier.conversation.images import ImageAdmission
 from courier.conversation.record import record
 from courier.conversation.replay import SUMMARY_HEADER, expand
@@ -194,3 +195,11 @@ async def test_a_compacted_turn_is_admitted_from_the_context_the_compactor_repla
 
 def _finished() -> GenerationFinished:
     return GenerationFinished(reason=FinishReason.STOP, prompt_tokens=9, completion_tokens=1)
+
+
+@pytest.mark.anyio
+async def test_a_replica_s_turn_mints_a_response_id_carrying_its_token(fakes: Fakes) -> None:
+    plain = await plan_turn(fakes.services, request(threshold=1000))
+    routed = await plan_turn(replace(fakes.services, replica_id="r2"), request(threshold=1000))
+    assert replica_of(plain.draft.id) is None and plain.draft.id.startswith("resp_")
+    assert replica_of(routed.draft.id) == "r2" and routed.draft.id.startswith("resp_r2.")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from courier.conversation.items import message_item, new_id, reasoning_item, text_part
+from courier.conversation.ids import new_id
+from courier.conversation.items import message_item, reasoning_item, text_part
 from courier.http.errors import ApiError
 from courier.media.address_policy import MediaRefused
 from courier.media.urls import parse_image_url

@@ -27,7 +27,8 @@ from typing import cast
 
 import anyio
 
-from courier.conversation.items import new_id, text_part
+from courier.conversation.ids import new_id
+from courier.conversation.items import text_part
 from courier.conversation.record import Recorded, record
 from courier.conversation.response_object import (
     TERMINAL_EVENTS,

@@ -6,7 +6,7 @@ import time
 
 from quart import Blueprint, request
 
-from courier.conversation.items import new_id
+from courier.conversation.ids import new_id
 from courier.conversation.turn import conversation_not_found
 from courier.core.failure_codes import FailureCode
 from courier.http.context import AppContext

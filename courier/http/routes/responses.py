@@ -8,7 +8,7 @@ from dataclasses import replace
 import anyio
 from quart import Blueprint, Response, request
 
-from courier.conversation.items import new_id
+from courier.conversation.ids import new_response_id
 from courier.conversation.turn import count_tokens, history_items, plan_turn, render, replayed, start_turn
 from courier.core.failure_codes import FailureCode
 from courier.http import unsupported_fields
@@ -86,7 +86,7 @@ def blueprint(context: AppContext) -> Blueprint:
             ),
         )
         return {
-            "id": new_id("resp"),
+            "id": new_response_id(context.settings.replica_id),
             "object": "response.compaction",
             "created_at": int(time.time()),
             "output": list(result.output),

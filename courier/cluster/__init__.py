@@ -1,0 +1,1 @@
+"""Courier replicas behind a front: the replicas' names and addresses, and the front's generated configuration."""
