@@ -24,8 +24,9 @@ import pytest
 from courier.cluster.haproxy_config import BACKEND, FrontOptions, haproxy_config
 from courier.cluster.replicas import parse_replicas
 from courier.conversation.ids import new_response_id
-from tests.support.haproxy import RunningHaproxy, free_port, running_haproxy, unavailable_reason
+from tests.support.haproxy import RunningHaproxy, running_haproxy, unavailable_reason
 from tests.support.named_backends import NamedBackend, named_backends
+from tests.support.ports import free_port
 
 NAMES = ("a", "b", "c")
 MAX_BODY = 1024**2

@@ -41,13 +41,6 @@ def check_config(text: str, directory: Path) -> subprocess.CompletedProcess[str]
     return subprocess.run([binary, "-c", "-f", str(path)], capture_output=True, text=True, check=False, timeout=30)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @dataclass(frozen=True, slots=True)
 class RunningHaproxy:
     port: int

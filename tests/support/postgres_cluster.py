@@ -15,7 +15,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
+
+from tests.support.ports import free_port
 
 USER = "courier"
 PASSWORD = "s3cret-test-password"
@@ -139,10 +140,3 @@ def private_cluster() -> Iterator[PostgresCluster]:
             cluster.stop()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
