@@ -4,12 +4,14 @@ Handles one `StorageRequest` at a time, so writes are serialized, and hands each
 to a dedicated thread, so SQLite never blocks the event loop. Every fault the
 backend types stays with the request that met it, and the actor keeps serving:
 
-- a record over the whole budget: 400 `storage_budget_exceeded`; an unknown
+- a record over the whole budget: 400 `storage_budget_exceeded`; one the backend
+  cannot hold at all (`UnstorableRecord`): 400 `unstorable_content`; an unknown
   pagination cursor: 400 on `after`;
 - a damaged record (`DamagedRecord`): 500 `stored_record_damaged` for each request
   that reads it; logged once per record with its id;
 - a database it cannot use right now (`StorageUnavailable`: a full disk, an I/O
-  error): 503 `storage_unavailable`; logged when it starts failing and when a write
+  error, a PostgreSQL server down, slow, or not reached since start-up): 503
+  `storage_unavailable`; logged when it starts failing and when a write
   succeeds again, which it does by itself once the disk has room.
 
 `storage_faults` counts them (`storage/faults.py`) for `/metrics`. A periodic tick
@@ -33,7 +35,13 @@ from courier.messages.storage import StorageMessage
 from courier.runtime.actor import Actor
 from courier.storage.faults import StorageFaults
 from courier.storage.paging import UnknownCursor
-from courier.storage.records import DamagedRecord, ResponseStorage, StorageRefused, StorageUnavailable
+from courier.storage.records import (
+    DamagedRecord,
+    ResponseStorage,
+    StorageRefused,
+    StorageUnavailable,
+    UnstorableRecord,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +75,10 @@ class StorageActor(Actor[StorageMessage]):
         except StorageRefused as error:
             result = RequestFailed(
                 kind=FailureKind.INVALID_REQUEST, message=str(error), code=FailureCode.STORAGE_BUDGET_EXCEEDED
+            )
+        except UnstorableRecord as error:
+            result = RequestFailed(
+                kind=FailureKind.INVALID_REQUEST, message=str(error), code=FailureCode.UNSTORABLE_CONTENT
             )
         except UnknownCursor as error:
             result = RequestFailed(

@@ -21,6 +21,7 @@ class FailureCode(StrEnum):
     INVALID_COMPACTION_ITEM = "invalid_compaction_item"
     RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"
     STORAGE_BUDGET_EXCEEDED = "storage_budget_exceeded"
+    UNSTORABLE_CONTENT = "unstorable_content"  # a record the store cannot hold at all (a NUL in a PostgreSQL id)
     REQUEST_TOO_LARGE = "request_too_large"
     BODY_TIMEOUT = "body_timeout"
     # What it names is not there

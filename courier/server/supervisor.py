@@ -264,15 +264,23 @@ class Supervisor:
             logger.error("%s", self._failure)
             self._stop.set()
             return False
-        logger.info(
-            "response store %s: %d records, %d bytes (budget %d bytes, %d records, TTL %.0f s)",
-            opened.location,
-            opened.entries,
-            opened.nbytes,
-            limits.max_bytes,
-            limits.max_entries,
-            limits.ttl_s,
-        )
+        if opened.unreachable is not None:
+            logger.warning(
+                "response store %s cannot be reached (%s); starting without it and retrying: requests that need "
+                "storage get 503 storage_unavailable until it answers, everything else is served",
+                opened.location,
+                opened.unreachable,
+            )
+        else:
+            logger.info(
+                "response store %s: %d records, %d bytes (budget %d bytes, %d records, TTL %.0f s)",
+                opened.location,
+                opened.entries,
+                opened.nbytes,
+                limits.max_bytes,
+                limits.max_entries,
+                limits.ttl_s,
+            )
         await task_group.start(
             self._run_actor,
             StorageActor(opened.storage, self._state.storage_faults),

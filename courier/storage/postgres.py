@@ -13,8 +13,11 @@ processes write the same tables at the same time:
 
 Every write commits before the storage actor replies. A database that is down or
 slow is `StorageUnavailable` for the calls that need it (`postgres_connection.py`);
-the pool reconnects by itself once the database is back. Only start-up, which
-applies the schema migrations (`postgres_schema.py`), fails for good without it.
+the pool reconnects by itself once the database is back. One that cannot be reached
+when the backend is made is not a failure either: `unreachable` says why, and the
+first call that reaches it applies the schema migrations (`postgres_schema.py`) and
+opens the pool. Only a misconfiguration fails for good: a malformed URL, a refused
+login (`LoginRefused`), a schema newer than this Courier.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 from psycopg import Connection
 
 from courier.storage.decoding import conversation_item, stored_conversation, stored_response
@@ -40,7 +42,7 @@ from courier.storage.postgres_budget import (
     sweep,
     usage,
 )
-from courier.storage.postgres_connection import conninfo, open_pool, redacted, served
+from courier.storage.postgres_connection import Database, redacted, served
 from courier.storage.postgres_items import append_items, item_row, json_text
 from courier.storage.postgres_schema import migrate
 from courier.storage.records import (
@@ -64,11 +66,9 @@ class PostgresStorage:
         self.location = redacted(url)
         self._limits = limits
         self._clock = clock
-        # A connection of its own, so that a database it cannot reach says why (the pool would only time out).
-        with psycopg.connect(conninfo(url), autocommit=True) as connection:
-            if applied := migrate(connection):
-                logger.info("storage: applied %d schema migrations to %s", applied, self.location)
-        self._pool = open_pool(url)
+        self._database = Database(url, self._migrate)
+        # Why the database could not be reached just now (None: it was, and is migrated); calls keep trying.
+        self.unreachable = self._database.try_open()
 
     @property
     def stored_bytes(self) -> int:
@@ -79,7 +79,7 @@ class PostgresStorage:
         return self._usage()[1]
 
     def close(self) -> None:
-        self._pool.close()
+        self._database.close()
 
     # Responses
 
@@ -104,7 +104,7 @@ class PostgresStorage:
                 "SELECT nbytes FROM responses WHERE id = %s FOR UPDATE", (response.id,)
             ).fetchone()
             connection.execute(
-                "INSERT INTO responses VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb, %s) "
+                "INSERT INTO responses VALUES (%s, %s, %s, %s, %s, %s::json, %s::json, %s) "
                 "ON CONFLICT (id) DO UPDATE SET created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, "
                 "previous_response_id = EXCLUDED.previous_response_id, conversation_id = EXCLUDED.conversation_id, "
                 "input_items = EXCLUDED.input_items, response = EXCLUDED.response, nbytes = EXCLUDED.nbytes",
@@ -126,7 +126,7 @@ class PostgresStorage:
     def load_response(self, response_id: str) -> StoredResponse | None:
         if not _storable(response_id):
             return None
-        with self._pool.connection() as connection:
+        with self._database.connection() as connection:
             row = connection.execute(
                 "SELECT id, created_at, previous_response_id, conversation_id, input_items::text, response::text "
                 "FROM responses WHERE id = %s",
@@ -138,7 +138,7 @@ class PostgresStorage:
     def load_chain(self, response_id: str) -> Chain | None:
         if not _storable(response_id):
             return None
-        with self._pool.connection() as connection:
+        with self._database.connection() as connection:
             rows = connection.execute(
                 """
                 WITH RECURSIVE chain (id, previous_response_id, depth) AS (
@@ -183,7 +183,7 @@ class PostgresStorage:
         with self._transaction() as connection:
             connection.execute(
                 "INSERT INTO conversations (id, created_at, updated_at, metadata, nbytes) "
-                "VALUES (%s, %s, %s, %s::jsonb, %s)",
+                "VALUES (%s, %s, %s, %s::json, %s)",
                 (conversation.id, conversation.created_at, now, metadata, metadata_bytes),
             )
             appended = append_items(connection, conversation.id, item_rows, now)
@@ -194,7 +194,7 @@ class PostgresStorage:
     def load_conversation(self, conversation_id: str) -> StoredConversation | None:
         if not _storable(conversation_id):
             return None
-        with self._pool.connection() as connection:
+        with self._database.connection() as connection:
             return self._load_conversation(connection, conversation_id)
 
     @served
@@ -209,7 +209,7 @@ class PostgresStorage:
             if row is None:
                 return None
             connection.execute(
-                "UPDATE conversations SET metadata = %s::jsonb, nbytes = %s, updated_at = %s WHERE id = %s",
+                "UPDATE conversations SET metadata = %s::json, nbytes = %s, updated_at = %s WHERE id = %s",
                 (blob, nbytes, self._clock(), conversation_id),
             )
             settle(connection, UsageChange(nbytes - int(row[0]), 0), self._limits)
@@ -245,7 +245,7 @@ class PostgresStorage:
     def conversation_items(self, conversation_id: str) -> tuple[JsonObject, ...] | None:
         if not _storable(conversation_id):
             return None
-        with self._pool.connection() as connection:
+        with self._database.connection() as connection:
             # One statement, so the conversation and its items are read from one snapshot.
             rows = connection.execute(
                 "SELECT i.id, i.item::text FROM conversations AS c "
@@ -262,7 +262,7 @@ class PostgresStorage:
         if not _storable(conversation_id):
             return None
         ascending = page.order is Order.ASC
-        with self._pool.connection() as connection:
+        with self._database.connection() as connection:
             if not self._conversation_exists(connection, conversation_id):
                 return None
             bound = -1 if ascending else 2**62
@@ -291,7 +291,7 @@ class PostgresStorage:
     def load_conversation_item(self, conversation_id: str, item_id: str) -> JsonObject | None:
         if not _storable(conversation_id, item_id):
             return None
-        with self._pool.connection() as connection:
+        with self._database.connection() as connection:
             row = connection.execute(
                 "SELECT item::text FROM conversation_items WHERE conversation_id = %s AND id = %s",
                 (conversation_id, item_id),
@@ -335,6 +335,10 @@ class PostgresStorage:
 
     # Internals
 
+    def _migrate(self, connection: Connection[Any]) -> None:
+        if applied := migrate(connection):
+            logger.info("storage: applied %d schema migrations to %s", applied, self.location)
+
     def _lock_conversation(self, connection: Connection[Any], conversation_id: str) -> bool:
         row = connection.execute("SELECT 1 FROM conversations WHERE id = %s FOR UPDATE", (conversation_id,))
         return row.fetchone() is not None
@@ -351,13 +355,13 @@ class PostgresStorage:
 
     @served
     def _usage(self) -> tuple[int, int]:
-        with self._pool.connection() as connection:
+        with self._database.connection() as connection:
             return usage(connection)
 
     @contextmanager
     def _transaction(self) -> Iterator[Connection[Any]]:
         """A connection in a transaction: committed when the block ends, rolled back if it raises."""
-        with self._pool.connection() as connection, connection.transaction():
+        with self._database.connection() as connection, connection.transaction():
             yield connection
 
 

@@ -5,7 +5,7 @@ append reads it `FOR UPDATE`, inserts its items at consecutive positions and mov
 it on, all in the caller's transaction, so appends from any number of replicas take
 turns on the one row: one append's items never interleave with another's, and no
 two items get one position. Positions only order items; a page's cursor is an item's
-id. Items are stored as JSON text cast to JSONB, and counted in bytes of that text.
+id. Items are stored as JSON text (the `json` type), and counted in bytes of that text.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def append_items(connection: Connection[Any], conversation_id: str, rows: Sequen
     with connection.cursor() as cursor:
         cursor.executemany(
             "INSERT INTO conversation_items (conversation_id, position, id, item, nbytes) "
-            "VALUES (%s, %s, %s, %s::jsonb, %s)",
+            "VALUES (%s, %s, %s, %s::json, %s)",
             [(conversation_id, first + offset, *row) for offset, row in enumerate(rows)],
         )
     connection.execute(
@@ -48,6 +48,6 @@ def item_row(item: JsonObject) -> ItemRow:
 
 
 def json_text(value: object) -> tuple[str, int]:
-    """`value` as the JSON text sent to a JSONB column, and its size in bytes (what the budget counts, as SQLite's)."""
+    """`value` as the JSON text sent to a `json` column, and its size in bytes (what the budget counts, as SQLite's)."""
     blob = orjson.dumps(value)
     return blob.decode(), len(blob)

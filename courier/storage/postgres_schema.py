@@ -1,11 +1,17 @@
-"""The PostgreSQL database's tables and their versions: migrations applied at start-up, under an advisory lock.
+"""The PostgreSQL database's tables and their versions: migrations applied when a Courier first reaches it.
 
 Several replicas may start at once against one database. Each takes the same
 transaction-scoped advisory lock before it reads which migrations are applied, so
 one of them applies what is missing and the others then find it done. A database
-whose schema is newer than this Courier knows is refused, as SQLite's is.
+whose schema is newer than this Courier knows is refused, as SQLite's is. A Courier
+migrates once, on its first connection: at start-up, or, for a database it could not
+reach then, when the first call that needs storage reaches it.
 
-Records are JSONB. `storage_usage` is one row holding the bytes and records stored,
+Records are `json`: JSON text that PostgreSQL checks and keeps as written, never
+taken apart in SQL (every read returns it whole, `decoding.py` checks it). Version 1
+made them JSONB, which holds no NUL character (`"\\u0000"` is refused) and reorders an
+object's keys; version 2 makes them `json`, which holds any JSON string, as SQLite's
+text does. `storage_usage` is one row holding the bytes and records stored,
 which every write updates in its own transaction, so every replica enforces the same
 budgets (`postgres_budget.py`). A conversation's `next_position` is the position its
 next item gets, assigned under the conversation's row lock (`postgres.py`).
@@ -66,8 +72,18 @@ _VERSION_1: tuple[LiteralString, ...] = (
     "INSERT INTO storage_usage (bytes, entries) VALUES (0, 0)",
 )
 
+# Records as `json`, which stores a NUL character (\u0000) as written, where JSONB refuses it. The tables are
+# rewritten once, under the lock. A replica of version 1 still writing JSONB during a rolling upgrade is served
+# too: PostgreSQL casts jsonb to json on assignment.
+_VERSION_2: tuple[LiteralString, ...] = (
+    "ALTER TABLE responses ALTER COLUMN input_items TYPE json USING input_items::json, "
+    "ALTER COLUMN response TYPE json USING response::json",
+    "ALTER TABLE conversations ALTER COLUMN metadata TYPE json USING metadata::json",
+    "ALTER TABLE conversation_items ALTER COLUMN item TYPE json USING item::json",
+)
+
 # Migration N (1-based) brings the schema from version N-1 to N; an applied one is never edited, only followed.
-MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (_VERSION_1,)
+MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (_VERSION_1, _VERSION_2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

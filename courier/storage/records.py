@@ -3,8 +3,9 @@
 Two backends implement the `ResponseStorage` protocol: SQLite (`courier.storage.sqlite`),
 the embedded default, and PostgreSQL (`courier.storage.postgres`), which several
 replicas can share. Items and response objects are stored as the JSON objects the API
-serves, so what a client reads back is what it was sent: byte for byte from SQLite;
-from PostgreSQL's JSONB the same values, with an object's keys in JSONB's own order.
+serves, so what a client reads back is what it was sent, byte for byte, from either
+backend: PostgreSQL keeps them as `json`, text it checks but never rewrites (records
+stored before its schema version 2, as JSONB, come back as JSONB printed them).
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ class StorageRefused(Exception):
     """A record larger than the whole byte budget: it is not stored and nothing is evicted for it."""
 
 
+class UnstorableRecord(Exception):
+    """A record the backend cannot hold at all, such as an id with a NUL character in PostgreSQL (whose text holds
+    none): it is not stored, nothing is changed, and sending it again cannot help. The message says why."""
+
+
 class DamagedRecord(Exception):
     """One stored record cannot be read back: its JSON does not parse, or is not the shape the server wrote.
 
@@ -102,8 +108,8 @@ class ResponseStorage(Protocol):
 
     Faults are typed and local to the call that meets them: a read of a damaged record raises `DamagedRecord`
     (other records stay readable), and any call the database cannot serve right now raises `StorageUnavailable`
-    having changed nothing. A record over the whole byte budget raises `StorageRefused`. Whatever a call
-    acknowledged (returned from) stays stored.
+    having changed nothing. A record over the whole byte budget raises `StorageRefused`, and one the backend
+    cannot hold at all `UnstorableRecord`. Whatever a call acknowledged (returned from) stays stored.
     """
 
     def save_response(self, response: StoredResponse, conversation_items: Sequence[JsonObject]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from courier.storage.records import (
     StorageLimits,
     StoredConversation,
     StoredResponse,
+    UnstorableRecord,
 )
 from courier.storage.sqlite import DATABASE_NAME, SqliteStorage
 from tests.support.actors import run_actor
@@ -225,6 +226,29 @@ async def test_a_record_over_the_whole_budget_is_refused_and_the_actor_keeps_ser
         assert "2000" in failure.message
         assert await load(outbox, "resp_huge") is None
         assert await load(outbox, "resp_small") == response("resp_small")  # nothing was evicted for it
+        await save(outbox, response("resp_after"))
+        assert await load(outbox, "resp_after") == response("resp_after")
+
+
+class HoldsNoNul(SqliteStorage):
+    """A backend that cannot hold a NUL character in an id, as PostgreSQL cannot."""
+
+    def save_response(self, response: StoredResponse, conversation_items: Sequence[JsonObject]) -> None:
+        if "\x00" in response.id:
+            raise UnstorableRecord("the record cannot be stored: an id in it holds a NUL character")
+        super().save_response(response, conversation_items)
+
+
+@pytest.mark.anyio
+async def test_a_record_the_backend_cannot_hold_is_refused_as_unstorable_and_the_actor_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    async with run_actor(StorageActor(HoldsNoNul(tmp_path, LIMITS))) as outbox:
+        with pytest.raises(Refused) as refused:
+            await save(outbox, response("resp_\x00"))
+        failure = refused.value.failure
+        assert (failure.kind, failure.code) == (FailureKind.INVALID_REQUEST, FailureCode.UNSTORABLE_CONTENT)
+        assert "NUL character" in failure.message
         await save(outbox, response("resp_after"))
         assert await load(outbox, "resp_after") == response("resp_after")
 

@@ -1,14 +1,17 @@
 """Stored responses in PostgreSQL, end to end: a real server (tiny llama) with `--storage postgresql://...`.
 
-Responses, chains and conversations are stored and read back through the API; with
-the database stopped, what needs storage is a 503 `storage_unavailable` with
-`Retry-After` while everything else is served; once it is back the same server
-stores again, having reconnected by itself. The password never reaches the log.
+Responses, chains and conversations are stored and read back through the API, text
+holding a NUL character included; with the database stopped, what needs storage is a
+503 `storage_unavailable` with `Retry-After` while everything else is served; once it
+is back the same server stores again, having reconnected by itself. A server started
+while the database is down is ready all the same, and reaches (and migrates) it once
+it is up. The password never reaches the log.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +20,12 @@ import httpx
 import openai
 import pytest
 
+from courier.storage.postgres_schema import SCHEMA_VERSION
 from tests.support.postgres_cluster import PASSWORD, PostgresCluster
 from tests.support.server import RunningServer, running_server
 
 MODEL = "tiny-llama"
+REACH_TIMEOUT_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +80,66 @@ def test_a_stopped_database_fails_only_what_needs_it_and_the_server_reconnects(
     assert http.get(f"/v1/responses/{after.json()['id']}").json() == after.json()
     assert client.responses.retrieve(before.id).model_dump() == before.model_dump()
     server.wait_for(re.compile(r"storage: writes succeed again, after \d+ calls failed"), 10)
+
+
+def test_text_holding_a_nul_character_is_stored_and_read_back(http: httpx.Client) -> None:
+    conversation = http.post("/v1/conversations", json={"items": [{"role": "user", "content": "one\u0000two"}]})
+    assert conversation.status_code == 200, conversation.text
+    created = create(http, input="three\u0000four", conversation=conversation.json()["id"])
+    assert created.status_code == 200, created.text
+    inputs = http.get(f"/v1/responses/{created.json()['id']}/input_items").json()["data"]
+    assert inputs[0]["content"][0]["text"] == "three\x00four"
+    items = http.get(f"/v1/conversations/{conversation.json()['id']}/items", params={"order": "asc"}).json()["data"]
+    assert [item["content"][0]["text"] for item in items[:2]] == ["one\x00two", "three\x00four"]
+
+
+def test_a_server_started_while_the_database_is_down_serves_and_reaches_it_once_up(
+    tiny_llama_dir: Path, cache_dir: Path, postgres_cluster: PostgresCluster
+) -> None:
+    url = postgres_cluster.fresh_url()
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
+    postgres_cluster.stop()
+    up = False
+    try:
+        with running_server([*args, "--storage", url]) as late, late.http() as http:  # ready without its database
+            warning = re.compile(r"response store postgresql://courier@127\.0\.0\.1:\d+/postgres cannot be reached")
+            assert any(warning.search(line) and "retrying" in line for line in late.lines)
+            health = http.get("/health")  # ready: completions need no storage
+            assert (health.status_code, health.json()["status"]) == (200, "ok")
+            chat = http.post(
+                "/v1/chat/completions",
+                json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            )
+            assert chat.status_code == 200, chat.text
+            assert create(http, store=False).status_code == 200
+            for refused in (create(http), http.get("/v1/responses/resp_1"), http.post("/v1/conversations", json={})):
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "storage_unavailable"
+                assert int(refused.headers["Retry-After"]) > 0
+
+            postgres_cluster.start()
+            up = True
+            deadline = time.monotonic() + REACH_TIMEOUT_S
+            while (stored := create(http)).status_code == 503:  # until the next call tries (at most a second)
+                assert time.monotonic() < deadline, late.log()[-3000:]
+            assert stored.status_code == 200, stored.text
+            assert http.get(f"/v1/responses/{stored.json()['id']}").json() == stored.json()
+            late.wait_for(re.compile(rf"applied {SCHEMA_VERSION} schema migrations"), 10)
+            assert late.stop() == 0
+            assert PASSWORD not in late.log()
+    finally:
+        if not up:
+            postgres_cluster.start()
+
+
+def test_a_login_the_database_refuses_stops_start_up(
+    tiny_llama_dir: Path, cache_dir: Path, postgres_cluster: PostgresCluster
+) -> None:
+    wrong = postgres_cluster.fresh_url().replace(PASSWORD, "not-the-password")
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--storage", wrong]
+    with running_server(args, wait_ready=False) as refused:  # a misconfiguration, not an outage: no retrying
+        assert refused.wait_exit() == 1
+    assert re.search(
+        r"cannot open the response store postgresql://courier@127\.0\.0\.1:\d+/postgres: .*password", refused.log()
+    )
+    assert "not-the-password" not in refused.log()

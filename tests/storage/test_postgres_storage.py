@@ -1,4 +1,5 @@
-"""What only the PostgreSQL backend has: several writers on one database, budgets in SQL, migrations, outages.
+"""What only the PostgreSQL backend has: several writers on one database, budgets in SQL, migrations, outages
+(a database down at start-up included), and what PostgreSQL cannot hold.
 
 Each test opens storages on a fresh schema of the session's private cluster; two
 `PostgresStorage` instances stand for two replicas (each has its own pool).
@@ -14,13 +15,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from courier.storage import postgres_connection
+from courier.storage import postgres_connection, postgres_schema
 from courier.storage.postgres import PostgresStorage
 from courier.storage.postgres_budget import usage
-from courier.storage.postgres_connection import redacted
+from courier.storage.postgres_connection import Database, LoginRefused, redacted
 from courier.storage.postgres_schema import SCHEMA_VERSION
-from courier.storage.records import StorageLimits, StorageRefused, StorageUnavailable, StoredConversation
+from courier.storage.records import StorageLimits, StorageUnavailable, StoredConversation, UnstorableRecord
 from tests.storage.conftest import LIMITS
+from tests.support.ports import free_port
 from tests.support.postgres_cluster import PASSWORD, PostgresCluster
 from tests.support.records import item, response
 
@@ -219,16 +221,117 @@ def test_a_database_too_slow_to_answer_is_unavailable_for_that_call_only(
     assert storage.load_response("resp_1") == response("resp_1")
 
 
-def test_a_record_holding_a_nul_character_is_refused_and_nothing_else_changes(
+def test_an_id_holding_a_nul_character_is_unstorable_and_nothing_else_changes(
     replicas: Callable[[StorageLimits], PostgresStorage],
 ) -> None:
     storage = replicas(LIMITS)
     storage.create_conversation(StoredConversation(id="conv_1", created_at=1, metadata={}), [item("msg_0")])
-    with pytest.raises(StorageRefused, match="cannot be stored in PostgreSQL"):
-        storage.save_response(response("resp_1", conversation="conv_1"), [item("msg_1", "a\x00b")])
+    # Text in a record is JSON, which holds a NUL escaped (test_storage_backends.py); an id is text, which cannot.
+    with pytest.raises(UnstorableRecord, match=r"an id in it holds a NUL character \(\\u0000\)"):
+        storage.save_response(response("resp_1", conversation="conv_1"), [item("msg_\x00")])
     assert storage.load_response("resp_1") is None
     assert [entry["id"] for entry in storage.conversation_items("conv_1") or ()] == ["msg_0"]
     assert storage.load_response("resp_\x00") is None  # an id PostgreSQL could not hold is simply not stored
+
+
+def test_a_version_1_database_keeps_its_records_and_then_holds_a_nul_character(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres_schema, "MIGRATIONS", postgres_schema.MIGRATIONS[:1])
+    monkeypatch.setattr(postgres_schema, "SCHEMA_VERSION", 1)
+    old = PostgresStorage(url, LIMITS)  # records in JSONB, as Courier stored them before version 2
+    old.create_conversation(StoredConversation(id="conv_1", created_at=1, metadata={"k": "v"}), [item("msg_0")])
+    old.save_response(response("resp_1", conversation="conv_1"), [item("msg_1")])
+    with pytest.raises(UnstorableRecord):  # JSONB refuses "\\u0000"
+        old.append_conversation_items("conv_1", [item("msg_2", "a\x00b")])
+    old.close()
+    monkeypatch.undo()
+
+    storage = PostgresStorage(url, LIMITS)
+    assert storage.load_response("resp_1") == response("resp_1", conversation="conv_1")
+    assert [entry["id"] for entry in storage.conversation_items("conv_1") or ()] == ["msg_0", "msg_1"]
+    assert storage.append_conversation_items("conv_1", [item("msg_2", "a\x00b")])
+    assert storage.load_conversation_item("conv_1", "msg_2") == item("msg_2", "a\x00b")
+    with psycopg.connect(url, autocommit=True) as connection:
+        versions = connection.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
+        assert [version for (version,) in versions] == [1, 2]
+        types = connection.execute(
+            "SELECT DISTINCT data_type FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND column_name IN ('input_items', 'response', 'metadata', 'item')"
+        ).fetchall()
+        assert types == [("json",)]
+        # A replica of version 1, still running during a rolling upgrade, writes JSONB: PostgreSQL casts it.
+        connection.execute(
+            "INSERT INTO conversation_items (conversation_id, position, id, item, nbytes) "
+            "VALUES ('conv_1', 99, 'msg_old', %s::jsonb, 1)",
+            ('{"id": "msg_old", "type": "message"}',),
+        )
+    storage.close()
+
+
+def test_a_database_down_at_start_up_is_reached_and_migrated_by_the_first_call_after(
+    postgres_cluster: PostgresCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres_connection, "RETRY_INTERVAL_S", 0.0)  # each call tries: none waits for a clock
+    url = postgres_cluster.fresh_url()
+    wrong_password = url.replace(PASSWORD, "not-the-password")
+    with postgres_cluster.stopped():
+        storage = PostgresStorage(url, LIMITS)
+        misconfigured = PostgresStorage(wrong_password, LIMITS)  # nothing answered to refuse it yet
+        assert storage.unreachable is not None and "Connection refused" in storage.unreachable
+        assert misconfigured.unreachable is not None
+        with pytest.raises(StorageUnavailable, match="Connection refused"):
+            storage.save_response(response("resp_1"), ())
+        with pytest.raises(StorageUnavailable):
+            storage.load_response("resp_1")
+    with psycopg.connect(url) as connection:  # nothing was created while it was down
+        assert connection.execute("SELECT to_regclass('schema_migrations')").fetchone() == (None,)
+    storage.save_response(response("resp_1"), ())  # the same instance: it connected and migrated
+    assert storage.load_response("resp_1") == response("resp_1")
+    assert storage.stored_entries == 1
+    with pytest.raises(StorageUnavailable, match="password authentication failed"):
+        misconfigured.load_response("resp_1")  # found out once serving: a 503 for what needs storage, not a crash
+    storage.close()
+    misconfigured.close()
+    with psycopg.connect(url) as connection:
+        versions = connection.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
+        assert [version for (version,) in versions] == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_a_misconfigured_database_fails_at_once(url: str) -> None:
+    with pytest.raises(LoginRefused, match="password authentication failed"):
+        PostgresStorage(url.replace(PASSWORD, "not-the-password"), LIMITS)
+    with pytest.raises(LoginRefused, match='database "no_such_database" does not exist'):
+        PostgresStorage(url.replace("/postgres?", "/no_such_database?"), LIMITS)
+    with pytest.raises(psycopg.ProgrammingError):
+        PostgresStorage("postgresql://courier@127.0.0.1:5432/postgres?no_such_parameter=1", LIMITS)
+
+
+def test_until_the_database_is_reached_a_call_soon_after_a_failed_attempt_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    attempts: list[str] = []
+    connect = psycopg.connect
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(args[0])
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(psycopg, "connect", counted)
+    now = [0.0]
+    prepared: list[object] = []
+    database = Database(f"postgresql://courier@127.0.0.1:{free_port()}/postgres", prepared.append, lambda: now[0])
+    reason = database.try_open()
+    assert reason is not None and "Connection refused" in reason and len(attempts) == 1
+    for _ in range(3):
+        with pytest.raises(StorageUnavailable, match="Connection refused"):
+            database.connection()
+    assert len(attempts) == 1  # within the interval: no new attempt
+    now[0] += postgres_connection.RETRY_INTERVAL_S
+    with pytest.raises(StorageUnavailable, match="Connection refused"):
+        database.connection()
+    assert len(attempts) == 2 and not prepared
+    database.close()
 
 
 def test_the_database_is_named_without_its_password(url: str) -> None:

@@ -154,3 +154,30 @@ def test_a_response_whose_conversation_was_deleted_is_still_saved(storage: Stora
     assert storage.load_response("resp_1") is not None
     assert storage.conversation_items("conv_gone") is None
     assert storage.stored_entries == 1
+
+
+def test_text_holding_a_nul_character_comes_back_as_it_was_sent(storage: Storage) -> None:
+    nul = "before\x00after"
+    storage.create_conversation(
+        StoredConversation(id="conv_1", created_at=1, metadata={"note": nul}), [item("m0", nul)]
+    )
+    # Keys out of sorted order, and a key holding a NUL: both come back as sent.
+    sent = {"id": "resp_1", "zeta": nul, "output": [item("out_1", nul)], "alpha": {"key\x00": [nul]}}
+    stored = StoredResponse(
+        id="resp_1",
+        created_at=1.0,
+        previous_response_id=None,
+        conversation_id="conv_1",
+        input_items=(item("in_1", nul),),
+        response=sent,
+    )
+    storage.save_response(stored, [item("m1", nul)])
+    assert storage.append_conversation_items("conv_1", [item("m2", nul)])
+    loaded = storage.load_response("resp_1")
+    assert loaded == stored and list(loaded.response) == list(sent)
+    chain = storage.load_chain("resp_1")
+    assert chain is not None and chain.responses == (stored,)
+    assert storage.conversation_items("conv_1") == (item("m0", nul), item("m1", nul), item("m2", nul))
+    assert storage.load_conversation_item("conv_1", "m1") == item("m1", nul)
+    conversation = storage.update_conversation("conv_1", {"note": nul + "!"})
+    assert conversation is not None and conversation.metadata == {"note": nul + "!"}
