@@ -1,15 +1,19 @@
-"""`courier cluster haproxy-config`: the flags, and the configuration printed from them."""
+"""`courier cluster`: `haproxy-config` (its flags, and the configuration printed from them) and `up` (`up_command`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TextIO, TypeVar
 
+from courier.cluster import up_command
 from courier.cluster.haproxy_config import FrontOptions, haproxy_config
 from courier.cluster.replicas import ReplicaError, parse_replicas
 from courier.settings import parse_api_prefix, parse_bytes, parse_port, parse_positive_float
+
+logger = logging.getLogger("courier.cluster")
 
 _DEFAULTS = FrontOptions()
 _T = TypeVar("_T")
@@ -82,9 +86,21 @@ def add_arguments(cluster: argparse.ArgumentParser) -> None:
     config.add_argument(
         "--stats-socket", type=Path, default=None, metavar="PATH", help="HAProxy's admin socket (default: none)"
     )
+    up_command.add_parser(commands)
 
 
-def run(arguments: argparse.Namespace, out: TextIO) -> str | None:
+def run(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) -> int:
+    """Carry out `courier cluster COMMAND`; the process's exit code."""
+    if arguments.cluster_command == "up":
+        return up_command.run(arguments, environ, out)
+    refusal = print_haproxy_config(arguments, out)
+    if refusal is not None:
+        logger.error("%s", refusal)
+        return up_command.EXIT_USAGE
+    return 0
+
+
+def print_haproxy_config(arguments: argparse.Namespace, out: TextIO) -> str | None:
     """Print the configuration to `out`; the reason when the flags describe none."""
     try:
         replicas = parse_replicas(arguments.replica)

@@ -53,6 +53,8 @@ class FrontOptions:
     balance_factor: int = 300
     check_interval_s: float = 2.0
     stats_socket: Path | None = None
+    # False: plain round robin, no routing by id or key (the baseline bench/cluster.py measures affinity against).
+    affinity: bool = True
 
     def __post_init__(self) -> None:
         if self.balance_factor != 0 and self.balance_factor <= 100:
@@ -120,17 +122,32 @@ def _defaults(options: FrontOptions) -> list[str]:
         "    timeout queue 30s",
         "    timeout http-keep-alive 10s",
         "    timeout check 5s",
-        "    # A request that reached no replica, or got nothing back, is sent again, each time to another replica.",
+        "    # A request that reached no replica, got nothing back, or got a 503 (Courier's answer when it cannot take",
+        "    # a request now: draining, on a connection the front kept; its storage down; full) is sent again, each",
+        "    # time to another replica. Nothing of a 503 reached the client, and nothing of it was stored.",
         "    retries 3",
-        "    retry-on conn-failure empty-response",
+        "    retry-on conn-failure empty-response 503",
         "    option redispatch 1",
     ]
 
 
 def _backend(replicas: Sequence[Replica], options: FrontOptions) -> list[str]:
-    token = f"^{RESPONSE_PREFIX}_[a-z0-9-]{{1,16}}[{TOKEN_SEPARATOR}]"
+    routing = _affinity_rules(replicas, options) if options.affinity else ["    balance roundrobin"]
     return [
         f"backend {BACKEND}",
+        *routing,
+        "    # /health answers 200 only while the replica is ready: loading and draining replicas get nothing new.",
+        "    option httpchk",
+        f"    http-check send meth GET uri {options.api_prefix}/health ver HTTP/1.1 hdr Host courier-front",
+        "    http-check expect status 200",
+        f"    default-server check inter {_milliseconds(options.check_interval_s)}ms fall 2 rise 2",
+        *(f"    server {r.name} {r.haproxy_address} id {r.ring_id}" for r in replicas),
+    ]
+
+
+def _affinity_rules(replicas: Sequence[Replica], options: FrontOptions) -> list[str]:
+    token = f"^{RESPONSE_PREFIX}_[a-z0-9-]{{1,16}}[{TOKEN_SEPARATOR}]"
+    return [
         "    # (a) A response id names the replica that made it: the path's /responses/{id}, else the body's",
         "    # previous_response_id. That replica gets the request while it is up (use-server skips a down server).",
         f"    http-request set-var(txn.courier_response) path,regsub(^.*/responses/,),field(1,/)"
@@ -147,12 +164,6 @@ def _backend(replicas: Sequence[Replica], options: FrontOptions) -> list[str]:
         "    balance hash var(txn.courier_key)",
         "    hash-type consistent",
         f"    hash-balance-factor {options.balance_factor}",
-        "    # /health answers 200 only while the replica is ready: loading and draining replicas get nothing new.",
-        "    option httpchk",
-        f"    http-check send meth GET uri {options.api_prefix}/health ver HTTP/1.1 hdr Host courier-front",
-        "    http-check expect status 200",
-        f"    default-server check inter {_milliseconds(options.check_interval_s)}ms fall 2 rise 2",
-        *(f"    server {r.name} {r.haproxy_address} id {r.ring_id}" for r in replicas),
     ]
 
 

@@ -29,6 +29,8 @@ from courier.messages.asking import Refused
 
 logger = logging.getLogger(__name__)
 
+REPLICA_HEADER = "X-Courier-Replica"
+
 
 def create_app(context: AppContext) -> Any:
     """The ASGI application Hypercorn serves: the Quart app inside the request-span middleware, and inside the CORS
@@ -61,6 +63,15 @@ def create_quart_app(context: AppContext) -> Quart:
             name_request_span(request.method, rule)
         if rule not in open_routes:  # an unknown route too: no probing for routes without a key
             g.caller = context.api_keys.caller(request.headers.get("Authorization"))
+
+    replica = context.settings.replica_id
+    if replica is not None:
+
+        @app.after_request
+        async def name_the_replica(response: Response) -> Response:
+            # Which replica answered, for an operator checking affinity through a front (errors and streams too).
+            response.headers[REPLICA_HEADER] = replica
+            return response
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:

@@ -47,11 +47,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     arguments = build_parser().parse_args(argv)
     _configure_logging(environ.get("COURIER_LOG_LEVEL", "info"))
     if arguments.command == "cluster":
-        refusal = cluster_command.run(arguments, sys.stdout)
-        if refusal is not None:
-            logger.error("%s", refusal)
-            return EXIT_USAGE
-        return 0
+        return cluster_command.run(arguments, environ, sys.stdout)
     try:
         settings = settings_module.resolve(arguments, environ)
     except settings_module.SettingsError as error:

@@ -69,7 +69,7 @@ def test_health_checks_expect_the_ready_answer_of_health() -> None:
 
 def test_failures_are_retried_elsewhere_and_timeouts_outlast_courier_s() -> None:
     text = haproxy_config(REPLICAS, FrontOptions(request_timeout_s=900, body_timeout_s=30))
-    assert value(text, "retry-on") == "conn-failure empty-response"
+    assert value(text, "retry-on") == "conn-failure empty-response 503"
     assert value(text, "option redispatch") == "1"
     assert int(value(text, "retries")) >= 1
     for side in ("client", "server", "tunnel"):

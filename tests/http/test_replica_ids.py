@@ -43,3 +43,21 @@ def test_a_chain_of_routed_ids_is_stored_continued_read_and_deleted(client: open
     client.responses.delete(streamed.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(streamed.id)
+
+
+def test_every_answer_names_the_replica_that_gave_it(server: RunningServer) -> None:
+    with server.http() as http:
+        answers = [
+            http.get("/health"),
+            http.post("/v1/chat/completions", json={"model": MODEL, "messages": [], "max_tokens": 1}),  # a 400
+            http.get("/v1/responses/resp_r7.00000000000000000000000000000000"),  # a 404
+        ]
+        with http.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True},
+        ) as streamed:
+            answers.append(streamed)
+            assert "data: [DONE]" in streamed.read().decode()
+    assert [answer.status_code for answer in answers] == [200, 400, 404, 200]
+    assert {answer.headers.get("x-courier-replica") for answer in answers} == {"r7"}

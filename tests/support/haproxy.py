@@ -9,7 +9,6 @@ daemon), and stopped when the block ends. Its log (`log stdout`) goes to `haprox
 from __future__ import annotations
 
 import csv
-import shutil
 import socket
 import subprocess
 import time
@@ -18,18 +17,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from courier.cluster.front_process import find_haproxy, unavailable_reason
+
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 5.0
 POLL_S = 0.02
-
-
-def find_haproxy() -> str | None:
-    return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
-
-
-def unavailable_reason() -> str | None:
-    """Why no HAProxy can be run here, or None if one can."""
-    return None if find_haproxy() else "HAProxy is not installed (Debian: apt-get install haproxy)"
 
 
 def check_config(text: str, directory: Path) -> subprocess.CompletedProcess[str]:

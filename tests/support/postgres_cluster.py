@@ -11,7 +11,6 @@ cluster without seeing each other's tables.
 
 from __future__ import annotations
 
-import glob
 import os
 import pwd
 import shutil
@@ -24,33 +23,13 @@ from urllib.parse import quote
 
 import psycopg
 
+from courier.cluster.local_postgres import find_binaries, unavailable_reason
 from tests.support.ports import free_port
 
 USER = "courier"
 PASSWORD = "s3cret-test-password"
 DATABASE = "postgres"
 START_TIMEOUT_S = 60
-
-
-def find_binaries() -> Path | None:
-    """The directory holding `initdb` and `pg_ctl`: on PATH, or Debian's newest /usr/lib/postgresql/N/bin."""
-    on_path = shutil.which("initdb")
-    if on_path and shutil.which("pg_ctl"):
-        return Path(on_path).parent
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda path: int(Path(path).parts[-3]))
-    return Path(versions[-1]).parent if versions else None
-
-
-def unavailable_reason() -> str | None:
-    """Why no cluster can be started here, or None if one can."""
-    if find_binaries() is None:
-        return "PostgreSQL is not installed (no initdb; Debian: apt-get install postgresql)"
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam("postgres")
-        except KeyError:
-            return "running as root, and there is no `postgres` user to own a test cluster"
-    return None
 
 
 class PostgresCluster:
