@@ -14,6 +14,7 @@ import glob
 import logging
 import os
 import pwd
+import re
 import secrets
 import shutil
 import subprocess
@@ -29,6 +30,11 @@ USER = "courier"
 DATABASE = "courier"
 START_TIMEOUT_S = 120
 OWNER_WHEN_ROOT = "postgres"
+_INSTALLED = (
+    "/usr/lib/postgresql/*/bin/initdb",
+    "/opt/homebrew/opt/postgresql@*/bin/initdb",
+    "/usr/local/opt/postgresql@*/bin/initdb",
+)
 
 
 class LocalPostgresError(RuntimeError):
@@ -36,12 +42,18 @@ class LocalPostgresError(RuntimeError):
 
 
 def find_binaries() -> Path | None:
-    """The directory holding `initdb` and `pg_ctl`: on PATH, or Debian's newest /usr/lib/postgresql/N/bin."""
+    """The directory holding `initdb` and `pg_ctl`: on PATH, else the newest of Debian's /usr/lib/postgresql/N/bin
+    and Homebrew's keg-only postgresql@N (not linked onto PATH by default)."""
     on_path = shutil.which("initdb")
     if on_path and shutil.which("pg_ctl"):
         return Path(on_path).parent
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda path: int(Path(path).parts[-3]))
-    return Path(versions[-1]).parent if versions else None
+    found = [Path(path).parent for pattern in _INSTALLED for path in glob.glob(pattern)]
+    return max(found, key=_major_version, default=None)
+
+
+def _major_version(binaries: Path) -> int:
+    version = re.search(r"(\d+)", binaries.parent.name)
+    return int(version.group(1)) if version else 0
 
 
 def unavailable_reason() -> str | None:
