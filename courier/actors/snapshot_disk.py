@@ -7,7 +7,8 @@ MLX thread longer than it must: encoding a state is taking byte views of its
 arrays (no copy, on the MLX thread), writing and hashing run on a worker thread;
 a read loads and verifies the file on a worker thread, and building the arrays back
 from those bytes is the one copy on the MLX thread. A writer that falls behind refuses new writes
-(the entry stays in memory, counted) instead of holding more state; a file that
+(the entry stays in memory, counted) instead of holding more state, once the writes
+it holds for superseded entries have given up their room; a file that
 fails its checks is deleted, counted, and answered as a miss.
 """
 
@@ -117,6 +118,8 @@ class SnapshotDisk:
                     # A spill (memory has let go of the entry: refusing it loses it) gets twice the room of a write
                     # behind an entry memory still holds (refused, it is caught up on later, or spilled).
                     limit = self._config.max_pending_write_bytes * (1 if effect.snapshot.in_memory else 2)
+                    if bounded and self._pending_write_bytes + nbytes > limit:
+                        self._drop_unwanted_writes(store)  # they give up their room before anything is refused
                     over = self._pending_write_bytes + nbytes > limit
                     if bounded and over and self._pending_write_bytes > 0:
                         self.io.writes_refused += 1
@@ -127,6 +130,19 @@ class SnapshotDisk:
         if self._queue:
             self._idle = anyio.Event() if self._idle.is_set() else self._idle
             self._wake.set()
+
+    def _drop_unwanted_writes(self, store: SnapshotStore) -> None:
+        """Skip now the queued writes whose entries were superseded or evicted while they waited (the writer would
+        skip them on its turn): until then their bytes would refuse writes still wanted, and a refused spill loses
+        its conversation."""
+        kept: deque[tuple[DiskEffect, TraceCarrier]] = deque()
+        for effect, carrier in self._queue:
+            if isinstance(effect, WriteFile) and not store.wants_file(effect.snapshot.entry_id, effect.ticket):
+                self._pending_write_bytes -= effect.snapshot.nbytes
+                self.io.writes_skipped += 1
+                continue
+            kept.append((effect, carrier))
+        self._queue = kept
 
     def figures(self) -> DiskIoCounters:
         """A copy of the I/O counters, with the work not done yet."""

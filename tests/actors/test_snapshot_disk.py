@@ -1,5 +1,5 @@
-"""The disk tier's start-up: files an earlier run left are indexed again, oldest first, unless no lookup could use
-them."""
+"""The disk tier: at start-up, files an earlier run left are indexed again, oldest first, unless no lookup could use
+them; the writer's bound on pending bytes counts only writes still wanted."""
 
 from __future__ import annotations
 
@@ -70,3 +70,21 @@ def test_files_another_name_or_template_wrote_are_deleted_and_the_rest_indexed(t
     assert store.counters.adopted == 2 and store.counters.supersedes == 1
     effects = store.take_effects()
     assert len(effects) == 1 and older.exists() and newer.exists()
+
+
+def test_a_write_superseded_while_it_waits_leaves_its_room_to_the_next(tmp_path: Path, mlx: MlxThread) -> None:
+    """A queued write whose entry a newer turn superseded would only be skipped: it gives up its room in the writer's
+    bound, so the newer turn's write is queued instead of refused (a refused spill would lose the conversation)."""
+    opened = open_directory(tmp_path, IDENTITY)
+    limits = StoreLimits(capacity_bytes=1000, max_entries=10, ttl_s=60, min_prefix=8, disk_capacity_bytes=10**7)
+    store = SnapshotStore(limits, trimmable=True, clock=lambda: 1000.0)
+    disk = SnapshotDisk(opened, DiskTierConfig(identity=IDENTITY, max_pending_write_bytes=150), mlx)
+    try:
+        for tokens in (TOKENS[:30], TOKENS):  # the writer does not run: both writes wait
+            store.insert(bucket=SERVED, session="s", origin=Origin.BOUNDARY, tokens=tokens, state=None, nbytes=100)
+            disk.dispatch(store)
+    finally:
+        opened.release()
+    (kept,) = store.snapshots()
+    assert (kept.tokens, kept.on_disk, kept.writing) == (TOKENS, True, True)
+    assert (disk.io.writes_refused, disk.io.writes_skipped) == (0, 1)

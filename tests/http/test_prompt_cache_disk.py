@@ -85,8 +85,9 @@ class Conversations:
         ]
         self.last_prompt: list[int] = [0] * count
 
-    def turn(self, client: openai.OpenAI) -> list[tuple[int, int, int]]:
-        """One more turn of every conversation, interleaved: (previous prompt, prompt, cached) per conversation."""
+    def turn(self, client: openai.OpenAI, settle: RunningServer | None = None) -> list[tuple[int, int, int]]:
+        """One more turn of every conversation, interleaved: (previous prompt, prompt, cached) per conversation. With
+        `settle`, each reply's warm-up and disk writes are done before the next conversation's turn is asked."""
         seen = []
         for index, messages in enumerate(self.histories):
             messages.append({"role": "user", "content": f"Question {len(messages)}: where is my parcel?"})
@@ -98,6 +99,8 @@ class Conversations:
             seen.append((self.last_prompt[index], reply.usage.prompt_tokens, cached))
             self.last_prompt[index] = reply.usage.prompt_tokens
             messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+            if settle is not None:
+                settled(settle)
         return seen
 
 
@@ -165,9 +168,10 @@ def test_a_restart_keeps_every_conversation_warm(
 ) -> None:
     conversations = Conversations()
     with serving(model, cache_dir, tmp_path, "--log-level", "info") as server, server.openai_client() as client:
-        conversations.turn(client)
-        conversations.turn(client)
-        settled(server)  # for kill -9: the files are all written (a clean stop flushes by itself)
+        # Each reply settled before the next request (for kill -9: the files are all written, too): a disk slower
+        # than the requests sheds writes by design, and a conversation whose spill it refused is not kept.
+        conversations.turn(client, settle=server)
+        conversations.turn(client, settle=server)
         code = server.stop(stop)
     assert code == (0 if stop is signal.SIGTERM else -signal.SIGKILL)
     with serving(model, cache_dir, tmp_path) as server, server.openai_client() as client:
