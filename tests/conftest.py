@@ -17,12 +17,13 @@ load_optimized_blas()
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
+from courier.cluster.local_postgres import unavailable_reason  # noqa: E402
 from courier.model.gguf_convert import ensure_converted  # noqa: E402
 from courier.model.progress import Progress  # noqa: E402
 from courier.model.source import embedded_gguf_path  # noqa: E402
 from courier.runtime.tracing import configure_tracing  # noqa: E402
 from tests.support import tiny_models  # noqa: E402
-from tests.support.postgres_cluster import PostgresCluster, private_cluster, unavailable_reason  # noqa: E402
+from tests.support.postgres_cluster import PostgresCluster, private_cluster  # noqa: E402
 from tests.support.server import RunningServer  # noqa: E402
 from tests.support.tiny_vision_model import build_tiny_vision_model  # noqa: E402
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from courier.cluster.front_process import unavailable_reason
 from courier.cluster.haproxy_config import COURIER_DEFAULTS, KEY_FIELDS, FrontOptions, haproxy_config
 from courier.cluster.replicas import parse_replicas
-from tests.support.haproxy import check_config, unavailable_reason
+from tests.support.haproxy import check_config
 
 REPLICAS = parse_replicas(["10.0.0.1:8000", "gpu-b=10.0.0.2:8000", "[::1]:8002"])
 needs_haproxy = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")

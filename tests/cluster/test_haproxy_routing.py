@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
+from courier.cluster.front_process import unavailable_reason
 from courier.cluster.haproxy_config import BACKEND, FrontOptions, haproxy_config
 from courier.cluster.replicas import parse_replicas
 from courier.conversation.ids import new_response_id
-from tests.support.haproxy import RunningHaproxy, running_haproxy, unavailable_reason
+from tests.support.haproxy import RunningHaproxy, running_haproxy
 from tests.support.named_backends import NamedBackend, named_backends
 from tests.support.ports import free_port
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from courier.cluster.front_process import find_haproxy
 from courier.server.cli import build_parser, main
 from courier.settings import OPTIONS, Settings, parse_replica_id
 from courier.status.gateway_metrics import gateway_gauges
 from courier.status.scheduler_stats import SchedulerStats
-from tests.support.haproxy import find_haproxy
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
