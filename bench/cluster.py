@@ -136,6 +136,8 @@ def stream_turn(http: httpx.Client, conversation: Conversation, turn: int, max_t
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = orjson.loads(line.removeprefix("data: "))
+                if "error" in chunk:  # an error after the stream began: the turn failed
+                    raise httpx.HTTPError(f"error event: {chunk['error']}")
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices", ()):
                     if text := choice.get("delta", {}).get("content"):

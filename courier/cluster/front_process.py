@@ -41,16 +41,13 @@ class FrontProcess:
     config_text: str  # binds `port` and opens `stats_socket`
     port: int
     directory: Path
+    stats_socket: Path  # the configuration's `stats socket`: a short path (HAProxy takes 97 characters)
     host: str = "127.0.0.1"  # where it listens: the bind address, or loopback for a wildcard bind
     _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def config_path(self) -> Path:
         return self.directory / "haproxy.cfg"
-
-    @property
-    def stats_socket(self) -> Path:
-        return self.directory / "haproxy.sock"
 
     @property
     def log_path(self) -> Path:

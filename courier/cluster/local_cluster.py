@@ -23,8 +23,10 @@ import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from courier import settings as settings_module
@@ -41,6 +43,8 @@ OWN_SERVE_FLAGS = ("host", "port", "replica_id", "storage", "prompt_cache_dir")
 # Beyond a replica's own --shutdown-timeout: its last responses' flush and its process exit.
 STOP_MARGIN_S = 15.0
 CHECK_INTERVAL_S = 1.0
+SHORT_TEMP = "/tmp"  # private directories are made in it with mkdtemp
+READY_POLL_S = 0.2
 STORAGE_VARIABLE = "COURIER_STORAGE"
 
 
@@ -91,6 +95,8 @@ class LocalCluster:
         self._environ = environ
         self.postgres: LocalPostgres | None = None
         self._postgres_directory: Path | None = None
+        self._sockets_directory: Path | None = None
+        self._hurry = False
         self.replicas: dict[str, ReplicaProcess] = {}
         self.front: FrontProcess | None = None
         self.front_port = plan.port or _free_port()
@@ -123,10 +129,12 @@ class LocalCluster:
 
     def _start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        logger.info("cluster: starting PostgreSQL")
-        # A directory of its own in the system's temporary directory: as root the cluster belongs to PostgreSQL's
-        # user, who may not reach into `directory` (pytest's, for one, is private to root).
-        self._postgres_directory = Path(tempfile.mkdtemp(prefix="courier-postgres-"))
+        # Sockets need short paths (HAProxy takes 97 characters, PostgreSQL 107; macOS's temporary directory alone is
+        # about 50), and as root PostgreSQL's own user must reach its directory, which `directory` (pytest's, say) may
+        # not let it: both go in directories of their own under /tmp.
+        self._sockets_directory = Path(tempfile.mkdtemp(prefix="courier-", dir=SHORT_TEMP))
+        self._postgres_directory = Path(tempfile.mkdtemp(prefix="courier-postgres-", dir=SHORT_TEMP))
+        logger.info("cluster: starting PostgreSQL in %s", self._postgres_directory)
         self.postgres = LocalPostgres.create(self._postgres_directory, _free_port())
         self.postgres.start()
         environ = {**self._environ, STORAGE_VARIABLE: self.postgres.url}
@@ -143,41 +151,47 @@ class LocalCluster:
         for replica in self.replicas.values():
             replica.start()
         logger.info("cluster: loading the model in %d replica(s)", len(self.replicas))
-        for replica in self.replicas.values():
-            replica.wait_ready(self.plan.start_timeout_s)
+        wait_all_ready(list(self.replicas.values()), self.plan.start_timeout_s)
+        _check_port_free(self.plan.host, self.front_port)  # again: loading the model may have taken minutes
         self.front = FrontProcess(
             config_text=haproxy_config(self._front_replicas(), self._front_options()),
             port=self.front_port,
             directory=self.directory / "front",
             host=self._front_host,
+            stats_socket=self._sockets_directory / "haproxy.sock",
         )
         self.front.start()
         self.front.wait_until_up(set(self.replicas), timeout_s=CHECK_INTERVAL_S * 10 + 10)
 
     def stop(self) -> None:
-        """Drain and stop everything that runs, the front first and PostgreSQL last. Safe to call twice."""
+        """Drain and stop everything that runs, the front first and PostgreSQL last. Safe to call twice, and each
+        step runs even when one before it failed: a child left running, or a directory left behind, is the worse
+        outcome."""
         if self.front is not None and self.front.is_running():
-            self.front.soft_stop()
+            _logged(self.front.soft_stop)
         for replica in self.replicas.values():
             replica.signal(signal.SIGTERM)
+        drain_s = self.settings.shutdown_timeout + STOP_MARGIN_S
         for replica in self.replicas.values():
             if replica.pid is not None:
-                replica.wait(self.settings.shutdown_timeout + STOP_MARGIN_S)
+                _logged(partial(replica.wait, drain_s))
         if self.front is not None:
-            self.front.stop()
+            _logged(self.front.stop)
         if self.postgres is not None:
-            self.postgres.stop()
-        if self._postgres_directory is not None:
-            shutil.rmtree(self._postgres_directory, ignore_errors=True)
+            postgres = self.postgres
+            _logged(lambda: postgres.stop(mode="immediate" if self._hurry else "fast"))
+        for directory in (self._postgres_directory, self._sockets_directory):
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
 
     def kill(self) -> None:
-        """SIGKILL every replica and the front, and stop PostgreSQL at once (`immediate`): the second Ctrl-C."""
+        """SIGKILL every replica and the front: the second Ctrl-C. Only signals, so a signal handler may call it while
+        `stop` runs; `stop` then finds them gone and stops PostgreSQL at once (`immediate`)."""
+        self._hurry = True
         for replica in self.replicas.values():
             replica.signal(signal.SIGKILL)
         if self.front is not None:
             self.front.kill()
-        if self.postgres is not None:
-            self.postgres.stop(mode="immediate")
 
     def front_running(self) -> bool:
         return self.front is not None and self.front.is_running()
@@ -214,9 +228,28 @@ class LocalCluster:
             body_timeout_s=self.settings.body_timeout,
             api_prefix=self.settings.api_prefix,
             check_interval_s=CHECK_INTERVAL_S,
-            stats_socket=self.directory / "front" / "haproxy.sock",
+            stats_socket=None if self._sockets_directory is None else self._sockets_directory / "haproxy.sock",
             affinity=self.plan.affinity,
         )
+
+
+def wait_all_ready(replicas: Sequence[ReplicaProcess], timeout_s: float) -> None:
+    """Block until every replica answers /health, against one deadline; the first to exit fails it at once."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(replicas)
+    while waiting:
+        for replica in list(waiting):
+            if replica.ready_or_raise(deadline):
+                waiting.remove(replica)
+        if waiting:
+            time.sleep(READY_POLL_S)
+
+
+def _logged(step: Callable[[], object]) -> None:
+    try:
+        step()
+    except Exception:
+        logger.exception("cluster: a step of stopping failed; going on with the rest")
 
 
 def _free_port() -> int:

@@ -83,12 +83,18 @@ class ReplicaProcess:
     def wait_ready(self, timeout_s: float) -> None:
         """Block until /health answers 200; `ReplicaExited` if the process ends first, TimeoutError past `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while not self._healthy():
-            if not self.is_running():
-                raise ReplicaExited(f"replica {self.name} exited with {self.exit_code()}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"replica {self.name} was not ready within {timeout_s:g} s:\n{self.log_tail()}")
+        while not self.ready_or_raise(deadline):
             time.sleep(HEALTH_POLL_S)
+
+    def ready_or_raise(self, deadline: float) -> bool:
+        """Whether /health answers 200 now; `ReplicaExited` if the process has ended, TimeoutError past `deadline`."""
+        if self._healthy():
+            return True
+        if not self.is_running():
+            raise ReplicaExited(f"replica {self.name} exited with {self.exit_code()}:\n{self.log_tail()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"replica {self.name} was not ready in time:\n{self.log_tail()}")
+        return False
 
     def signal(self, number: int) -> None:
         """Send `number` (SIGTERM drains, SIGKILL is a crash) to the running process."""

@@ -3,28 +3,26 @@
 While it runs, a replica that ends on its own (a crash, a kill) is started again on its own port
 with its own name and prompt cache (`restarts.py`), and the front's checks bring it back; if the
 front or PostgreSQL ends, everything stops, as the cluster is no longer what was printed. The first
-Ctrl-C (or SIGTERM) drains: the front stops taking connections, the replicas finish their requests,
-then PostgreSQL stops and the cluster's temporary directory is deleted. A second one kills at once.
+Ctrl-C (or SIGTERM, or SIGHUP), while it starts or runs, drains: the front stops taking connections,
+the replicas finish their requests, then PostgreSQL stops and the cluster's temporary directories are
+deleted. A second one kills at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import signal
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from courier.cluster.front_process import FrontError
 from courier.cluster.local_cluster import ClusterError, ClusterPlan, LocalCluster
-from courier.cluster.local_postgres import LocalPostgresError
-from courier.cluster.replica_process import ReplicaExited
 from courier.cluster.restarts import RestartSchedule
 from courier.settings import parse_port
 
@@ -34,6 +32,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 DEFAULT_REPLICAS = 2
 WATCH_INTERVAL_S = 0.5
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,40 +78,63 @@ def run(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) 
         return EXIT_USAGE
 
 
+class _StopRequested(BaseException):
+    """A signal asked the cluster to stop while it was starting (raised out of whatever start-up was doing)."""
+
+
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP: the first stops the cluster (drained), a second kills it. From before start-up,
+    so no signal leaves children running: they are in sessions of their own and get no signal from the terminal."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.received = 0
+        self.starting = True
+
+    def on_signal(self, _number: int, _frame: FrameType | None) -> None:
+        self.received += 1
+        if self.received > 1:
+            # Only signals from here (no logging, no waiting): the main flow may be inside either.
+            os.write(2, b"courier cluster: stopping now, killing every process of the cluster\n")
+            self.cluster.kill()
+        elif self.starting:
+            raise _StopRequested
+
+
 def _run(cluster: LocalCluster, out: TextIO) -> int:
+    signals = _Signals(cluster)
+    previous = {number: signal.signal(number, signals.on_signal) for number in STOP_SIGNALS}
     try:
-        cluster.start()
-    except (LocalPostgresError, FrontError, ReplicaExited, TimeoutError) as error:
-        logger.error("the cluster did not start: %s", error)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        return EXIT_FAILED
-    stopping = threading.Event()
-
-    def on_signal(number: int, _frame: FrameType | None) -> None:
-        if stopping.is_set():
-            logger.warning("stopping now: killing every process of the cluster")
-            cluster.kill()
-        stopping.set()
-
-    previous = {number: signal.signal(number, on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        _print_summary(cluster, out)
-        code = _watch(cluster, stopping)
-        logger.info("cluster: stopping (the replicas finish their requests first)")
-        cluster.stop()
-        return code
+        try:
+            cluster.start()  # on any failure it has already stopped what it started
+            signals.starting = False
+        except _StopRequested:
+            cluster.stop()
+            logger.info("cluster: stopped while starting")
+            return EXIT_FAILED
+        except ClusterError:
+            raise  # asked for something it cannot do (a port in use): a usage error
+        except Exception as error:
+            logger.error("the cluster did not start: %s", error)
+            return EXIT_FAILED
+        try:
+            _print_summary(cluster, out)
+            return _watch(cluster, signals)
+        finally:
+            logger.info("cluster: stopping (the replicas finish their requests first)")
+            cluster.stop()
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
 
 
-def _watch(cluster: LocalCluster, stopping: threading.Event) -> int:
+def _watch(cluster: LocalCluster, signals: _Signals) -> int:
     """Restart replicas that end, until a signal (0) or the front or PostgreSQL ends (EXIT_FAILED)."""
     schedule = RestartSchedule()
     for name in cluster.replicas:
         schedule.started(name, time.monotonic())
-    while not stopping.wait(WATCH_INTERVAL_S):
+    while not signals.received:
+        time.sleep(WATCH_INTERVAL_S)
         if not cluster.front_running():
             logger.error("HAProxy ended (its log: %s); stopping the cluster", cluster.front_log)
             return EXIT_FAILED
@@ -133,8 +155,12 @@ def _watch(cluster: LocalCluster, stopping: threading.Event) -> int:
                     replica.log_path,
                 )
             elif schedule.due(name, now):
-                replica.start()
                 schedule.started(name, now)
+                try:
+                    replica.start()
+                except OSError as error:  # its log cannot be opened, no process can be made: try again later
+                    logger.error("replica %s could not be started: %s", name, error)
+                    schedule.exited(name, now)
     return 0
 
 

@@ -82,7 +82,28 @@ def test_the_url_serves_a_killed_replica_comes_back_and_ctrl_c_stops_everything(
         with pytest.raises(OSError), socket.create_connection((host, int(port)), timeout=2):
             pass
     directory = Path(replica.group(4)).parents[1]
-    assert not directory.exists()
+    postgres_dir = re.search(r"starting PostgreSQL in (\S+)", errors)
+    assert postgres_dir, errors
+    assert not directory.exists() and not Path(postgres_dir.group(1)).exists()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds leftover processes in /proc")
+def test_a_signal_while_it_starts_stops_what_started_and_leaves_nothing(tiny_llama_dir: Path, cache_dir: Path) -> None:
+    serve = ["--cache-dir", str(cache_dir), "--served-model-name", MODEL]
+    process = cluster_up("--replicas", "2", "--port", str(free_port()), "--model", str(tiny_llama_dir), "--", *serve)
+    assert process.stderr is not None
+    postgres_dir = None
+    for line in process.stderr:
+        if found := re.search(r"starting PostgreSQL in (\S+)", line):
+            postgres_dir = found.group(1)
+        if "loading the model" in line:
+            process.send_signal(signal.SIGTERM)
+            break
+    _, errors = process.communicate(timeout=120)
+    assert process.returncode == 1, errors
+    assert "stopped while starting" in errors
+    assert postgres_dir is not None and not Path(postgres_dir).exists()
+    assert not [pid for pid in _pids() if postgres_dir in _command_line(pid)], "a process of the cluster is left"
 
 
 def test_flags_the_cluster_sets_itself_are_refused() -> None:
@@ -100,6 +121,17 @@ def test_a_front_port_in_use_is_refused_before_anything_starts() -> None:
         _, errors = process.communicate(timeout=60)
     assert process.returncode == 2
     assert "is in use" in errors and "starting PostgreSQL" not in errors
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _healthy(url: str) -> bool:
