@@ -200,14 +200,6 @@ class LocalCluster:
         return self.postgres is not None and self.postgres.is_running()
 
     @property
-    def front_log(self) -> Path:
-        return self.directory / "front" / "haproxy.log"
-
-    @property
-    def front_config(self) -> Path:
-        return self.directory / "front" / "haproxy.cfg"
-
-    @property
     def postgres_log(self) -> Path | None:
         return None if self.postgres is None else self.postgres.log_path
 

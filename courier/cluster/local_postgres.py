@@ -79,6 +79,7 @@ class LocalPostgres:
     directory: Path
     port: int
     password: str = ""
+    durable: bool = True
 
     @property
     def data_dir(self) -> Path:
@@ -98,14 +99,16 @@ class LocalPostgres:
         return f"postgresql://{USER}:***@127.0.0.1:{self.port}/{DATABASE}"
 
     @classmethod
-    def create(cls, directory: Path, port: int) -> LocalPostgres:
-        """A new cluster in `directory` (which must not hold one), its database and user made; not started."""
+    def create(cls, directory: Path, port: int, *, password: str | None = None, durable: bool = True) -> LocalPostgres:
+        """A new cluster in `directory` (which must not hold one), its user made; not started. `password`: a random
+        one by default; `durable=False` (tests): no fsync, which a cluster that dies with its directory can spare."""
         reason = unavailable_reason()
         binaries = find_binaries()
         if reason is not None or binaries is None:
             raise LocalPostgresError(reason or "PostgreSQL is not installed")
         directory.mkdir(parents=True, exist_ok=True)
-        cluster = cls(binaries=binaries, directory=directory, port=port, password=secrets.token_urlsafe(24))
+        password = password or secrets.token_urlsafe(24)
+        cluster = cls(binaries=binaries, directory=directory, port=port, password=password, durable=durable)
         password_file = directory / "initdb-password"
         password_file.write_text(cluster.password + "\n")
         password_file.chmod(0o600)
@@ -124,6 +127,7 @@ class LocalPostgres:
                 "--auth=scram-sha-256",
                 "-E",
                 "UTF8",
+                *(() if durable else ("--no-sync",)),
             )
         finally:
             password_file.unlink(missing_ok=True)
@@ -132,6 +136,8 @@ class LocalPostgres:
     def start(self) -> None:
         """Start the server and wait until it accepts connections; the database is made on the first start."""
         settings = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.data_dir}"
+        if not self.durable:
+            settings += " -c fsync=off"
         self._pg_ctl("start", "-w", "-t", str(START_TIMEOUT_S), "-l", str(self.log_path), "-o", settings)
         with psycopg.connect(self.url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as connection:
             exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()

@@ -136,7 +136,8 @@ def _watch(cluster: LocalCluster, signals: _Signals) -> int:
     while not signals.received:
         time.sleep(WATCH_INTERVAL_S)
         if not cluster.front_running():
-            logger.error("HAProxy ended (its log: %s); stopping the cluster", cluster.front_log)
+            log = cluster.front.log_path if cluster.front else None
+            logger.error("HAProxy ended (its log: %s); stopping the cluster", log)
             return EXIT_FAILED
         if not cluster.postgres_running():
             logger.error("PostgreSQL ended (its log: %s); stopping the cluster", cluster.postgres_log)
@@ -169,7 +170,7 @@ def _print_summary(cluster: LocalCluster, out: TextIO) -> None:
     lines += [f"  replica {r.name}: {r.url} (pid {r.pid}, log {r.log_path})" for r in cluster.replicas.values()]
     lines += [
         f"  front: HAProxy, {'round robin' if not cluster.plan.affinity else 'conversation affinity'} "
-        f"(config {cluster.front_config})",
+        f"(config {cluster.front.config_path if cluster.front else None})",
         f"  storage: {cluster.postgres_url} (private; deleted at exit)",
         "Ctrl-C stops everything.",
     ]
