@@ -5,6 +5,11 @@ under, and, for a tool call in `auto` mode, the text that triggers it. Building 
 tokenizer (unknown schema keywords, bad `$ref`s, regexes that do not parse) and bounds its size, so a request
 that cannot be honoured is refused with a 400 naming its parameter before any work is queued.
 
+`oneOf` is honoured exactly or refused, never loosened: llguidance accepts it where it can prove its alternatives
+exclude each other (different types, or a `const` / `enum` property each requires), so an output matches exactly
+one; otherwise the refusal says to make them exclusive or to write `anyOf` (`ONE_OF_OVERLAPS`). Generation keeps
+to the schema it was given, so a request never gets output its own validator would reject.
+
 JSON is generated in the shape `json.dumps` writes (`", "` between items, `": "` after keys, no other
 whitespace): a small model cannot wander into endless whitespace, and tool calls look like the ones chat
 templates render.
@@ -23,6 +28,13 @@ from llguidance import LLMatcher, LLParserLimits
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_SCHEMA_DEPTH = 32
 MAX_TOOLS = 128
+# What llguidance says of a oneOf whose alternatives it cannot prove exclusive (naming an option no request sets),
+# and what the client is told instead.
+_LLGUIDANCE_ONE_OF = "oneOf constraints are not supported"
+ONE_OF_OVERLAPS = (
+    "its oneOf alternatives may overlap, so an output could match more than one: make them exclusive (different "
+    "types, or a const or enum property each requires) or write anyOf"
+)
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # Bounds on one grammar's size and on the lexer work a mask may take (llguidance's defaults, lexer fuel lowered):
 # a schema over them is refused as too complex, never compiled for seconds.
@@ -166,7 +178,7 @@ def _schema_problem(schema: dict[str, Any]) -> str:
         grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
     except ValueError as error:
         return str(error)
-    return LLMatcher.validate_grammar(grammar, None, limits=LIMITS)
+    return _explained(LLMatcher.validate_grammar(grammar, None, limits=LIMITS))
 
 
 def _schema_grammar(schema: dict[str, Any], param: str) -> str:
@@ -185,9 +197,14 @@ def _lark_grammar(lark: str, param: str) -> str:
 
 
 def _validate(grammar: str, param: str) -> None:
-    error = LLMatcher.validate_grammar(grammar, None, limits=LIMITS)
+    error = _explained(LLMatcher.validate_grammar(grammar, None, limits=LIMITS))
     if error:
         raise GrammarError(f"{param} cannot be used to constrain generation: {error}", param)
+
+
+def _explained(error: str) -> str:
+    """llguidance's complaint in the client's terms ("" stays "")."""
+    return ONE_OF_OVERLAPS if error.startswith(_LLGUIDANCE_ONE_OF) else error
 
 
 def _constraint(grammar: str, *, label: str, param: str, trigger: str = "", repeat: bool = True) -> Constraint:

@@ -58,6 +58,7 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("over 64 KiB", sized(MAX_SCHEMA_BYTES + 1), f"the most a schema may take is {MAX_SCHEMA_BYTES}"),
     ("deeper than 32", nested_arrays(MAX_SCHEMA_DEPTH + 1), f"nests deeper than {MAX_SCHEMA_DEPTH} levels"),
     ("not JSON", {"type": "string", "default": {1, 2}}, "is not JSON"),
+    ("overlapping oneOf", {"oneOf": [{"type": "number"}, {"type": "integer"}]}, "may overlap"),
 ]
 
 
