@@ -27,7 +27,7 @@ output, with the servers' logs beside it). The exit code is 0 only if every chec
 root:
 
     .venv/bin/python -m bench.fuzz [--phases schema,hostile] [--max-examples 25] [--time-limit 900] [--seed 1]
-        [--hostile-cases 300] [--no-vision] [--json PATH] [--log PATH]
+        [--hostile-cases 300] [--families sampling,...] [--no-vision] [--json PATH] [--log PATH]
 """
 
 from __future__ import annotations
@@ -170,6 +170,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--seed", type=int, default=1, help="seed of schemathesis and of the hostile generators (1)")
     add("--hostile-cases", type=int, default=300, help="hostile: most cases per family, follow-ups aside (300)")
     add("--no-vision", dest="vision", action="store_false", help="hostile: skip the vision model's server")
+    add("--families", type=lambda text: set(text.split(",")), default=None, help="hostile: only these, e.g. sampling")
     add("--cache-dir", type=Path, default=None)
     add("--json", type=Path, default=None, help="write the whole report here")
     add("--log", type=Path, default=None, help="write schemathesis's output here, and each server's log beside it")
@@ -378,6 +379,8 @@ class Prober:
         self.prepare_fixtures()
         runs = []
         for family, generate in hostile.all_families(self.model, args.seed, vision=self.vision).items():
+            if args.families is not None and family not in args.families:
+                continue
             generated = generate()
             chosen = hostile.select(generated, args.hostile_cases, hostile.family_rng(args.seed, family))
             run = FamilyRun(server=server_name, family=family, generated=len(generated), selected=len(chosen))
@@ -418,6 +421,8 @@ class Prober:
             case.name, case.method, path, case.body, expect=case.expect, content_type=case.content_type
         )
         answers = [answer]
+        if case.follow_up is FollowUp.ORDINARY:  # whatever the answer: nothing it left behind may fail them
+            return [answer, *self.ordinary(case)]
         if case.follow_up is not None and answer.status is not None and 200 <= answer.status < 300:
             record_id = json_id(body)
             if record_id is not None:
@@ -428,6 +433,19 @@ class Prober:
         for name, value in self.fixtures.items():
             path = path.replace("{" + name + "}", value)
         return path
+
+    def ordinary(self, case: Case) -> list[Answer]:
+        """Another client's everyday chat requests after `case`: default sampling and an unseeded draw."""
+        answers = []
+        for name, extra in (("default sampling", {}), ("temperature 1", {"temperature": 1.0})):
+            body = {"model": self.model, "messages": [hostile.user("Hello.")], "max_tokens": 3, **extra}
+            answer, _ = self.exchange(
+                f"{case.name} -> {name}", "POST", "/v1/chat/completions", hostile.encode(body), expect=Expect.OK
+            )
+            if answer.surprise is not None:  # an ordinary request refused: what the case left behind broke it
+                answer.problem, answer.surprise = answer.surprise, None
+            answers.append(answer)
+        return answers
 
     def follow_up(self, case: Case, kind: FollowUp, record_id: str) -> list[Answer]:
         turn: dict[str, Any] = {"model": self.model, "input": "And?", "max_output_tokens": 2, "temperature": 0}

@@ -22,6 +22,8 @@ through the real HTTP API and checks the answers. Families:
 - `image-bytes` (a vision model only): `data:` images that are truncated PNG / JPEG, PNG headers claiming
   7000x7000 or 100000x1, garbage behind a PNG / GIF / TIFF / BMP / DDS / JPEG / WebP magic, zero bytes, and
   valid small images (those must be answered 2xx).
+- `sampling` (`bench/hostile_sampling.py`): every sampling field at its edges on chat, completions and
+  Responses, each accepted case followed by another client's ordinary requests.
 - `shapes`: the body itself: nesting 63 / 64 / 65 / 1000 / 5000 levels, huge strings and arrays under the body
   limit, numbers out of range (NaN, 1e309, -0, 2**64, 5000 digits) in every numeric field, a wrong type in every
   field of the chat / completions / Responses / compaction / Conversations / tokenize bodies, unknown roles, empty
@@ -64,6 +66,7 @@ class FollowUp(StrEnum):
 
     CHAIN = "a next turn by previous_response_id, and the stored response read back"
     CONVERSATION = "a Responses turn in the conversation, and its items read back"
+    ORDINARY = "another client's ordinary requests: default sampling, and an unseeded temperature draw"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +132,12 @@ def select(cases: Sequence[Case], limit: int, rng: random.Random) -> list[Case]:
     return chosen[:limit]
 
 
+def sampling_cases(model: str) -> list[Case]:
+    from bench.hostile_sampling import sampling_cases as cases  # it imports this module's Case and encode
+
+    return cases(model)
+
+
 def all_families(model: str, seed: int, *, vision: bool) -> dict[str, Callable[[], list[Case]]]:
     """Each family's generator for a server of `model` (`vision`: one that takes images)."""
     if vision:
@@ -141,6 +150,7 @@ def all_families(model: str, seed: int, *, vision: bool) -> dict[str, Callable[[
         "capsules": lambda: capsule_cases(model, family_rng(seed, "capsules")),
         "urls": lambda: url_cases(model, family_rng(seed, "urls"), vision=False),
         "shapes": lambda: shape_cases(model, family_rng(seed, "shapes")),
+        "sampling": lambda: sampling_cases(model),
     }
 
 

@@ -23,6 +23,7 @@ prefill segment there, which saves a forward pass before the first token.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -30,6 +31,7 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.core.prompt_lookup import LookupLimits
@@ -51,7 +53,8 @@ from courier.engine.generation import (
 )
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill, prefill_embedded, resume
 from courier.engine.penalties import Penalties
-from courier.engine.sampling import SeededSampler, build_sampler
+from courier.engine.sampling import Sampler, SeededSampler, build_sampler
+from courier.engine.sampling import probe as sampling_probe
 from courier.engine.speculative_batch import SpeculationCounters, SpeculativeGenerator, StepResponse
 from courier.grammar.compiler import GrammarCompiler
 from courier.grammar.constraint import GrammarError
@@ -130,7 +133,7 @@ class _Sequence:
     cut_boundary: int = 0
     shared: _SharedState | None = None
     token_ids: list[int] = field(default_factory=list)  # generated so far, for a replay after a fault
-    sampler: Any = None  # kept for a replay, so a seeded request's random stream carries on
+    sampler: Sampler = greedy_sampler  # its request's own (a grammar's wraps it); kept for a replay
     constrained: ConstrainedSequence | None = None  # its grammar state, kept for a replay too
     processors: list[Any] = field(default_factory=list)  # penalties, bias, grammar: kept for a replay too
     snapshot_prompt_tokens: int = 0  # how much of the prompt the snapshots it took cover
@@ -443,9 +446,7 @@ class BatchEngine:
         prompt = list(request.prompt_tokens)
         constrained: ConstrainedSequence | None = None
         try:
-            sampler = build_sampler(
-                sampling.temperature, sampling.top_p, sampling.seed, top_k=sampling.top_k, min_p=sampling.min_p
-            )
+            sampler = build_sampler(sampling)
             constrained = self._constrain(request, sampler)
             processors = _processors(request, constrained)
             (uid,) = self._generator.insert_segments(
@@ -469,7 +470,7 @@ class BatchEngine:
             cached_tokens=cached,
             cut_boundary=cut_boundary,
             shared=shared,
-            sampler=constrained.sample if constrained is not None else sampler,
+            sampler=sampler,
             constrained=constrained,
             processors=processors,
         )
@@ -659,6 +660,7 @@ class BatchEngine:
     def _recover(self, error: Exception) -> list[EngineOutput]:
         """A fresh generator; each sequence of the failed batch replayed alone, failing only those that fail."""
         reason = f"generation failed: {type(error).__name__}: {error}"
+        _renew_random_state()
         if self._just_recovered or len(self._by_uid) <= 1:
             logger.exception("generation step failed; failing %d requests", len(self._by_uid))
             return self._fail_all(reason)
@@ -675,6 +677,7 @@ class BatchEngine:
             try:
                 self._replay(sequence)
             except Exception as replay_error:  # this one faults on its own: the culprit
+                _renew_random_state()  # whatever its fault left there, the next replay starts clean
                 logger.warning("request %s fails on its own: %s", sequence.request.request_id, replay_error)
                 message = f"generation failed: {type(replay_error).__name__}: {replay_error}"
                 self._release(sequence)
@@ -693,18 +696,19 @@ class BatchEngine:
                 start, cache = self._prefill_images(request, start, cache)
             cache = prefill(self._model, tokens[start:-1], cache) if start < len(tokens) - 1 else cache
             probe, _ = compact_copy(cache) if cache is not None else (None, 0)
-            mx.eval(self._model(mx.array([tokens[-1:]]), cache=probe))
+            logits = self._model(mx.array([tokens[-1:]]), cache=probe)[:, -1, :]
+            # Its sampler's filters too: a fault in one sequence's sampling fails that sequence here, alone.
+            sampling_probe(sequence.sampler, logits - mx.logsumexp(logits, axis=-1, keepdims=True))
         remaining = max(1, (request.sampling.max_tokens or 1) - sequence.generated)
-        sampling = request.sampling
-        seeded = sequence.constrained.seeded if sequence.constrained is not None else sequence.sampler
-        if isinstance(seeded, SeededSampler):  # its next draw is for the token after those it has sent
-            seeded.position = len(sequence.token_ids)
+        if isinstance(sequence.sampler, SeededSampler):  # its next draw is for the token after those it has sent
+            sequence.sampler.position = len(sequence.token_ids)
+        constrained = sequence.constrained
         (uid,) = self._generator.insert_segments(
             [[tokens[-1:]]],
             max_tokens=[remaining],
             caches=[cache] if cache is not None else None,
             all_tokens=[tokens[:-1]] if cache is not None else None,
-            samplers=[sequence.sampler or build_sampler(sampling.temperature, sampling.top_p, sampling.seed)],
+            samplers=[constrained.sample if constrained is not None else sequence.sampler],
             logits_processors=[sequence.processors] if sequence.processors else None,
         )
         sequence.uid = uid
@@ -721,6 +725,13 @@ class BatchEngine:
         self._shared.clear()
         self._generator = self._new_generator()
         return failed
+
+
+def _renew_random_state() -> None:
+    """MLX's global random state, seeded afresh after a failed step: a function compiled with that state as its
+    input and output (mlx-lm's samplers are) that raised mid-trace leaves a traced array in it, and every later
+    unseeded draw would fail. Courier's samplers compile nothing; this keeps any other such fault to one step."""
+    mx.random.seed(int.from_bytes(os.urandom(8), "little"))
 
 
 def _processors(request: EngineRequest, constrained: ConstrainedSequence | None) -> list[Any]:

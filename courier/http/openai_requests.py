@@ -35,6 +35,8 @@ MAX_TOP_LOGPROBS_CHAT = 20
 MAX_LOGPROBS_COMPLETIONS = 5
 MAX_TEMPERATURE = 2.0
 MAX_TOP_K = 1_000_000
+# A penalty divides (or multiplies) logits: outside [1/100, 10] it only overflows them or turns the reply to noise.
+MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 10.0
 MAX_LOGIT_BIAS = 1024
 
@@ -175,7 +177,7 @@ def sampling_params(
         min_p=number_in(body, "min_p", 0.0, 1.0, 0.0),
         presence_penalty=number_in(body, "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=number_in(body, "frequency_penalty", -2.0, 2.0, 0.0),
-        repetition_penalty=number_in(body, "repetition_penalty", 0.0, MAX_REPETITION_PENALTY, 1.0, open_low=True),
+        repetition_penalty=number_in(body, "repetition_penalty", MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY, 1.0),
         logit_bias=_logit_bias(body.get("logit_bias")),
     )
 

@@ -15,6 +15,7 @@ from courier.http.listing import MAX_LIMIT
 from courier.http.openai_requests import (
     MAX_LOGIT_BIAS,
     MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
     MAX_STOP_SEQUENCES,
     MAX_TEMPERATURE,
     MAX_TOP_K,
@@ -188,7 +189,9 @@ _SAMPLING = {
     "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
     "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
     "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
-    "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_REPETITION_PENALTY}),
+    "repetition_penalty": _nullable(
+        {"type": "number", "minimum": MIN_REPETITION_PENALTY, "maximum": MAX_REPETITION_PENALTY}
+    ),
     "logit_bias": _nullable(
         {
             "type": "object",

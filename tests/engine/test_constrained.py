@@ -392,7 +392,7 @@ def seeded_sequence(loaded: tuple[Any, Any], compiler: GrammarCompiler, constrai
         filler=MaskFiller(VOCAB_SIZE, 1),
         decode=loaded[1].decode,
         prompt_length=len(PROMPT),
-        sampler=SeededSampler(7, temperature=1.0, top_p=1.0),
+        sampler=SeededSampler(7, temperature=1.0),
         eos_tokens=[EOS],
     )
 
