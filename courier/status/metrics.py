@@ -19,6 +19,7 @@ from courier.platform.malloc_tuning import malloc_usage
 from courier.platform.mlx_memory import mlx_memory
 from courier.status.gateway_metrics import gateway_gauges
 from courier.status.service_state import ServiceState
+from courier.storage.breaker import BreakerState, CircuitBreaker
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
@@ -128,6 +129,7 @@ class _StateCollector(Collector):
             ),
         ):
             yield CounterMetricFamily(f"courier_storage_{name}", help_text, value=value)
+        yield from _breaker(storage.breaker)
 
     def _mlx_memory(self) -> Iterator[Metric]:
         memory = mlx_memory()
@@ -206,3 +208,21 @@ def _tiers(store: StoreStats) -> Iterator[Metric]:
         ("disk_read_errors", "Snapshot files found corrupt, truncated, foreign or gone on reading", io.read_errors),
     ):
         yield CounterMetricFamily(f"{prefix}_{name}", help_text, value=value)
+
+
+def _breaker(breaker: CircuitBreaker) -> Iterator[Metric]:
+    """The storage breaker's state as a one-hot gauge (one series per state, 1 for the present one), and its trips."""
+    state = GaugeMetricFamily(
+        "courier_storage_breaker_state",
+        "Storage circuit breaker: closed (calls reach the database), open (unreachable: calls refused at once), "
+        "probing (a probe is connecting)",
+        labels=["state"],
+    )
+    for each in BreakerState:
+        state.add_metric([each.value], 1.0 if breaker.state is each else 0.0)
+    yield state
+    yield CounterMetricFamily(
+        "courier_storage_breaker_trips",
+        "Times the database was found unreachable and the breaker opened",
+        value=breaker.trips,
+    )

@@ -1,6 +1,7 @@
-"""Storage faults since start-up: damaged records met, and calls the database could not serve.
+"""Storage faults since start-up: damaged records met, calls the database could not serve, and the breaker.
 
-The storage actor is the one writer; `/metrics` may read the counters. Each method
+The storage actor is the one writer; `/metrics` may read the counters and the
+breaker's state (`breaker.py`). Each method
 says whether the fault is news, so the actor logs a damaged record once however
 often it is read, and a failing disk when it starts failing and when a write
 succeeds again, not once per request. Pure: no database, no I/O.
@@ -8,9 +9,12 @@ succeeds again, not once per request. Pure: no database, no I/O.
 
 from __future__ import annotations
 
+from courier.storage.breaker import CircuitBreaker
+
 
 class StorageFaults:
-    def __init__(self) -> None:
+    def __init__(self, breaker: CircuitBreaker | None = None) -> None:
+        self.breaker = breaker if breaker is not None else CircuitBreaker()
         self.damaged_records = 0  # distinct damaged records met
         self.damaged_reads = 0  # reads refused because the record they read is damaged
         self.unavailable_calls = 0  # calls the database could not serve (full disk, I/O error)

@@ -11,9 +11,11 @@ processes write the same tables at the same time:
   hold for all replicas together, not for one process's counters.
 - A previous_response_id chain is one recursive query, however long.
 
-Every write commits before the storage actor replies. A database that is down or
-slow is `StorageUnavailable` for the calls that need it (`postgres_connection.py`);
-the pool reconnects by itself once the database is back. One that cannot be reached
+Every write commits before the storage actor replies. Calls run side by side, up to
+the pool's size, each in its own connection and transaction. A database that is slow
+is `StorageUnavailable` for the calls that need it, and one that cannot be reached
+`StorageUnreachable`, found without waiting out the pool (`postgres_connection.py`);
+`reach` connects again once it is back. One that cannot be reached
 when the backend is made is not a failure either: `unreachable` says why, and the
 first call that reaches it applies the schema migrations (`postgres_schema.py`) and
 opens the pool. Only a misconfiguration fails for good: a malformed URL, a refused
@@ -42,7 +44,7 @@ from courier.storage.postgres_budget import (
     sweep,
     usage,
 )
-from courier.storage.postgres_connection import Database, redacted, served
+from courier.storage.postgres_connection import POOL_MAX_SIZE, Database, redacted, served
 from courier.storage.postgres_items import append_items, item_row, json_text
 from courier.storage.postgres_schema import migrate
 from courier.storage.records import (
@@ -62,6 +64,9 @@ logger = logging.getLogger(__name__)
 
 
 class PostgresStorage:
+    # Each call takes a pool connection of its own, so as many run at once as the pool holds.
+    max_concurrent_calls = POOL_MAX_SIZE
+
     def __init__(self, url: str, limits: StorageLimits, clock: Callable[[], float] = time.time) -> None:
         self.location = redacted(url)
         self._limits = limits
@@ -77,6 +82,10 @@ class PostgresStorage:
     @property
     def stored_entries(self) -> int:
         return self._usage()[1]
+
+    @served
+    def reach(self) -> None:
+        self._database.reach()
 
     def close(self) -> None:
         self._database.close()

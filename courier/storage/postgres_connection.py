@@ -1,16 +1,20 @@
 """How the PostgreSQL backend reaches its database: a bounded pool, timeouts, and typed failures.
 
-The storage actor makes one call at a time, so the pool is small; it is bounded so a
-slow database can never pile up connections. Every wait is bounded too: connecting,
-taking a connection from the pool, and each statement, so a database that is down or
-slow makes the call a `StorageUnavailable` (503 with `Retry-After`) within seconds,
-and the actor keeps serving everything that needs no storage. Each connection is
-checked as it leaves the pool, and a broken one is replaced, so once the database is
-back the next call is served, without a restart.
+The storage actor makes up to `POOL_MAX_SIZE` calls at once, so a slow statement does
+not hold up the others; the pool is bounded so a slow database can never pile up
+connections. Every wait is bounded too: connecting, taking a connection from the pool,
+and each statement, so a database that is slow makes the call a `StorageUnavailable`
+(503 with `Retry-After`) within seconds, and the actor keeps serving everything that
+needs no storage. A database that cannot be reached is `StorageUnreachable`, found at
+once: each connection is checked as it leaves the pool, and a dead one costs one
+connection attempt, not the pool's retries. A refused attempt closes the pool, which
+fails every call waiting on it; the storage actor's breaker then refuses calls at once
+until its probe (`Database.reach`) connects again. A database that merely restarted
+is reconnected within the call that finds out.
 
 A database that cannot be reached at start-up does not stop the server: `Database`
 opens its pool (and prepares the schema, once) on the first call that reaches it,
-and until then each call is a `StorageUnavailable`. What is a misconfiguration
+and until then each call is a `StorageUnreachable`. What is a misconfiguration
 rather than an outage stops start-up: a malformed URL, or a login the database
 refuses (`LoginRefused`: it asked for a password and did not let us in). Passwords
 never reach a log line: the server names the database by `redacted(url)`.
@@ -20,9 +24,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
@@ -30,7 +35,7 @@ import psycopg.errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
-from courier.storage.records import StorageUnavailable, UnstorableRecord
+from courier.storage.records import StorageUnavailable, StorageUnreachable, UnstorableRecord
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +55,12 @@ CONNECTION_DEFAULTS: dict[str, str | int] = {
 }
 STATEMENT_TIMEOUT_MS = 15_000
 RECONNECT_TIMEOUT_S = 2.0
-# Until the database is first reached, a call this soon after a failed attempt fails at once with its reason: one
-# call waits for a database that does not answer (connect_timeout), not every call queued behind it.
+# A call this soon after a failed attempt to open fails at once with its reason: one call waits for a database that
+# does not answer (connect_timeout), not every call queued behind it. The breaker's probe (`reach`) is not held back.
 RETRY_INTERVAL_S = 1.0
+# How long closing a lost pool waits for its workers (each at most one connection attempt into a database that
+# refuses, so at once; one into a vanished host is left to finish by itself).
+POOL_CLOSE_TIMEOUT_S = 1.0
 
 P = ParamSpec("P")
 S = TypeVar("S")
@@ -66,9 +74,14 @@ class LoginRefused(Exception):
 
 
 class Database:
-    """The pool of one database, opened by the first call that reaches the database, which prepares it first.
+    """The pool of one database: opened by the first call that reaches the database (which prepares it first), and
+    dropped as soon as a call finds the database gone, so the calls waiting on it fail at once.
 
-    Synchronous, one caller at a time (the storage actor's thread), like the backend that owns it.
+    Thread-safe: the storage actor makes up to `POOL_MAX_SIZE` calls at once, each on a thread of its own. A call
+    that cannot get a working connection raises `StorageUnreachable`: the pool could not hand one over in time,
+    the one it handed over was dead and no new one could be made, or the connection broke during the call. The pool
+    is then closed, which fails every call waiting on it (`PoolClosed`) instead of letting each wait
+    `ACQUIRE_TIMEOUT_S`; the next call to reach the database opens a new one (`reach` is the breaker's probe).
     """
 
     def __init__(self, url: str, prepare: Prepare, monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -76,44 +89,117 @@ class Database:
         self._conninfo = conninfo(url)  # a malformed URL raises psycopg.ProgrammingError here, at start-up
         self._prepare = prepare
         self._monotonic = monotonic
+        self._state = threading.Lock()  # held briefly: `_pool` and `_failed`
+        self._opening = threading.Lock()  # one opener at a time (it connects while holding it)
         self._pool: ConnectionPool | None = None
         self._failed: tuple[float, str] | None = None  # when the last attempt to open failed, and why
 
     def try_open(self) -> str | None:
         """Open now if the database answers: None, or why it cannot be reached yet (each call then tries again).
         Raises what is a misconfiguration: `LoginRefused`, or the schema's refusal (`RuntimeError`, a SQL error)."""
-        try:
-            self._open()
-        except psycopg.OperationalError as error:  # nothing listens, no such host, a timeout, "starting up"
-            self._failed = (self._monotonic(), _reason(error))
-            return self._failed[1]
+        with self._opening:
+            try:
+                self._open()
+            except psycopg.OperationalError as error:  # nothing listens, no such host, a timeout, "starting up"
+                return self._opening_failed(error)
         return None
 
-    def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]:
-        """A connection from the pool, which is opened first if need be; `StorageUnavailable` if it cannot be."""
-        if self._pool is None:
-            self._open_for_call()
-        assert self._pool is not None
-        return self._pool.connection()
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A working connection from the pool, which is opened first if need be; `StorageUnreachable` if there is
+        none to be had (or it breaks while in use)."""
+        pool = self._pool_for_call(probe=False)
+        connection = self._acquire(pool)
+        try:
+            yield connection
+        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            if connection.broken:  # the database went away mid-call (stopped, restarted, the network lost)
+                raise self._lost(pool, error) from error
+            raise  # slow (a statement timeout), read-only, ...: the database is there
+        finally:
+            pool.putconn(connection)
+
+    def reach(self) -> None:
+        """Connect now, however recently an attempt failed (the breaker's probe); `StorageUnreachable` if it cannot."""
+        self._pool_for_call(probe=True)
+        with self.connection() as connection:
+            connection.execute("")
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
+        with self._state:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
-    def _open_for_call(self) -> None:
-        now = self._monotonic()
-        if self._failed is not None and now - self._failed[0] < RETRY_INTERVAL_S:
-            raise StorageUnavailable(self._failed[1])
-        try:
-            self._open()
-        except (psycopg.Error, LoginRefused, RuntimeError) as error:
-            # Once serving, even a misconfiguration found now fails only the calls that need the database.
-            self._failed = (now, _reason(error))
-            raise StorageUnavailable(self._failed[1]) from error
+    def _pool_for_call(self, *, probe: bool) -> ConnectionPool:
+        with self._state:
+            if self._pool is not None:
+                return self._pool
+            failed = self._failed
+        if not probe and failed is not None and self._monotonic() - failed[0] < RETRY_INTERVAL_S:
+            raise StorageUnreachable(failed[1])
+        with self._opening:
+            if self._pool is not None:  # another call opened it meanwhile
+                return self._pool
+            try:
+                pool = self._open()
+            except (psycopg.Error, LoginRefused, RuntimeError) as error:
+                # Once serving, even a misconfiguration found now fails only the calls that need the database.
+                raise StorageUnreachable(self._opening_failed(error)) from error
         logger.info("storage: reached the database %s; requests that need storage are served", self.location)
+        return pool
 
-    def _open(self) -> None:
-        """Connect, prepare the database on that connection, then open the pool."""
+    def _acquire(self, pool: ConnectionPool) -> psycopg.Connection[Any]:
+        """A connection from `pool` that answers. A dead one (its server stopped, or restarted since) is replaced if
+        the database can be reached; if it cannot, the pool is lost."""
+        try:
+            return self._checked(pool)
+        except psycopg.Error:
+            pass
+        try:  # gone, or restarted? One connection attempt says (within connect_timeout)
+            psycopg.connect(self._conninfo).close()
+        except psycopg.Error as error:
+            raise self._lost(pool, error) from error
+        pool.check()  # restarted: the connections it kept are as dead as that one
+        try:
+            return self._checked(pool)
+        except psycopg.Error as error:
+            raise self._lost(pool, error) from error
+
+    def _checked(self, pool: ConnectionPool) -> psycopg.Connection[Any]:
+        """A connection from `pool`, checked: the check's error if it is dead (it is then discarded)."""
+        try:
+            connection = pool.getconn()
+        except psycopg.OperationalError as error:  # PoolTimeout: none within ACQUIRE_TIMEOUT_S; PoolClosed: lost
+            raise self._lost(pool, error) from error
+        try:
+            ConnectionPool.check_connection(connection)
+        except BaseException:
+            pool.putconn(connection)  # a broken connection is closed, and the pool makes another
+            raise
+        return connection
+
+    def _lost(self, pool: ConnectionPool, error: BaseException) -> StorageUnreachable:
+        """The database cannot be reached through `pool`: close it (failing every call waiting on it at once) so
+        the next call opens a new one. Returns the error to raise."""
+        reason = _reason(error)
+        with self._state:
+            current = self._pool is pool
+            if current:
+                self._pool = None
+                self._failed = (self._monotonic(), reason)
+        if current:
+            pool.close(timeout=POOL_CLOSE_TIMEOUT_S)
+        return StorageUnreachable(reason)
+
+    def _opening_failed(self, error: BaseException) -> str:
+        reason = _reason(error)
+        with self._state:
+            self._failed = (self._monotonic(), reason)
+        return reason
+
+    def _open(self) -> ConnectionPool:
+        """Connect, prepare the database on that connection, then open the pool (the caller holds `_opening`)."""
         try:
             connection = psycopg.connect(self._conninfo, autocommit=True)
         except psycopg.OperationalError as error:
@@ -122,8 +208,11 @@ class Database:
             raise
         with connection:
             self._prepare(connection)
-        self._pool = open_pool(self._conninfo)
-        self._failed = None
+        pool = open_pool(self._conninfo)
+        with self._state:
+            self._pool = pool
+            self._failed = None
+        return pool
 
 
 def redacted(url: str) -> str:
@@ -153,7 +242,8 @@ def open_pool(info: str) -> ConnectionPool:
         timeout=ACQUIRE_TIMEOUT_S,
         kwargs={"autocommit": True},  # a write opens its own transaction; a read is one statement
         configure=_configure,
-        check=ConnectionPool.check_connection,
+        # No `check`: `Database._acquire` checks each connection itself, so a dead one means one connection attempt,
+        # not the pool's retries until ACQUIRE_TIMEOUT_S.
         name="courier-storage",
         # The pool's retries back off (1 s, 2 s, 4 s, ...); it gives up after this, and the next call tries at
         # once, so the first call after the database is back waits a second at most, not half the outage.

@@ -103,14 +103,30 @@ class StorageUnavailable(Exception):
     """
 
 
+class StorageUnreachable(StorageUnavailable):
+    """The database cannot be reached at all: no connection could be made, or the one in use broke (PostgreSQL
+    stopped, restarting, or out of the network). Nothing was changed. Unlike a slow or full database, later calls
+    would only wait to fail the same way, so the storage actor's breaker opens: it refuses calls at once until its
+    probe (`ResponseStorage.reach`) connects again.
+    """
+
+
 class ResponseStorage(Protocol):
-    """Synchronous, called from one thread at a time (the storage actor serializes every call).
+    """Synchronous, called from up to `max_concurrent_calls` threads at once (SQLite: one, so every call is
+    serialized; PostgreSQL: its pool's size, each call on a connection of its own).
 
     Faults are typed and local to the call that meets them: a read of a damaged record raises `DamagedRecord`
     (other records stay readable), and any call the database cannot serve right now raises `StorageUnavailable`
     having changed nothing. A record over the whole byte budget raises `StorageRefused`, and one the backend
     cannot hold at all `UnstorableRecord`. Whatever a call acknowledged (returned from) stays stored.
     """
+
+    @property
+    def max_concurrent_calls(self) -> int:
+        """How many calls may run at once, each on a thread of its own."""
+
+    def reach(self) -> None:
+        """Return once the database can be reached, else raise `StorageUnreachable` (the breaker's probe)."""
 
     def save_response(self, response: StoredResponse, conversation_items: Sequence[JsonObject]) -> None:
         """Store a response and, when it belongs to a conversation, append `conversation_items` to it, atomically."""

@@ -51,6 +51,9 @@ _EVICTION_BATCH = 64
 
 
 class SqliteStorage:
+    # One connection, used by one thread at a time; a local file is never unreachable (a full disk is unavailable).
+    max_concurrent_calls = 1
+
     def __init__(self, data_dir: Path, limits: StorageLimits, clock: Callable[[], float] = time.time) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.path = data_dir / DATABASE_NAME
@@ -73,6 +76,9 @@ class SqliteStorage:
     @property
     def stored_entries(self) -> int:
         return self._entries
+
+    def reach(self) -> None:
+        """Nothing to reach: the database is a local file."""
 
     def close(self) -> None:
         try:

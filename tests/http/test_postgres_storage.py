@@ -2,8 +2,9 @@
 
 Responses, chains and conversations are stored and read back through the API, text
 holding a NUL character included; with the database stopped, what needs storage is a
-503 `storage_unavailable` with `Retry-After` while everything else is served; once it
-is back the same server stores again, having reconnected by itself. A server started
+503 `storage_unavailable` with `Retry-After` while everything else is served, at once
+for readers already waiting (the breaker opens); once it is back the same server
+stores again, its probe having reconnected by itself. A server started
 while the database is down is ready all the same, and reaches (and migrates) it once
 it is up. The password never reaches the log.
 """
@@ -11,6 +12,7 @@ it is up. The password never reaches the log.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,20 +20,29 @@ from typing import Any
 
 import httpx
 import openai
+import psycopg
 import pytest
 
+from courier.storage.postgres_connection import POOL_MAX_SIZE
 from courier.storage.postgres_schema import SCHEMA_VERSION
 from tests.support.postgres_cluster import PASSWORD, PostgresCluster
 from tests.support.server import RunningServer, running_server
 
 MODEL = "tiny-llama"
 REACH_TIMEOUT_S = 30.0
+READERS = 8  # twice the pool: half hold its connections, half wait for one
+OUTAGE_ANSWER_S = 2.0  # the most a reader waits for its 503 once the database stops
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path, postgres_cluster: PostgresCluster) -> Iterator[RunningServer]:
+def database_url(postgres_cluster: PostgresCluster) -> str:
+    return postgres_cluster.fresh_url()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir: Path, cache_dir: Path, database_url: str) -> Iterator[RunningServer]:
     args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server([*args, "--storage", postgres_cluster.fresh_url()]) as running:
+    with running_server([*args, "--storage", database_url]) as running:
         yield running
         assert running.stop() == 0
         assert PASSWORD not in running.log()
@@ -75,11 +86,70 @@ def test_a_stopped_database_fails_only_what_needs_it_and_the_server_reconnects(
         )
         assert chat.status_code == 200
         assert http.get("/health").status_code == 200
-    after = create(http)  # the same server, no restart: its pool reconnected
-    assert after.status_code == 200, after.text
+    after = stored_once_reached(http)  # the same server, no restart: its probe reconnected
     assert http.get(f"/v1/responses/{after.json()['id']}").json() == after.json()
     assert client.responses.retrieve(before.id).model_dump() == before.model_dump()
     server.wait_for(re.compile(r"storage: writes succeed again, after \d+ calls failed"), 10)
+
+
+def stored_once_reached(http: httpx.Client) -> httpx.Response:
+    """A stored response, created as soon as the breaker's probe has reached the database again (bounded)."""
+    deadline = time.monotonic() + REACH_TIMEOUT_S
+    while (stored := create(http)).status_code == 503:
+        assert stored.json()["error"]["code"] == "storage_unavailable", stored.text
+        assert time.monotonic() < deadline, "storing did not resume"
+    assert stored.status_code == 200, stored.text
+    return stored
+
+
+def test_readers_waiting_when_the_database_stops_get_their_503_at_once_and_storing_resumes_by_itself(
+    http: httpx.Client, server: RunningServer, postgres_cluster: PostgresCluster, database_url: str
+) -> None:
+    stored = create(http).json()
+    answers: list[tuple[httpx.Response, float]] = []
+
+    def read() -> None:
+        with server.http() as reader:
+            reply = reader.get(f"/v1/responses/{stored['id']}")
+        answers.append((reply, time.monotonic()))
+
+    blocker = psycopg.connect(database_url)  # ended by the database stopping
+    blocker.execute("LOCK TABLE responses IN ACCESS EXCLUSIVE MODE")  # readers take every connection and wait
+    readers = [threading.Thread(target=read) for _ in range(READERS)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + REACH_TIMEOUT_S
+    while not postgres_cluster.waiting_on_lock(database_url, "responses", POOL_MAX_SIZE):
+        assert time.monotonic() < deadline, "the readers never reached the database"
+    up = False
+    stopped = time.monotonic()
+    postgres_cluster.stop()
+    try:
+        for reader in readers:
+            reader.join(REACH_TIMEOUT_S)
+        assert len(answers) == READERS
+        for reply, answered in answers:
+            assert reply.status_code == 503, reply.text
+            assert reply.json()["error"]["code"] == "storage_unavailable"
+            assert int(reply.headers["Retry-After"]) > 0
+            assert answered - stopped < OUTAGE_ANSWER_S  # not ACQUIRE_TIMEOUT_S per reader in turn
+        started = time.monotonic()
+        later = http.get(f"/v1/responses/{stored['id']}")
+        assert later.status_code == 503 and time.monotonic() - started < OUTAGE_ANSWER_S / 2  # the breaker is open
+        breaker = re.findall(r'^courier_storage_breaker_state\{state="(\w+)"\} 1\.0$', http.get("/metrics").text, re.M)
+        assert breaker in (["open"], ["probing"])
+        assert create(http, store=False).status_code == 200  # what needs no storage is served as ever
+        postgres_cluster.start()
+        up = True
+    finally:
+        blocker.close()
+        if not up:
+            postgres_cluster.start()
+    after = stored_once_reached(http)
+    assert http.get(f"/v1/responses/{after.json()['id']}").json() == after.json()
+    assert http.get(f"/v1/responses/{stored['id']}").json() == stored
+    assert 'courier_storage_breaker_state{state="closed"} 1.0' in http.get("/metrics").text
+    server.wait_for(re.compile(r"storage: the database answers again after"), 10)
 
 
 def test_text_holding_a_nul_character_is_stored_and_read_back(http: httpx.Client) -> None:

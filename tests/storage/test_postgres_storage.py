@@ -20,7 +20,13 @@ from courier.storage.postgres import PostgresStorage
 from courier.storage.postgres_budget import usage
 from courier.storage.postgres_connection import Database, LoginRefused, redacted
 from courier.storage.postgres_schema import SCHEMA_VERSION
-from courier.storage.records import StorageLimits, StorageUnavailable, StoredConversation, UnstorableRecord
+from courier.storage.records import (
+    StorageLimits,
+    StorageUnavailable,
+    StorageUnreachable,
+    StoredConversation,
+    UnstorableRecord,
+)
 from tests.storage.conftest import LIMITS
 from tests.support.ports import free_port
 from tests.support.postgres_cluster import PASSWORD, PostgresCluster
@@ -186,24 +192,68 @@ def test_replicas_starting_together_apply_the_schema_once(url: str) -> None:
         PostgresStorage(url, LIMITS)
 
 
-def test_a_stopped_database_is_unavailable_and_the_same_storage_reconnects(
-    replicas: Callable[[StorageLimits], PostgresStorage],
-    postgres_cluster: PostgresCluster,
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_stopped_database_is_unreachable_at_once_and_the_same_storage_reaches_it_again(
+    replicas: Callable[[StorageLimits], PostgresStorage], postgres_cluster: PostgresCluster
 ) -> None:
-    monkeypatch.setattr(postgres_connection, "ACQUIRE_TIMEOUT_S", 2.0)  # a quicker 503 than a server's
     storage = replicas(LIMITS)
     storage.save_response(response("resp_before"), ())
     with postgres_cluster.stopped():
-        with pytest.raises(StorageUnavailable):
+        started = time.monotonic()
+        with pytest.raises(StorageUnreachable, match=r"terminating connection|Connection refused"):
             storage.save_response(response("resp_during"), ())
-        with pytest.raises(StorageUnavailable):
+        with pytest.raises(StorageUnreachable):  # the pool is gone: no wait for one
             storage.load_response("resp_before")
-    storage.save_response(response("resp_after"), ())  # no new instance: the pool reconnected
+        assert time.monotonic() - started < postgres_connection.ACQUIRE_TIMEOUT_S / 2
+        with pytest.raises(StorageUnreachable):
+            storage.reach()
+    storage.reach()  # the breaker's probe: the same instance connects again
+    storage.save_response(response("resp_after"), ())
     assert storage.load_response("resp_before") == response("resp_before")
     assert storage.load_response("resp_during") is None
     assert storage.load_response("resp_after") == response("resp_after")
     assert storage.stored_entries == 2
+
+
+def test_calls_waiting_for_a_connection_fail_at_once_when_the_database_stops(
+    replicas: Callable[[StorageLimits], PostgresStorage], url: str, postgres_cluster: PostgresCluster
+) -> None:
+    storage = replicas(LIMITS)
+    storage.save_response(response("resp_1"), ())
+    outcomes: list[tuple[type[BaseException], float]] = []
+    calls = postgres_connection.POOL_MAX_SIZE + 2  # more than the pool holds: some wait for a connection
+
+    def read() -> None:
+        started = time.monotonic()
+        try:
+            storage.load_response("resp_1")
+        except StorageUnavailable as error:
+            outcomes.append((type(error), time.monotonic() - started))
+
+    blocker = psycopg.connect(url)  # closed by the database stopping
+    blocker.execute("LOCK TABLE responses IN ACCESS EXCLUSIVE MODE")  # the readers hold or wait for connections
+    threads = [threading.Thread(target=read) for _ in range(calls)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while not postgres_cluster.waiting_on_lock(url, "responses", postgres_connection.POOL_MAX_SIZE):
+        assert time.monotonic() < deadline, "the readers never reached the database"
+    with postgres_cluster.stopped():
+        for thread in threads:
+            thread.join(timeout=postgres_connection.ACQUIRE_TIMEOUT_S)
+    blocker.close()
+    assert len(outcomes) == calls
+    assert {kind for kind, _ in outcomes} == {StorageUnreachable}
+    assert max(elapsed for _, elapsed in outcomes) < postgres_connection.ACQUIRE_TIMEOUT_S / 2
+
+
+def test_a_database_restarted_between_calls_is_reconnected_within_the_next_call(
+    replicas: Callable[[StorageLimits], PostgresStorage], postgres_cluster: PostgresCluster
+) -> None:
+    storage = replicas(LIMITS)
+    storage.save_response(response("resp_1"), ())
+    with postgres_cluster.stopped():
+        pass  # every connection the pool kept is now dead
+    assert storage.load_response("resp_1") == response("resp_1")  # no StorageUnreachable, no probe needed
 
 
 def test_a_database_too_slow_to_answer_is_unavailable_for_that_call_only(
@@ -324,13 +374,16 @@ def test_until_the_database_is_reached_a_call_soon_after_a_failed_attempt_fails_
     reason = database.try_open()
     assert reason is not None and "Connection refused" in reason and len(attempts) == 1
     for _ in range(3):
-        with pytest.raises(StorageUnavailable, match="Connection refused"):
-            database.connection()
+        with pytest.raises(StorageUnreachable, match="Connection refused"), database.connection():
+            pass
     assert len(attempts) == 1  # within the interval: no new attempt
     now[0] += postgres_connection.RETRY_INTERVAL_S
-    with pytest.raises(StorageUnavailable, match="Connection refused"):
-        database.connection()
+    with pytest.raises(StorageUnreachable, match="Connection refused"), database.connection():
+        pass
     assert len(attempts) == 2 and not prepared
+    with pytest.raises(StorageUnreachable, match="Connection refused"):
+        database.reach()  # the breaker's probe tries whenever it is asked to
+    assert len(attempts) == 3 and not prepared
     database.close()
 
 

@@ -49,6 +49,14 @@ class PostgresCluster:
     def stop(self) -> None:
         self.server.stop()
 
+    def waiting_on_lock(self, url: str, table: str, sessions: int) -> bool:
+        """Whether at least `sessions` sessions of the database at `url` wait for a lock on `table`."""
+        with psycopg.connect(url, autocommit=True) as connection:
+            row = connection.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = to_regclass(%s)", (table,)
+            ).fetchone()
+        return row is not None and int(row[0]) >= sessions
+
     @contextmanager
     def stopped(self) -> Iterator[None]:
         """The database down for the block (connections cut, new ones refused), then up again."""
