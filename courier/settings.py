@@ -340,8 +340,16 @@ class Settings:
     request_timeout: float = setting(
         600.0,
         parse_positive_float,
-        "deadline in seconds for one generation request, queueing included (504 beyond)",
+        "deadline in seconds for one generation request, queueing included: a reply still running then ends as a "
+        "length cut with what it wrote; one not started is a 504",
         metavar="SECONDS",
+    )
+    default_max_tokens: int = setting(
+        4096,
+        parse_non_negative_int,
+        "output tokens a reply may have when its request sets no limit, or fewer if the context leaves fewer "
+        "(0: whatever the context leaves)",
+        metavar="TOKENS",
     )
     grammar_cache: int = setting(
         256,

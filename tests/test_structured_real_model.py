@@ -279,7 +279,7 @@ def test_the_model_and_health_say_tools_are_generic_and_metrics_count_grammars(h
     model = http.get(f"/v1/models/{MODEL}").json()
     assert model["capabilities"]["tool_calling"] == "generic"
     # The embedded model samples as its card recommends when a request sends no temperature or top_p.
-    assert model["sampling_defaults"] == {"temperature": 0.2, "top_p": 0.9, "source": "model card"}
+    assert model["sampling_defaults"] == {"temperature": 0.2, "top_p": 0.9, "source": "model card", "max_tokens": 4096}
     assert "required" in model["capabilities"]["tool_choice"]
     assert http.get("/health").json()["capabilities"] == model["capabilities"]
     metrics = {

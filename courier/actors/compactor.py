@@ -253,6 +253,7 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
                     cache_prompt=False,
                     memo=memo,
                     tenant=message.tenant,
+                    deadline=deadline,
                 ),
             )
         except Refused as refused:
@@ -276,10 +277,16 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             # Closed as soon as this stops reading, which takes the summary out of the batch.
             events = cast(
                 AsyncGenerator[TokensGenerated | GenerationFinished],
-                generated_events(admitted, max(0.0, deadline - time.monotonic()), abandoned),
+                generated_events(admitted, max(0.0, deadline - time.monotonic()), abandoned, grace_s=0.0),
             )
             async with aclosing(events):
                 async for event in events:
+                    if isinstance(event, GenerationFinished) and event.deadline:  # a summary cut short is no summary
+                        raise Refused(
+                            RequestFailed(
+                                kind=FailureKind.TIMEOUT, message="deadline", code=FailureCode.DEADLINE_EXCEEDED
+                            )
+                        )
                     if not isinstance(event, TokensGenerated):
                         rest = thinking.finish().content if thinking is not None else ""
                         spent = thinking.reasoning_tokens if thinking is not None else 0

@@ -74,7 +74,9 @@ class IngressActor(Actor[IngressMessage]):
         scheduler_stats: SchedulerStats,
         stats: AdmissionStats,
         reasoning: ReasoningFormat | None = None,
+        default_max_tokens: int = 0,
     ) -> None:
+        self._default_max_tokens = default_max_tokens  # a reply's limit when its request sets none (0: the room)
         self._token_counter = token_counter
         self._scheduler = scheduler
         self._context_length = context_length
@@ -157,7 +159,7 @@ class IngressActor(Actor[IngressMessage]):
             raise Refused(_invalid("the prompt is empty", param))
         sampling = message.sampling
         room = self._context_length - len(tokens)
-        requested = sampling.max_tokens or room
+        requested = sampling.max_tokens or min(self._default_max_tokens or room, room)
         max_tokens = min(requested, room) if message.fit_to_context else requested
         if max_tokens <= 0 or len(tokens) + max_tokens > self._context_length:
             raise Refused(_context_exceeded(self._context_length, len(tokens), max_tokens, param))
@@ -178,6 +180,7 @@ class IngressActor(Actor[IngressMessage]):
                     vision=vision,
                     tenant=message.tenant,
                     n=message.n,
+                    deadline=message.deadline,
                 ),
             )
         except BaseException:

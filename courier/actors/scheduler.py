@@ -61,6 +61,7 @@ from courier.runtime.tracing import TraceCarrier, current_carrier
 from courier.status.scheduler_stats import SchedulerStats
 
 SHUTDOWN_MESSAGE = "the server is shutting down"
+DEADLINE_MESSAGE = "the request reached its deadline (--request-timeout) before its first token"
 # Warm-ups waiting for an idle moment, one per session, newest kept.
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,11 @@ class _Queued:
     looked_up: bool = False
     prefix: CachedPrefix | None = None
     tally: GenerationTally = field(default_factory=GenerationTally)  # for its generation span
+    deadline: float | None = None  # `time.monotonic()` by which it ends
+    expired: bool = False  # its deadline passed while it ran: the engine was told to end it
+
+    def past_deadline(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
     @property
     def width(self) -> int:
@@ -122,7 +128,9 @@ class SchedulerActor(Actor[SchedulerMessage]):
         caching: PromptCaching | None = None,
         observe_time_to_first_token: Callable[[float], None] | None = None,
         lookup_timeout_s: float = STORE_LOOKUP_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._clock = clock  # what requests' deadlines are read against (`time.monotonic` in the server)
         self._lookup_timeout_s = lookup_timeout_s
         self._mlx = mlx
         self._observe_ttft = observe_time_to_first_token
@@ -199,6 +207,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             queued_at=time.monotonic(),
             trace=current_carrier(),
             bucket=self._bucket(message.vision.digest if message.vision is not None else "", message.tenant),
+            deadline=message.deadline,
         )
         self._waiting.append(queued)
         self._update_counts()
@@ -221,6 +230,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 await self._gather_burst()
                 continue
             self._drop_abandoned()
+            expired = self._expire()
             self._start_lookups()
             added = self._promote()
             if not added and not self._running and not self._cancelled:
@@ -229,7 +239,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
                     await self._wake.wait()
                 continue  # (none left: their consumers went away) back to idle, and its warm-ups
             cancelled, self._cancelled = self._cancelled, []
-            outputs = await self._mlx.call(partial(engine.step, added, cancelled))
+            outputs = await self._mlx.call(partial(engine.step, added, cancelled, expired))
             self._count_steps(engine)
             self._deliver(outputs)
 
@@ -375,6 +385,23 @@ class SchedulerActor(Actor[SchedulerMessage]):
         for request_id in [r for r, queued in self._running.items() if _abandoned(queued.events)]:
             self._end(request_id, cancelled=True)
 
+    def _expire(self) -> list[RequestId]:
+        """Requests past their deadline. A waiting one fails (504: it never started); running ones are returned for
+        the engine, which ends each as a length cut with what it wrote (or fails it, if it wrote nothing)."""
+        now = self._clock()
+        for queued in [q for q in self._waiting if q.past_deadline(now)]:
+            self._waiting.remove(queued)
+            late = GenerationFailed(message=DEADLINE_MESSAGE, code=FailureCode.DEADLINE_EXCEEDED)
+            with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
+                queued.events.send_nowait(late)
+            queued.events.close()
+            self._stats.timed_out += 1
+        self._update_counts()
+        expired = [r for r, queued in self._running.items() if not queued.expired and queued.past_deadline(now)]
+        for request_id in expired:
+            self._running[request_id].expired = True
+        return expired
+
     def _deliver(self, outputs: list[EngineOutput]) -> None:
         for output in outputs:
             running = self._running.get(output.request_id)
@@ -400,9 +427,13 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 if running.finished == running.width:
                     running.tally.record(running.trace, output.event)
                     self._stats.completed += 1
+                    self._stats.cut_at_deadline += output.event.deadline
                     self._end(output.request_id)
             elif isinstance(output.event, GenerationFailed):
-                self._stats.failed += 1
+                if output.event.code is FailureCode.DEADLINE_EXCEEDED:
+                    self._stats.timed_out += 1
+                else:
+                    self._stats.failed += 1
                 # One sample failing fails the request: the others leave the batch (as a cancellation would).
                 self._end(output.request_id, cancelled=running.finished + 1 < running.width, counted=False)
 

@@ -61,6 +61,7 @@ class TurnServices:
     warm_up: bool  # the prompt cache is on: a recorded turn asks for its next turn to be prepared
     tenant: str = ""  # the caller's (its API key's): whose stored records and prompt-cache state the turn uses
     replica_id: str | None = None  # `--replica-id`: the routing token this turn's response id carries
+    deadline: float | None = None  # `time.monotonic()` by which the turn's generation ends (--request-timeout)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +249,7 @@ async def admit_turn(
             fit_to_context=compaction is not None,
             memo=plan.memo,
             tenant=services.tenant,
+            deadline=services.deadline,
         ),
     )
     return Turn(

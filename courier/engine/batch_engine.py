@@ -34,6 +34,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from courier.core.failure_codes import FailureCode
 from courier.core.prompt_lookup import LookupLimits
 from courier.core.snapshot_store import Origin
 from courier.core.stop_text import StopTextMatcher
@@ -212,8 +213,12 @@ class BatchEngine:
         """Whether decode steps verify drafts: asked for, and a model whose KV cache can take positions back."""
         return self._limits.speculation is not None and self._dense
 
-    def step(self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId]) -> list[EngineOutput]:
-        outputs: list[EngineOutput] = []
+    def step(
+        self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId], expired: Sequence[RequestId] = ()
+    ) -> list[EngineOutput]:
+        """Admit `added`, drop `cancelled`, end `expired` (past their deadline) with what they wrote, then advance
+        every running sequence by one step."""
+        outputs: list[EngineOutput] = self._end_at_deadline(expired)
         starts, failed = self._share_prefixes(added)
         for index, request in enumerate(added):
             if index in failed:
@@ -525,6 +530,20 @@ class BatchEngine:
             for uid in uids:
                 self._release(self._by_uid.pop(uid))
 
+    def _end_at_deadline(self, request_ids: Sequence[RequestId]) -> list[EngineOutput]:
+        """Requests past their deadline leave the batch. Each sequence that wrote tokens ends as a length cut with
+        them (and the text its detokenizer and stop matcher still held); one that wrote none fails."""
+        outputs: list[EngineOutput] = []
+        for request_id in request_ids:
+            uids = self._uids_by_request.pop(request_id, [])
+            if uids:
+                self._generator.remove(uids)
+            for uid in uids:
+                sequence = self._by_uid.pop(uid)
+                self._release(sequence)
+                outputs.extend(EngineOutput(request_id, event) for event in _cut_at_deadline(sequence))
+        return outputs
+
     def _advance(self, sequence: _Sequence, response: Any) -> list[EngineOutput]:
         """A step's tokens for one sequence (one, or several from a verified draft), as one event."""
         read = self._read(sequence, response)
@@ -725,6 +744,32 @@ class BatchEngine:
         self._shared.clear()
         self._generator = self._new_generator()
         return failed
+
+
+def _cut_at_deadline(sequence: _Sequence) -> list[GenerationEvent]:
+    choice = sequence.request.choice
+    if sequence.generated == 0:
+        message = "the request reached its deadline (--request-timeout) before its first token"
+        return [GenerationFailed(message=message, code=FailureCode.DEADLINE_EXCEEDED, choice=choice)]
+    sequence.detokenizer.finalize()
+    scan = sequence.stop.feed(sequence.detokenizer.last_segment)
+    text = scan.text if scan.stopped else scan.text + sequence.stop.flush()
+    events: list[GenerationEvent] = []
+    if text or sequence.unsent_ids:
+        events.append(TokensGenerated(text=text, token_ids=tuple(sequence.unsent_ids), choice=choice))
+    finished = GenerationFinished(
+        reason=FinishReason.LENGTH,
+        prompt_tokens=len(sequence.request.prompt_tokens),
+        completion_tokens=sequence.generated,
+        cached_tokens=sequence.cached_tokens,
+        choice=choice,
+        cache_write_tokens=sequence.cache_write_tokens,
+        drafted_tokens=sequence.drafted,
+        accepted_tokens=sequence.accepted,
+        forced_tokens=sequence.forced,
+        deadline=True,
+    )
+    return [*events, finished]
 
 
 def _renew_random_state() -> None:

@@ -81,6 +81,8 @@ class GenerationFinished:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     forced_tokens: int = 0
+    # Cut by the request's deadline (`--request-timeout`) rather than its token limit: a LENGTH cut all the same.
+    deadline: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,7 +90,9 @@ class GenerationFailed:
     """The generation failed inside the engine (the server keeps serving), or was cut by a shutdown."""
 
     message: str
-    code: FailureCode = FailureCode.GENERATION_FAILED  # SHUTTING_DOWN when the server stopped it: retry elsewhere
+    # SHUTTING_DOWN when the server stopped it (retry elsewhere); DEADLINE_EXCEEDED when its deadline came before
+    # its first token (a 504).
+    code: FailureCode = FailureCode.GENERATION_FAILED
     choice: int = 0  # the sample that failed; the request fails as one
 
 

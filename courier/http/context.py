@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from anyio.streams.memory import MemoryObjectSendStream
@@ -103,6 +104,7 @@ class AppContext:
             warm_up=self.settings.prompt_cache,
             tenant=self.caller().tenant,
             replica_id=self.settings.replica_id,
+            deadline=time.monotonic() + self.settings.request_timeout,
         )
 
     async def snapshot_stats(self) -> StoreStats | None:

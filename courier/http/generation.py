@@ -7,6 +7,7 @@ events is `messages/generation_reader.py`'s business.
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import orjson
@@ -40,6 +41,7 @@ async def admit(context: AppContext, request: GenerationRequest, request_id: Req
             cache_prompt=request.cache_prompt,
             tenant=context.caller().tenant,
             n=request.n,
+            deadline=time.monotonic() + context.settings.request_timeout,
         ),
     )
 

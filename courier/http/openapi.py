@@ -15,11 +15,11 @@ from courier.http.listing import MAX_LIMIT
 from courier.http.openai_requests import (
     MAX_LOGIT_BIAS,
     MAX_REPETITION_PENALTY,
-    MIN_REPETITION_PENALTY,
     MAX_STOP_SEQUENCES,
     MAX_TEMPERATURE,
     MAX_TOP_K,
     MAX_TOP_LOGPROBS_CHAT,
+    MIN_REPETITION_PENALTY,
 )
 from courier.http.responses.request import INCLUDABLE, MAX_METADATA_ENTRIES, MAX_SUMMARY_TOKENS
 

@@ -1,9 +1,12 @@
 """Reading one admitted generation's events: the deadline, cancellation, and every way it can end.
 
 `generated_events` yields text events until the terminal `GenerationFinished`,
-enforcing the request's deadline and honouring a `Cancellation`; a failure is
-`Refused` with its typed failure (504 past the deadline, 503 when the server cut
-it while shutting down, else 500), a cancellation `GenerationCancelled`. It always
+honouring a `Cancellation`; a failure is `Refused` with its typed failure (504 when
+the deadline came before the first token, 503 when the server cut it while shutting
+down, else 500), a cancellation `GenerationCancelled`. The scheduler ends a
+generation at its deadline (`AdmitGeneration.deadline`), keeping what it wrote as a
+length cut; the reader's own deadline, `ENGINE_GRACE_S` later, only catches an
+engine that stopped answering. It always
 closes the event stream on the way out, which is what takes an abandoned or
 cancelled request out of the batch. `collect` gathers a whole generation. Used by
 every route that generates and by the compactor's summary alike.
@@ -25,6 +28,9 @@ from courier.messages.ingress import Admitted
 
 ENDED_WITHOUT_RESULT = "the generation ended without a result"
 ABANDON_POLL_S = 0.25
+# The scheduler ends a generation at its deadline, between two steps: the reader waits this much longer before it
+# gives up on the engine itself (a step on a CPU can take seconds).
+ENGINE_GRACE_S = 30.0
 
 
 class GenerationCancelled(Exception):
@@ -70,11 +76,16 @@ class Collected:
 
 
 async def generated_events(
-    admitted: Admitted, timeout_s: float, cancellation: Cancellation | None = None
+    admitted: Admitted,
+    timeout_s: float,
+    cancellation: Cancellation | None = None,
+    *,
+    grace_s: float = ENGINE_GRACE_S,
 ) -> AsyncIterator[TokensGenerated | GenerationFinished]:
-    """Events until `GenerationFinished` (the last of them, for a request of several samples); a failure or the
-    deadline raises `Refused`, a cancellation `GenerationCancelled`."""
-    deadline = time.monotonic() + timeout_s
+    """Events until `GenerationFinished` (the last of them, for a request of several samples); a failure, or no
+    finish by `timeout_s` + `grace_s`, raises `Refused`, a cancellation `GenerationCancelled`. A caller that keeps
+    nothing of a reply cut at its deadline (the compactor's summary) waits no grace."""
+    deadline = time.monotonic() + timeout_s + grace_s
     unfinished = admitted.choices
     with admitted.events as events:
         while True:
@@ -126,8 +137,8 @@ def ended_without_result() -> RequestFailed:
 
 
 def _failure(event: GenerationFailed) -> RequestFailed:
-    kind = FailureKind.UNAVAILABLE if event.code is FailureCode.SHUTTING_DOWN else FailureKind.INTERNAL
-    return RequestFailed(kind=kind, message=event.message, code=event.code)
+    kinds = {FailureCode.SHUTTING_DOWN: FailureKind.UNAVAILABLE, FailureCode.DEADLINE_EXCEEDED: FailureKind.TIMEOUT}
+    return RequestFailed(kind=kinds.get(event.code, FailureKind.INTERNAL), message=event.message, code=event.code)
 
 
 async def _next_event(

@@ -76,6 +76,9 @@ class AdmitGeneration(Request[Admitted]):
     fit_to_context: bool = False
     tenant: str = ""  # whose prompt-cache state it may reuse (an API key's; "" without keys)
     n: int = 1  # samples of the prompt (chat and completions' `n`), prefilled once
+    # `time.monotonic()` by which it ends: past it a generation that has written tokens ends as a length cut with
+    # them, one that has not fails (504). None: no deadline but the reader's.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

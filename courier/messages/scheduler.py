@@ -36,6 +36,7 @@ class SubmitGeneration(Request[GenerationQueued]):
     vision: VisionInputs | None = None  # the prompt's images, for a vision model's prefill
     tenant: str = ""  # whose snapshots it may reuse and keep (an API key's; "" without keys)
     n: int = 1  # samples of the prompt: each takes a batch slot, all join the batch together
+    deadline: float | None = None  # `time.monotonic()` by which it ends (see `AdmitGeneration.deadline`)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -326,6 +326,7 @@ class Supervisor:
             scheduler_stats=self._state.scheduler,
             stats=self._state.admission,
             reasoning=reasoning_format(loaded.tokenizer),
+            default_max_tokens=self._settings.default_max_tokens,
         )
         await task_group.start(self._run_actor, ingress, self._ingress_receive, self._ingress_send)
         compactor = CompactorActor(

@@ -76,7 +76,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("courier_requests_running", "Sequences in the running batch", value=stats.running)
         yield GaugeMetricFamily("courier_requests_waiting", "Requests waiting for a batch slot", value=stats.waiting)
         outcomes = CounterMetricFamily("courier_requests", "Generation requests by outcome", labels=["outcome"])
-        for outcome in ("completed", "cancelled", "failed"):
+        for outcome in ("completed", "cancelled", "failed", "timed_out", "cut_at_deadline"):
             outcomes.add_metric([outcome], getattr(stats, outcome))
         outcomes.add_metric(["rejected"], self._state.rejected)
         yield outcomes

@@ -46,6 +46,8 @@ class SchedulerStats:
     completed: int = 0
     cancelled: int = 0
     failed: int = 0
+    timed_out: int = 0  # past their deadline before their first token: 504
+    cut_at_deadline: int = 0  # past their deadline after writing: ended as a length cut with it (completed too)
     rejected: int = 0  # refused by the scheduler: its batch and queue full
     generated_tokens: int = 0
     snapshots_dropped: int = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -639,6 +640,21 @@ async def test_a_summary_past_the_deadline_times_out_and_is_cancelled() -> None:
         message="the request did not finish within 0.05 s",
         code=FailureCode.DEADLINE_EXCEEDED,
     )
+
+
+async def test_a_summary_the_scheduler_cut_at_the_deadline_is_a_timeout_not_a_summary() -> None:
+    limits = CompactorLimits(context_length=4096, max_output_bytes=1_000_000, timeout_s=30.0)
+    cut = replace(finished(FinishReason.LENGTH), deadline=True)
+    counter = Counter(count_characters)
+    ingress = Ingress(admitting(lambda _: events_of(TokensGenerated(text="Half a sum", token_ids=(1,)), cut)))
+    async with running(compactor(counter.send, ingress.send, limits=limits), counter, ingress) as inbox:
+        reply = await compact(inbox)
+        await quiet(ingress, ["AdmitGeneration"])
+    assert reply == RequestFailed(
+        kind=FailureKind.TIMEOUT, message="the request did not finish within 30 s", code=FailureCode.DEADLINE_EXCEEDED
+    )
+    admitted = ingress.received[0]
+    assert isinstance(admitted, AdmitGeneration) and admitted.deadline is not None  # the scheduler's to enforce
 
 
 async def test_an_output_over_the_replay_body_limit_is_refused() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import Any, cast
 
 import anyio
@@ -18,7 +19,7 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from courier.actors.scheduler import SHUTDOWN_MESSAGE, PromptCaching, SchedulerActor
+from courier.actors.scheduler import DEADLINE_MESSAGE, SHUTDOWN_MESSAGE, PromptCaching, SchedulerActor
 from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_store import Bucket, Origin
 from courier.engine.batch_engine import BatchEngine, EngineOutput, EngineRequest, SnapshotTaken
@@ -70,14 +71,27 @@ BOUNDARY = 3  # the conversation's history is the prompt's first three tokens
 HISTORY_FOUND = PrefixFound(state="history-state", length=3, matched=3, trimmed=False, continues=41)
 
 
+class FakeClock:
+    """The time the scheduler reads deadlines against, moved by the test."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @asynccontextmanager
 async def running_scheduler(
-    engine: FakeEngine, stats: SchedulerStats, store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None
+    engine: FakeEngine,
+    stats: SchedulerStats,
+    store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None,
+    clock: FakeClock | None = None,
 ) -> AsyncIterator[Inbox]:
     """The scheduler on a real MLX thread, caching into `store` when given; leaving stops it like the server does."""
     caching = PromptCaching(store=store, bucket=BUCKET) if store is not None else None
     mlx = MlxThread()
-    actor = SchedulerActor(mlx, lambda: cast(BatchEngine, engine), stats, caching=caching)
+    actor = SchedulerActor(mlx, lambda: cast(BatchEngine, engine), stats, caching=caching, clock=clock or FakeClock())
     try:
         with anyio.fail_after(TIMEOUT_S):
             async with run_actor(actor) as inbox:
@@ -128,6 +142,7 @@ async def submit(
     cache_prompt: bool = False,
     vision: VisionInputs | None = None,
     n: int = 1,
+    deadline: float | None = None,
 ) -> SubmitReply:
     return await ask(
         inbox,
@@ -142,6 +157,7 @@ async def submit(
             vision=vision,
             reply=reply,
             n=n,
+            deadline=deadline,
         ),
     )
 
@@ -579,3 +595,43 @@ async def test_a_lookup_still_out_holds_up_only_its_own_request() -> None:
     ]
     assert [step.added for step in engine.steps[:3]] == [(engine_request("r1", boundary=0, snapshots=False),), (), ()]
     assert stats.lookups_timed_out == 0
+
+
+@pytest.mark.anyio
+async def test_a_request_still_waiting_at_its_deadline_fails_as_timed_out_and_never_reaches_the_engine() -> None:
+    stats = SchedulerStats(max_batch=1, max_queue=2)
+    engine, clock = FakeEngine(), FakeClock()
+    async with running_scheduler(engine, stats, clock=clock) as inbox:
+        first_send, first = event_stream()
+        assert isinstance(await submit(inbox, "first", first_send), GenerationQueued)
+        await engine.wait_for_steps(1)
+        late_send, late = event_stream()
+        assert isinstance(await submit(inbox, "late", late_send, deadline=clock.now + 5), GenerationQueued)
+        clock.now += 6
+        engine.then(out("first", text("a", 1)))
+        events = await read_all(late)
+        assert events == [GenerationFailed(message=DEADLINE_MESSAGE, code=FailureCode.DEADLINE_EXCEEDED)]
+        assert (stats.timed_out, stats.failed, stats.waiting) == (1, 0, 0)
+        engine.then(out("first", finished(2)))
+        assert await read_all(first) == [text("a", 1), finished(2)]
+    assert added_ids(engine)[:2] == [["first"], []]
+
+
+@pytest.mark.anyio
+async def test_a_running_request_at_its_deadline_is_handed_to_the_engine_once_to_end_with_what_it_wrote() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine, clock = FakeEngine(), FakeClock()
+    cut = replace(finished(1), reason=FinishReason.LENGTH, deadline=True)
+    async with running_scheduler(engine, stats, clock=clock) as inbox:
+        events_send, events = event_stream()
+        assert isinstance(await submit(inbox, "r1", events_send, deadline=clock.now + 5), GenerationQueued)
+        await engine.wait_for_steps(1)
+        engine.then(out("r1", text("a", 1)))  # before its deadline: nothing expires
+        await engine.wait_for_steps(2)
+        clock.now += 6
+        engine.then()
+        await engine.wait_for_steps(3)
+        engine.then(out("r1", cut))  # what the engine answers for a request it was told had expired
+        assert await read_all(events) == [text("a", 1), cut]
+    assert [step.expired for step in engine.steps[:3]] == [(), (), (RequestId("r1"),)]
+    assert (stats.completed, stats.cut_at_deadline, stats.timed_out) == (1, 1, 0)

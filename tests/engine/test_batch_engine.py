@@ -12,6 +12,7 @@ import mlx_lm
 import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
+from courier.core.failure_codes import FailureCode
 from courier.engine.batch_engine import BatchEngine, BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (
     FinishReason,
@@ -421,3 +422,32 @@ def test_a_fault_replays_every_sample_and_each_carries_on(loaded: tuple[Any, Any
     run_until_done(engine, outputs)
     assert by_choice(outputs) == by_choice(undisturbed)
     assert sorted(o.event.choice for o in outputs if isinstance(o.event, GenerationFinished)) == [0, 1]
+
+
+def test_a_request_past_its_deadline_ends_as_a_length_cut_with_what_it_wrote(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    whole = run_until_done(engine := BatchEngine(model, tokenizer, LIMITS), engine.step([request("x", 40)], []))
+    engine = BatchEngine(model, tokenizer, LIMITS)
+    outputs = engine.step([request("x", 40), request("y", 6, (9, 8, 7))], [])
+    for _ in range(4):
+        outputs += engine.step([], [])
+    outputs += engine.step([], [], [RequestId("x")])
+    assert engine.active <= 1  # "y" may have finished; "x" has left
+    run_until_done(engine, outputs)
+    ends = finished(outputs)
+    cut = ends["x"]
+    assert isinstance(cut, GenerationFinished) and cut.reason is FinishReason.LENGTH and cut.deadline
+    assert 0 < cut.completion_tokens < 40
+    assert texts(whole)["x"].startswith(texts(outputs)["x"])  # what it wrote, none of it lost
+    assert isinstance(ends["y"], GenerationFinished) and not ends["y"].deadline and ends["y"].completion_tokens == 6
+
+
+def test_a_request_past_its_deadline_before_its_first_token_fails_as_timed_out(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    engine = BatchEngine(model, tokenizer, BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=16))
+    outputs = engine.step([request("long", 8, tuple(range(10, 200)))], [])  # a prefill of several steps
+    assert not [o for o in outputs if isinstance(o.event, TokensGenerated)]
+    outputs += engine.step([], [], [RequestId("long")])
+    failed = finished(outputs)["long"]
+    assert isinstance(failed, GenerationFailed) and failed.code is FailureCode.DEADLINE_EXCEEDED
+    assert engine.active == 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx_lm
@@ -18,6 +18,7 @@ import pytest
 from mlx_lm.sample_utils import greedy_sampler, make_sampler
 
 from courier.engine import batch_engine
+from courier.engine import sampling as sampling_module
 from courier.engine.batch_engine import BatchEngine, BatchLimits, EngineOutput, EngineRequest
 from courier.engine.generation import GenerationFailed, GenerationFinished, RequestId, SamplingParams, TokensGenerated
 from courier.engine.sampling import (
@@ -39,7 +40,8 @@ DISTRIBUTION = mx.log(mx.array([[0.5, 0.25, 0.125, 0.0625, 0.0625]]))
 
 
 def kept(logprobs: mx.array) -> list[int]:
-    return [index for index, value in enumerate(logprobs[0].tolist()) if value != -math.inf]
+    values = cast("list[float]", logprobs[0].tolist())
+    return [index for index, value in enumerate(values) if value != -math.inf]
 
 
 @pytest.mark.parametrize(
@@ -56,7 +58,9 @@ def test_top_p_reads_an_unnormalised_distribution_by_its_own_mass() -> None:
     assert kept(keep_top_p(masked, 0.7)) == [0, 1]
 
 
-@pytest.mark.parametrize(("min_p", "expected"), [(1.0, [0]), (0.5, [0, 1]), (0.2, [0, 1, 2]), (1e-300, [0, 1, 2, 3, 4])])
+@pytest.mark.parametrize(
+    ("min_p", "expected"), [(1.0, [0]), (0.5, [0, 1]), (0.2, [0, 1, 2]), (1e-300, [0, 1, 2, 3, 4])]
+)
 def test_min_p_keeps_tokens_near_the_top_and_at_one_only_the_top(min_p: float, expected: list[int]) -> None:
     assert kept(keep_min_p(DISTRIBUTION, min_p)) == expected
 
@@ -68,6 +72,10 @@ def test_top_k_at_or_past_the_vocabulary_keeps_everything(top_k: int, expected: 
         assert result == [0, 1, 2, 3, 4]
     else:
         assert sorted(result) == expected
+
+
+def token(drawn: mx.array) -> int:
+    return cast("int", drawn.item())
 
 
 def sampling(**fields: Any) -> SamplingParams:
@@ -106,13 +114,13 @@ def test_values_no_request_may_carry_are_refused_when_the_sampler_is_built(field
 def test_samplers_at_the_edges_draw_the_top_token(fields: dict[str, Any]) -> None:
     sampler = build_sampler(sampling(**fields))
     logprobs = mx.log(mx.softmax(mx.array([[3.0, 9.0, 1.0, -2.0]]) * 4, axis=-1))
-    assert {int(sampler(logprobs).item()) for _ in range(20)} == {1}
+    assert {token(sampler(logprobs)) for _ in range(20)} == {1}
 
 
 def test_a_low_precision_distribution_is_scaled_without_overflow() -> None:
     sampler = RandomSampler(GREEDY_BELOW_TEMPERATURE * 2, Filters())
     logprobs = mx.log(mx.softmax(mx.array([[3.0, 9.0, 1.0, -2.0]]), axis=-1)).astype(mx.float16)
-    assert int(sampler(logprobs).item()) == 1
+    assert token(sampler(logprobs)) == 1
 
 
 def test_a_probe_draws_without_moving_a_seeded_stream() -> None:
@@ -146,7 +154,9 @@ def ends(outputs: list[EngineOutput]) -> dict[str, Any]:
 
 
 def greedy_tokens(outputs: list[EngineOutput], name: str) -> list[int]:
-    return [t for o in outputs if o.request_id == name and isinstance(o.event, TokensGenerated) for t in o.event.token_ids]
+    return [
+        t for o in outputs if o.request_id == name and isinstance(o.event, TokensGenerated) for t in o.event.token_ids
+    ]
 
 
 def test_a_sampler_that_breaks_the_random_state_fails_its_sequence_alone(
@@ -156,7 +166,7 @@ def test_a_sampler_that_breaks_the_random_state_fails_its_sequence_alone(
     the global random state broken; it fails alone, the batch it shared carries on, and unseeded sampling after it
     works (before the fix every later unseeded request failed)."""
     model, tokenizer = loaded
-    real = batch_engine.build_sampler
+    real = sampling_module.build_sampler
 
     def building(params: SamplingParams) -> Sampler:
         if params.top_k == 777:  # the culprit's marker

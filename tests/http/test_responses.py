@@ -410,19 +410,25 @@ def test_api_prefix_nests_every_route(tiny_llama_dir: Path, cache_dir: Path) -> 
         assert server.stop() == 0
 
 
-def test_a_deadline_mid_stream_ends_with_response_failed(tiny_llama_dir: Path, cache_dir: Path) -> None:
+def test_a_deadline_mid_stream_ends_incomplete_with_what_was_written(tiny_llama_dir: Path, cache_dir: Path) -> None:
     args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
     with running_server([*args, "--request-timeout", "0.5"]) as server, server.openai_client() as client:
         stream = client.responses.create(
-            model=MODEL, input="Go on and on.", max_output_tokens=1500, temperature=0, stream=True
+            model=MODEL,
+            input="Go on and on.",
+            max_output_tokens=1500,
+            temperature=0,
+            stream=True,
+            extra_body={"logit_bias": {"0": -100, "2": -100}},  # no end token: the deadline ends it
         )
         with stream:
             events = list(stream)
         terminal: Any = events[-1]
-        assert terminal.type == "response.failed"
-        assert terminal.response.status == "failed"
-        assert terminal.response.error.code == "deadline_exceeded"
-        assert client.responses.retrieve(terminal.response.id).status == "failed"
+        assert terminal.type == "response.incomplete"
+        assert terminal.response.incomplete_details.reason == "max_output_tokens"
+        assert terminal.response.output_text
+        stored = client.responses.retrieve(terminal.response.id)
+        assert (stored.status, stored.output_text) == ("incomplete", terminal.response.output_text)
         with server.http() as http:
             scheduler = http.get("/health").json()["scheduler"]
         assert (scheduler["running"], scheduler["waiting"]) == (0, 0)

@@ -158,14 +158,20 @@ def test_sampling_defaults_come_from_flags_then_the_models_generation_config(
     (model / "generation_config.json").write_text('{"temperature": 0.6, "top_p": 0.8, "do_sample": true}')
     base = ["--model", str(model), "--cache-dir", str(cache_dir), "--served-model-name", "tiny"]
     for flags, expected in (
-        ([], {"temperature": 0.6, "top_p": 0.8, "source": "generation_config.json"}),
+        ([], {"temperature": 0.6, "top_p": 0.8, "source": "generation_config.json", "max_tokens": 4096}),
         (
-            ["--default-temperature", "0"],
-            {"temperature": 0.0, "top_p": 0.8, "source": "flags, then generation_config.json"},
+            ["--default-temperature", "0", "--default-max-tokens", "7"],
+            {"temperature": 0.0, "top_p": 0.8, "source": "flags, then generation_config.json", "max_tokens": 7},
         ),
     ):
         with running_server([*base, *flags]) as server, server.http() as http:
             assert http.get("/v1/models/tiny").json()["sampling_defaults"] == expected
+            # Its end tokens banned, a reply runs to the default cap, or to the end of the tiny llama's 2,048 window.
+            bias = {"0": -100, "2": -100}
+            chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "logit_bias": bias}
+            usage = http.post("/v1/chat/completions", json=chat).json()["usage"]
+            room = 2048 - usage["prompt_tokens"]
+            assert usage["completion_tokens"] == min(expected["max_tokens"], room)
             response = http.post("/v1/responses", json={"model": "tiny", "input": "Hi", "max_output_tokens": 2}).json()
             assert (response["temperature"], response["top_p"]) == (expected["temperature"], expected["top_p"])
             sent = http.post(

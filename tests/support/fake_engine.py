@@ -23,6 +23,7 @@ class Step:
 
     added: tuple[EngineRequest, ...]
     cancelled: tuple[RequestId, ...]
+    expired: tuple[RequestId, ...] = ()
 
 
 class FakeEngine:
@@ -61,9 +62,11 @@ class FakeEngine:
             self._closed = True
             self._ready.notify_all()
 
-    def step(self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId]) -> list[EngineOutput]:
+    def step(
+        self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId], expired: Sequence[RequestId] = ()
+    ) -> list[EngineOutput]:
         assert threading.current_thread().name == THREAD_NAME, "the engine steps on the MLX thread only"
-        self.steps.append(Step(tuple(added), tuple(cancelled)))
+        self.steps.append(Step(tuple(added), tuple(cancelled), tuple(expired)))
         self._loop.call_soon_threadsafe(self._notify)
         with self._ready:
             self._ready.wait_for(lambda: bool(self._script) or self._closed)

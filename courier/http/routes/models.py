@@ -20,7 +20,9 @@ def blueprint(context: AppContext) -> Blueprint:
         shown: dict[str, Any] = {"id": context.state.model_id, "object": "model", "created": created, "owned_by": OWNER}
         if info is not None:
             shown["capabilities"] = context.state.capabilities()
-            shown["sampling_defaults"] = context.state.sampling_defaults.as_dict()
+            # `max_tokens`: a reply's limit when its request sets none (null: whatever the context leaves).
+            cap = context.settings.default_max_tokens or None
+            shown["sampling_defaults"] = {**context.state.sampling_defaults.as_dict(), "max_tokens": cap}
         return shown
 
     @routes.get("/v1/models")
