@@ -1,7 +1,8 @@
 """The secrets read at start-up: the compaction capsule key and the API keys.
 
-An unreadable or too-short key file stops start-up with a message naming the flag:
-a server that was told to authenticate must never start without its keys. A server
+An unreadable or too-short key file, or a key flag or file that names no key (an
+empty file, `--api-key ,`), stops start-up with a message naming the flag: a server
+that was told to authenticate must never start without its keys. A server
 that listens beyond loopback without API keys says so in the log.
 """
 
@@ -40,14 +41,18 @@ def load_capsule_codec(settings: Settings) -> CapsuleCodec:
 
 
 def load_api_keys(settings: Settings) -> ApiKeys:
-    """`--api-key`, `--api-key-file` and `--admin-api-key`, as the HTTP layer checks them."""
-    client_keys = parse_keys(settings.api_key)
+    """`--api-key`, `--api-key-file` and `--admin-api-key`, as the HTTP layer checks them. Each that is given must
+    name at least one key: a server told to authenticate that found no key would serve everyone."""
+    client_keys = _named(parse_keys(settings.api_key), settings.api_key, "--api-key", "keys, comma-separated")
     if settings.api_key_file is not None:
         try:
-            client_keys += keys_in_file(settings.api_key_file.read_text(encoding="utf-8"))
+            text = settings.api_key_file.read_text(encoding="utf-8")
         except (OSError, UnicodeError) as error:
             raise ServerFailed(f"cannot read --api-key-file {settings.api_key_file}: {error}") from None
-    keys = ApiKeys(client_keys, parse_keys(settings.admin_api_key))
+        where = f"--api-key-file {settings.api_key_file}"
+        client_keys += _named(keys_in_file(text), text, where, "one key per line")
+    admin_keys = parse_keys(settings.admin_api_key)
+    keys = ApiKeys(client_keys, _named(admin_keys, settings.admin_api_key, "--admin-api-key", "keys, comma-separated"))
     if keys.enabled:
         logger.info("API keys: %d accepted; every route but /health needs one", len(keys))
     elif not is_loopback(settings.host):
@@ -56,6 +61,12 @@ def load_api_keys(settings: Settings) -> ApiKeys:
             "responses and share the prompt cache. Set --api-key (or --api-key-file).",
             settings.host,
         )
+    return keys
+
+
+def _named(keys: list[str], given: str | None, where: str, form: str) -> list[str]:
+    if given is not None and not keys:
+        raise ServerFailed(f"{where} names no key ({form}): refusing to start a server that would serve anyone")
     return keys
 
 
