@@ -31,7 +31,7 @@ def test_a_key_flag_that_names_no_key_stops_start_up(fields: dict[str, str], fla
 def test_a_key_file_that_names_no_key_stops_start_up(tmp_path: Path, content: str) -> None:
     path = tmp_path / "keys"
     path.write_text(content)
-    with pytest.raises(ServerFailed, match="--api-key-file .* names no key"):
+    with pytest.raises(ServerFailed, match=r"--api-key-file .* names no key"):
         load_api_keys(Settings(api_key_file=path))
 
 
