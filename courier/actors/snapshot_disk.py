@@ -28,6 +28,7 @@ from typing import Any
 
 import anyio
 
+from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import (
     Bucket,
     DeleteFile,
@@ -37,6 +38,7 @@ from courier.core.snapshot_store import (
     Snapshot,
     SnapshotStore,
     WriteFile,
+    disk_footprint,
 )
 from courier.engine.snapshot_codec import UndecodableState, decode_state, encode_state
 from courier.engine.snapshot_directory import SnapshotDirectory
@@ -105,6 +107,8 @@ class SnapshotDisk:
             adopted += 1
         self.directory.found.clear()
         store.counters.disk_unreadable += self.directory.unreadable  # deleted while the directory was opened
+        for reason, count in self.directory.rejected.items():
+            self._count_rejected(reason, count)
         return adopted
 
     def dispatch(self, store: SnapshotStore, *, bounded: bool = True) -> None:
@@ -146,7 +150,11 @@ class SnapshotDisk:
 
     def figures(self) -> DiskIoCounters:
         """A copy of the I/O counters, with the work not done yet."""
-        return replace(self.io, pending=len(self._queue) + (0 if self._idle.is_set() else 1))
+        pending = len(self._queue) + (0 if self._idle.is_set() else 1)
+        return replace(self.io, pending=pending, files_rejected=dict(self.io.files_rejected))
+
+    def _count_rejected(self, reason: FileRejection, count: int = 1) -> None:
+        self.io.files_rejected[reason] = self.io.files_rejected.get(reason, 0) + count
 
     async def stamp_use_times(self, store: SnapshotStore) -> None:
         """Set each file's modification time to its entry's last use (memory hits never touch the file), so the
@@ -208,7 +216,10 @@ class SnapshotDisk:
             try:
                 if path is None:
                     raise FileNotFoundError(f"no file for entry {entry_id}")
-                read = await anyio.to_thread.run_sync(read_snapshot, path, self._config.identity, limiter=self._readers)
+                charged = disk_footprint(snapshot.nbytes, len(snapshot.tokens))
+                read = await anyio.to_thread.run_sync(
+                    read_snapshot, path, self._config.identity, charged, limiter=self._readers
+                )
                 try:
                     if read.tokens != snapshot.tokens:
                         raise UnreadableSnapshot(f"{path.name} holds another token vector than its entry")
@@ -217,6 +228,7 @@ class SnapshotDisk:
                     read.close()
             except (UnreadableSnapshot, UndecodableState) as error:
                 self.io.read_errors += 1
+                self._count_rejected(error.reason if isinstance(error, UnreadableSnapshot) else FileRejection.CORRUPT)
                 span.set_attribute(trace_attributes.FAILURE, str(error))
                 # Forget the entry only if this is still its file and the state is nowhere else.
                 if store.get(entry_id) is snapshot and not snapshot.state_held and self._paths.get(entry_id) == path:
@@ -303,7 +315,7 @@ class SnapshotDisk:
 def _stamp(stamps: list[tuple[Path, float]]) -> None:
     for path, used in stamps:
         with suppress(OSError):
-            os.utime(path, (used, used))
+            os.utime(path, (used, used), follow_symlinks=False)
 
 
 @dataclass(slots=True)

@@ -64,6 +64,7 @@ from enum import Enum
 from typing import Any
 
 from courier.core.radix_index import PathMatch, RadixIndex
+from courier.core.snapshot_rejections import FileRejection
 
 ANONYMOUS_SESSION = ""
 EntryId = int
@@ -222,6 +223,8 @@ class DiskIoCounters:
     read_seconds: float = 0.0
     read_errors: int = 0  # unreadable, corrupt or vanished files
     restores_refused: int = 0  # every reader busy: answered as a miss
+    # Files named like snapshot files not used (at start-up or read back), by reason: deleted, a miss.
+    files_rejected: dict[FileRejection, int] = field(default_factory=dict)
     pending: int = 0  # writes and deletes queued or under way, at the moment the figures were read
 
 

@@ -4,8 +4,10 @@
 (`flock`, released by the kernel however the process ends, `kill -9` included)
 keeps a second server from sharing the directory: it would count and delete files
 the first one owns. Opening it reads every file's header (never a payload):
-unreadable, foreign or half-written files are deleted and counted; the rest come
-back oldest first, with their token vectors, for the store to index again.
+unreadable, foreign or half-written files are deleted and counted; anything else
+named like a snapshot file (a directory, a FIFO, a symbolic link) is skipped and
+counted, never opened for reading, and no one entry can fail the scan. The rest
+come back oldest first, with their token vectors, for the store to index again.
 """
 
 from __future__ import annotations
@@ -13,10 +15,19 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from courier.engine.snapshot_files import SUFFIX, TEMPORARY_SUFFIX, SnapshotHeader, UnreadableSnapshot, read_index_entry
+from courier.core.snapshot_rejections import FileRejection
+from courier.engine.snapshot_files import (
+    SUFFIX,
+    TEMPORARY_SUFFIX,
+    SnapshotHeader,
+    UnreadableSnapshot,
+    read_index_entry,
+)
 
 LOCK_NAME = "lock"
 
@@ -39,7 +50,13 @@ class SnapshotDirectory:
     path: Path
     identity: str  # the model identity every file here must carry
     found: list[FoundFile]  # oldest first
-    unreadable: int
+    rejected: Counter[FileRejection]  # entries not used, by reason: deleted, but those that are not regular files
+
+    @property
+    def unreadable(self) -> int:
+        """Files that failed their checks (deleted)."""
+        return sum(count for reason, count in self.rejected.items() if reason is not FileRejection.NOT_A_FILE)
+
     _lock: int = field(repr=False)
 
     def release(self) -> None:
@@ -60,35 +77,45 @@ def open_directory(root: Path, identity: str) -> SnapshotDirectory:
         os.close(lock)
         raise DirectoryBusy(f"{directory} is in use by another Courier process") from None
     try:
-        found, unreadable = _scan(directory, identity)
+        found, rejected = _scan(directory, identity)
     except BaseException:
         os.close(lock)
         raise
-    return SnapshotDirectory(path=directory, identity=identity, found=found, unreadable=unreadable, _lock=lock)
+    return SnapshotDirectory(path=directory, identity=identity, found=found, rejected=rejected, _lock=lock)
 
 
-def _scan(directory: Path, identity: str) -> tuple[list[FoundFile], int]:
-    """The readable files oldest first, and how many unreadable ones were deleted."""
+def _scan(directory: Path, identity: str) -> tuple[list[FoundFile], Counter[FileRejection]]:
+    """The readable files oldest first, and the entries not used, by reason."""
     found: list[FoundFile] = []
-    unreadable = 0
+    rejected: Counter[FileRejection] = Counter()
     now = time.time()
     for path in directory.iterdir():
         if path.name.endswith(TEMPORARY_SUFFIX):
-            path.unlink(missing_ok=True)  # a write a crash cut short
+            _remove(path)  # a write a crash cut short
             continue
         if not path.name.endswith(SUFFIX):
             continue
         try:
-            header, tokens = read_index_entry(path, identity)
-            status = path.stat()
-        except (UnreadableSnapshot, OSError):
-            unreadable += 1
-            path.unlink(missing_ok=True)
+            header, tokens, status = read_index_entry(path, identity)
+        except UnreadableSnapshot as error:
+            rejected[error.reason] += 1
+            if error.reason is not FileRejection.NOT_A_FILE:
+                _remove(path)
+            continue
+        except OSError:  # unreadable for a reason of its own (EIO): one file never fails the scan
+            rejected[FileRejection.CORRUPT] += 1
+            _remove(path)
             continue
         age_s = max(0.0, now - status.st_mtime)
         found.append(FoundFile(path=path, header=header, tokens=tokens, age_s=age_s, size=status.st_size))
     found.sort(key=lambda item: -item.age_s)
-    return found, unreadable
+    return found, rejected
+
+
+def _remove(path: Path) -> None:
+    """Delete a file this directory no longer wants; one that cannot be deleted (a directory) stays."""
+    with suppress(OSError):
+        path.unlink(missing_ok=True)
 
 
 def free_bytes(path: Path) -> int:

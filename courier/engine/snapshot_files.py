@@ -17,8 +17,10 @@ counts a miss). Plain files and threads: no MLX here (see `snapshot_codec`).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import struct
 from collections.abc import Sequence
 from contextlib import suppress
@@ -28,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import DISK_HEADER_ALLOWANCE, Bucket, Origin
 from courier.engine.snapshot_codec import EncodedState
 
@@ -44,6 +47,10 @@ _BUCKET_FIELDS = ("model_id", "adapter_id", "template_signature", "media_digest"
 
 class UnreadableSnapshot(ValueError):
     """A snapshot file that is truncated, altered, foreign or of another format."""
+
+    def __init__(self, message: str, reason: FileRejection = FileRejection.CORRUPT) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -139,31 +146,40 @@ def write_snapshot(
     return size
 
 
-def read_index_entry(path: Path, identity: str) -> tuple[SnapshotHeader, tuple[int, ...]]:
-    """The file's header and token vector, checked (digests, format, identity), without reading its arrays."""
-    with path.open("rb") as file:
+def read_index_entry(path: Path, identity: str) -> tuple[SnapshotHeader, tuple[int, ...], os.stat_result]:
+    """The file's header and token vector, checked (digests, format, identity, its size against the header), without
+    reading its arrays; and the file's status (size, modification time). Only a regular file is opened."""
+    descriptor, status = _open_regular(path)
+    with os.fdopen(descriptor, "rb") as file:
         prefix = file.read(_PREFIX.size)
         length, header_digest = _check_prefix(prefix)
         header = _parse_header(file.read(length), header_digest, identity)
-        token_bytes = file.read(header.token_count * _TOKEN.size)
+        token_size = header.token_count * _TOKEN.size
+        declared = _PREFIX.size + length + token_size + sum(nbytes for *_, nbytes in header.arrays)
+        if declared != status.st_size:  # also bounds the token vector read next by the file's size
+            raise UnreadableSnapshot(f"{path.name}: {status.st_size} bytes where its header says {declared}")
+        token_bytes = file.read(token_size)
     if hashlib.sha256(token_bytes).hexdigest() != header.token_digest:
         raise UnreadableSnapshot(f"{path.name}: the token vector does not match its digest")
-    return header, tuple(value for (value,) in _TOKEN.iter_unpack(token_bytes))
+    return header, tuple(value for (value,) in _TOKEN.iter_unpack(token_bytes)), status
 
 
-def read_snapshot(path: Path, identity: str) -> ReadSnapshot:
+def read_snapshot(path: Path, identity: str, max_bytes: int) -> ReadSnapshot:
     """The whole file, read into memory and verified (header, payload digest, token digest, array bounds); marked
-    used. Read, not mapped: the MLX thread then copies from memory, never waits on the disk, and a failing disk is an
-    `OSError` here rather than a fault in whatever thread touched a mapped page."""
-    with suppress(OSError):
-        os.utime(path)  # its age after a restart counts from its last use
-    with path.open("rb", buffering=0) as file:
-        size = os.fstat(file.fileno()).st_size
+    used. Only a regular file of at most `max_bytes` (what its entry was charged) is read. Read, not mapped: the MLX
+    thread then copies from memory, never waits on the disk, and a failing disk is an `OSError` here rather than a
+    fault in whatever thread touched a mapped page."""
+    descriptor, status = _open_regular(path)
+    with os.fdopen(descriptor, "rb", buffering=0) as file:
+        size = status.st_size
         if size < _PREFIX.size:
             raise UnreadableSnapshot(f"{path.name}: truncated ({size} bytes)")
+        if size > max_bytes:
+            raise UnreadableSnapshot(f"{path.name}: {size} bytes, over the {max_bytes} its entry was charged")
+        with suppress(OSError):
+            os.utime(descriptor if os.utime in os.supports_fd else path)  # its age after a restart: from last use
         data = bytearray(size)
-        if file.readinto(data) != size:
-            raise UnreadableSnapshot(f"{path.name}: shorter than it was a moment ago")
+        _read_exactly(file, data, path)
     whole = memoryview(data)
     views: list[memoryview] = [whole]
     try:
@@ -199,6 +215,37 @@ def read_snapshot(path: Path, identity: str) -> ReadSnapshot:
         raise
 
 
+def _open_regular(path: Path) -> tuple[int, os.stat_result]:
+    """A descriptor of `path` and its status, if it is a regular file. Anything else (a directory, a FIFO, which
+    would block a plain open forever, a socket, a device, a symbolic link to any of them) is `NOT_A_FILE`: never
+    followed, never read."""
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise UnreadableSnapshot(f"{path.name}: not a regular file", FileRejection.NOT_A_FILE)
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:  # replaced by a symbolic link since
+            raise UnreadableSnapshot(f"{path.name}: a symbolic link", FileRejection.NOT_A_FILE) from None
+        raise
+    status = os.fstat(descriptor)
+    if not stat.S_ISREG(status.st_mode):  # replaced since the lstat
+        os.close(descriptor)
+        raise UnreadableSnapshot(f"{path.name}: not a regular file", FileRejection.NOT_A_FILE)
+    return descriptor, status
+
+
+def _read_exactly(file: Any, data: bytearray, path: Path) -> None:
+    """Fill `data` from `file` (one read may return less than asked, e.g. past 2 GiB on Linux)."""
+    filled = 0
+    with memoryview(data) as target:
+        while filled < len(data):
+            with target[filled:] as rest:
+                count = file.readinto(rest)
+            if not count:
+                raise UnreadableSnapshot(f"{path.name}: shorter than it was a moment ago")
+            filled += count
+
+
 def _check_prefix(prefix: bytes) -> tuple[int, bytes]:
     if len(prefix) < _PREFIX.size:
         raise UnreadableSnapshot("truncated before its header")
@@ -218,7 +265,7 @@ def _parse_header(raw: bytes, digest: bytes, identity: str) -> SnapshotHeader:
     try:
         fields = orjson.loads(raw)
         if fields["identity"] != identity:
-            raise UnreadableSnapshot("written for another model")
+            raise UnreadableSnapshot("written for another model", FileRejection.FOREIGN)
         bucket_fields = [str(item) for item in fields["bucket"]]
         arrays = [
             (str(dtype), tuple(int(size) for size in shape), int(offset), int(length))

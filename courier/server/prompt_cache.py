@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from courier.actors.snapshot_disk import DiskTierConfig, SnapshotDisk
+from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
 from courier.engine.snapshot_budget import available_memory, default_budget, default_disk_budget, measure_footprint
 from courier.engine.snapshot_directory import SnapshotDirectory, free_bytes, open_directory
@@ -84,16 +85,18 @@ async def open_prompt_cache(settings: Settings, loaded: LoadedModel, mlx: MlxThr
     config = DiskTierConfig(identity=directory.identity, max_pending_write_bytes=capacity // PENDING_WRITE_SHARE)
     disk = SnapshotDisk(directory, config, mlx)
     found, unreadable = len(directory.found), directory.unreadable
+    skipped = directory.rejected[FileRejection.NOT_A_FILE]
     adopted = disk.adopt(store, bucket)
     disk.dispatch(store)  # files of turns that adopted ones supersede: deleted once the writer runs
     logger.info(
         "prompt cache disk tier %s: %d snapshots kept from earlier runs (%d bytes); %d no longer fit or were served "
-        "under another name or template, %d unreadable files deleted",
+        "under another name or template, %d unreadable files deleted, %d entries that are not regular files skipped",
         directory.path,
         adopted,
         store.disk_nbytes,
         found - adopted,
         unreadable,
+        skipped,
     )
     return PromptCache(store=store, disk=disk, bucket=bucket)
 

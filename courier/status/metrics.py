@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import StoreStats
 from courier.platform.malloc_tuning import malloc_usage
 from courier.platform.mlx_memory import mlx_memory
@@ -208,6 +209,14 @@ def _tiers(store: StoreStats) -> Iterator[Metric]:
         ("disk_read_errors", "Snapshot files found corrupt, truncated, foreign or gone on reading", io.read_errors),
     ):
         yield CounterMetricFamily(f"{prefix}_{name}", help_text, value=value)
+    rejected = CounterMetricFamily(
+        f"{prefix}_disk_files_rejected",
+        "Files named like snapshot files that were not used, by reason",
+        labels=["reason"],
+    )
+    for reason in FileRejection:
+        rejected.add_metric([reason.value], io.files_rejected.get(reason, 0))
+    yield rejected
 
 
 def _breaker(breaker: CircuitBreaker) -> Iterator[Metric]:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import pytest
 from mlx_lm import load
 
+from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import Bucket, Origin, disk_footprint
 from courier.engine.model_state import compact_copy, prefill
 from courier.engine.snapshot_codec import UndecodableState, decode_state, encode_state
@@ -22,6 +25,8 @@ from courier.engine.snapshot_files import UnreadableSnapshot, read_index_entry, 
 IDENTITY = "a" * 64
 BUCKET = Bucket(model_id="tiny", template_signature="t", tenant="k")
 TOKENS = tuple(range(5, 45))
+T = TypeVar("T")
+ROOM = 1 << 30  # what a test file's entry was charged, unless the bound is what is tested
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3_next"])
@@ -60,7 +65,7 @@ def test_a_state_read_back_continues_exactly_like_the_original(
     size = write(path, state, nbytes)
     assert size == path.stat().st_size <= disk_footprint(nbytes, len(TOKENS))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    read = read_snapshot(path, IDENTITY)
+    read = read_snapshot(path, IDENTITY, disk_footprint(nbytes, len(TOKENS)))
     try:
         assert read.tokens == TOKENS
         assert (read.header.bucket, read.header.session, read.header.origin) == (BUCKET, "s", Origin.COMPLETION)
@@ -113,7 +118,7 @@ def test_an_altered_or_truncated_file_is_refused(
     write(path, state, nbytes)
     change(path)
     with pytest.raises(UnreadableSnapshot, match=why):
-        read_snapshot(path, IDENTITY).close()
+        read_snapshot(path, IDENTITY, ROOM).close()
 
 
 def test_a_file_of_another_model_is_refused(model_and_state: tuple[Any, list[Any], int], tmp_path: Path) -> None:
@@ -121,7 +126,7 @@ def test_a_file_of_another_model_is_refused(model_and_state: tuple[Any, list[Any
     path = tmp_path / "x.snap"
     write(path, state, nbytes)
     with pytest.raises(UnreadableSnapshot, match="another model"):
-        read_snapshot(path, "b" * 64)
+        read_snapshot(path, "b" * 64, ROOM)
     with pytest.raises(UnreadableSnapshot, match="another model"):
         read_index_entry(path, "b" * 64)
 
@@ -186,3 +191,88 @@ def test_the_directory_is_private_locked_and_scanned_oldest_first(
         assert sorted(path.name for path in reopened.path.iterdir()) == ["lock", "new.snap", "old.snap"]
     finally:
         reopened.release()
+
+
+def test_a_file_larger_than_its_entry_was_charged_is_not_read(
+    model_and_state: tuple[Any, list[Any], int], tmp_path: Path
+) -> None:
+    _, state, nbytes = model_and_state
+    path = tmp_path / "x.snap"
+    size = write(path, state, nbytes)
+    with pytest.raises(UnreadableSnapshot, match="over the") as refused:
+        read_snapshot(path, IDENTITY, size - 1)
+    assert refused.value.reason is FileRejection.CORRUPT
+
+
+def bounded(call: Callable[[], T], timeout_s: float = 30.0) -> T:
+    """`call()` on a thread of its own, failing the test if it has not returned within `timeout_s` (a FIFO opened
+    for reading blocks until a writer comes: for ever)."""
+    outcome: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"still blocked after {timeout_s} s"
+    if errors:
+        raise errors[0]
+    return outcome[0]
+
+
+def plant_entries_that_are_not_files(directory: Path, elsewhere: Path, regular: Path) -> list[Path]:
+    """A FIFO, a symbolic link to a FIFO, a symbolic link to a valid file and a directory, each named like a snapshot
+    file; and a directory named like a temporary file (which cannot be unlinked)."""
+    os.mkfifo(directory / "fifo.snap")
+    os.mkfifo(elsewhere / "outside-fifo")
+    (directory / "to-fifo.snap").symlink_to(elsewhere / "outside-fifo")
+    (directory / "to-file.snap").symlink_to(regular)
+    (directory / "directory.snap").mkdir()
+    (directory / ".directory.snap.1.tmp").mkdir()
+    return [directory / name for name in ("fifo.snap", "to-fifo.snap", "to-file.snap", "directory.snap")]
+
+
+@pytest.mark.parametrize("name", ["fifo.snap", "to-fifo.snap", "to-file.snap", "directory.snap"])
+def test_only_a_regular_file_is_opened(model_and_state: tuple[Any, list[Any], int], tmp_path: Path, name: str) -> None:
+    _, state, nbytes = model_and_state
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    regular = tmp_path / "elsewhere" / "valid.snap"
+    write(regular, state, nbytes)
+    plant_entries_that_are_not_files(tmp_path / "dir", tmp_path / "elsewhere", regular)
+    path = tmp_path / "dir" / name
+    for read in (partial(read_index_entry, path, IDENTITY), partial(read_snapshot, path, IDENTITY, ROOM)):
+        with pytest.raises(UnreadableSnapshot, match="not a regular file") as refused:
+            bounded(read)
+        assert refused.value.reason is FileRejection.NOT_A_FILE
+
+
+def test_entries_that_are_not_regular_files_are_skipped_and_the_rest_scanned(
+    model_and_state: tuple[Any, list[Any], int], tmp_path: Path
+) -> None:
+    """A FIFO would block the scan for ever, a directory failed it and with it the disk tier: each is skipped,
+    counted and left alone, and the valid files around them are found."""
+    _, state, nbytes = model_and_state
+    first = open_directory(tmp_path / "cache", IDENTITY)
+    directory = first.path
+    first.release()
+    write(directory / "a.snap", state, nbytes)
+    write(directory / "b.snap", state, nbytes, tokens=(*TOKENS, 1))
+    (directory / "junk.snap").write_bytes(b"junk")
+    (tmp_path / "elsewhere").mkdir()
+    planted = plant_entries_that_are_not_files(directory, tmp_path / "elsewhere", directory / "a.snap")
+    opened = bounded(lambda: open_directory(tmp_path / "cache", IDENTITY))
+    try:
+        assert sorted(found.path.name for found in opened.found) == ["a.snap", "b.snap"]
+        assert opened.rejected == {FileRejection.NOT_A_FILE: 4, FileRejection.CORRUPT: 1}
+        assert opened.unreadable == 1
+    finally:
+        opened.release()
+    assert all(os.path.lexists(path) for path in planted)  # skipped, not deleted
+    assert not (directory / "junk.snap").exists()
+    assert (tmp_path / "elsewhere" / "outside-fifo").exists()

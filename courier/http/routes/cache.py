@@ -7,6 +7,7 @@ from typing import Any
 
 from quart import Blueprint
 
+from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import StoreStats
 from courier.http.auth import require_admin
 from courier.http.context import AppContext
@@ -100,5 +101,6 @@ def _tier_figures(store: StoreStats) -> dict[str, Any]:
         "snapshot_disk_read_ms_mean": 1000 * io.read_seconds / io.reads if io.reads else 0.0,
         "snapshot_disk_read_errors": io.read_errors,
         "snapshot_disk_restores_refused": io.restores_refused,
+        "snapshot_disk_files_rejected": {reason.value: io.files_rejected.get(reason, 0) for reason in FileRejection},
         "snapshot_disk_pending": io.pending,
     }
