@@ -31,9 +31,9 @@ def test_failed_probes_back_off_up_to_the_most(failed_probes: int, delay: float)
     breaker.trip("Connection refused")
     for attempt in range(failed_probes):
         breaker.probing()
-        assert breaker.state is BreakerState.PROBING and not breaker.closed  # calls are still refused meanwhile
+        assert (breaker.state, breaker.closed) == (BreakerState.PROBING, False)  # calls are still refused meanwhile
         breaker.probe_failed(f"still refused {attempt}")
-        assert breaker.state is BreakerState.OPEN
+        assert (breaker.state, breaker.closed) == (BreakerState.OPEN, False)
     assert breaker.probe_delay_s == delay
     assert breaker.reason == (f"still refused {failed_probes - 1}" if failed_probes else "Connection refused")
 
