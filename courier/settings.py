@@ -472,6 +472,20 @@ class Settings:
     storage_max_entries: int = setting(
         100_000, parse_positive_int, "most stored responses plus conversations", metavar="N"
     )
+    storage_tenant_max_bytes: int | None = setting(
+        None,
+        parse_positive_bytes,
+        "byte budget of each API key's stored responses and conversations; a write evicts only its own key's least "
+        "recently updated records, never another key's (default: --storage-max-bytes shared evenly by the keys)",
+        metavar="BYTES",
+    )
+    storage_tenant_max_entries: int | None = setting(
+        None,
+        parse_positive_int,
+        "most stored responses plus conversations of each API key (default: --storage-max-entries shared evenly "
+        "by the keys)",
+        metavar="N",
+    )
     storage_ttl: float = setting(
         30 * 24 * 3600.0,
         parse_positive_float,

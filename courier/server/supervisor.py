@@ -82,6 +82,7 @@ from courier.status.metrics import CourierMetrics
 from courier.status.scheduler_stats import SchedulerStats
 from courier.status.service_state import ServiceState
 from courier.storage.records import StorageLimits
+from courier.storage.tenancy import shared_limits
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -254,8 +255,12 @@ class Supervisor:
     async def _start_storage(self, task_group: TaskGroup) -> bool:
         """Stored responses and conversations need no model: they are served while it loads."""
         settings = self._settings
-        limits = StorageLimits(
+        store = StorageLimits(
             max_bytes=settings.storage_max_bytes, max_entries=settings.storage_max_entries, ttl_s=settings.storage_ttl
+        )
+        # Each API key's share: no key can evict what another stored.
+        limits = shared_limits(
+            store, len(self._api_keys), settings.storage_tenant_max_bytes, settings.storage_tenant_max_entries
         )
         try:
             opened = await anyio.to_thread.run_sync(open_response_store, settings, limits)
@@ -273,13 +278,16 @@ class Supervisor:
             )
         else:
             logger.info(
-                "response store %s: %d records, %d bytes (budget %d bytes, %d records, TTL %.0f s)",
+                "response store %s: %d records, %d bytes (budget %d bytes, %d records, TTL %.0f s; each API key "
+                "%d bytes, %d records)",
                 opened.location,
                 opened.entries,
                 opened.nbytes,
                 limits.max_bytes,
                 limits.max_entries,
                 limits.ttl_s,
+                limits.tenant_bytes,
+                limits.tenant_entries,
             )
         await task_group.start(
             self._run_actor,

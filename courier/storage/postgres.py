@@ -7,8 +7,9 @@ processes write the same tables at the same time:
   under the conversation's row lock (`SELECT ... FOR UPDATE`), so two replicas
   appending to one conversation take turns: neither's items interleave with the
   other's, and none is lost (`postgres_items.py`).
-- The byte, record-count and TTL budgets live in SQL (`postgres_budget.py`), so they
-  hold for all replicas together, not for one process's counters.
+- The byte, record-count and TTL budgets, the store's and each tenant's, live in SQL
+  (`postgres_budget.py`), so they hold for all replicas together, not for one
+  process's counters; a write evicts only its own tenant's records.
 - A previous_response_id chain is one recursive query, however long.
 
 Every write commits before the storage actor replies. Calls run side by side, up to
@@ -37,11 +38,12 @@ from courier.storage.paging import UnknownCursor
 from courier.storage.postgres_budget import (
     CONVERSATIONS,
     RESPONSES,
-    UsageChange,
+    count,
     delete_conversations,
     delete_response,
     settle,
     sweep,
+    tenant_usage,
     usage,
 )
 from courier.storage.postgres_connection import POOL_MAX_SIZE, Database, redacted, served
@@ -59,6 +61,8 @@ from courier.storage.records import (
     StoredConversation,
     StoredResponse,
 )
+from courier.storage.tenancy import tenant_of
+from courier.storage.tenant_budget import Usage, too_large
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +88,12 @@ class PostgresStorage:
         return self._usage()[1]
 
     @served
+    def tenant_usage(self, tenant: str) -> Usage:
+        """What `tenant` stores (its responses, conversations and their items), as committed."""
+        with self._database.connection() as connection:
+            return tenant_usage(connection, tenant)
+
+    @served
     def reach(self) -> None:
         self._database.reach()
 
@@ -99,13 +109,11 @@ class PostgresStorage:
         nbytes = input_bytes + response_bytes
         item_rows = [item_row(item) for item in conversation_items] if response.conversation_id else []
         added = nbytes + sum(size for _, _, size in item_rows)
-        if added > self._limits.max_bytes:
-            raise StorageRefused(
-                f"the response is {added} bytes, more than the storage budget of {self._limits.max_bytes}"
-            )
+        if refusal := too_large("response", added, self._limits):
+            raise StorageRefused(refusal)
         now = self._clock()
         with self._transaction() as connection:
-            change = UsageChange()
+            change = Usage()
             # A conversation deleted while the response was generated gets nothing appended.
             if response.conversation_id and item_rows:
                 change.add(append_items(connection, response.conversation_id, item_rows, now) or 0, 0)
@@ -129,7 +137,7 @@ class PostgresStorage:
                 ),
             )
             change.add(nbytes - (int(replaced[0]) if replaced else 0), 0 if replaced else 1)
-            settle(connection, change, self._limits, keep=(RESPONSES, response.id))
+            settle(connection, tenant_of(response.id), change, self._limits, keep=(RESPONSES, response.id))
 
     @served
     def load_response(self, response_id: str) -> StoredResponse | None:
@@ -176,7 +184,7 @@ class PostgresStorage:
             nbytes = delete_response(connection, response_id)
             if nbytes is None:
                 return False
-            settle(connection, UsageChange(-nbytes, -1), self._limits)
+            settle(connection, tenant_of(response_id), Usage(-nbytes, -1), self._limits)
         return True
 
     # Conversations
@@ -186,8 +194,8 @@ class PostgresStorage:
         metadata, metadata_bytes = json_text(dict(conversation.metadata))
         item_rows = [item_row(item) for item in items]
         added = metadata_bytes + sum(size for _, _, size in item_rows)
-        if added > self._limits.max_bytes:
-            raise StorageRefused(f"the conversation is {added} bytes, more than the storage budget")
+        if refusal := too_large("conversation", added, self._limits):
+            raise StorageRefused(refusal)
         now = self._clock()
         with self._transaction() as connection:
             connection.execute(
@@ -196,8 +204,9 @@ class PostgresStorage:
                 (conversation.id, conversation.created_at, now, metadata, metadata_bytes),
             )
             appended = append_items(connection, conversation.id, item_rows, now)
-            change = UsageChange(metadata_bytes + (appended or 0), 1)
-            settle(connection, change, self._limits, keep=(CONVERSATIONS, conversation.id))
+            change = Usage(metadata_bytes + (appended or 0), 1)
+            keep = (CONVERSATIONS, conversation.id)
+            settle(connection, tenant_of(conversation.id), change, self._limits, keep=keep)
 
     @served
     def load_conversation(self, conversation_id: str) -> StoredConversation | None:
@@ -221,7 +230,7 @@ class PostgresStorage:
                 "UPDATE conversations SET metadata = %s::json, nbytes = %s, updated_at = %s WHERE id = %s",
                 (blob, nbytes, self._clock(), conversation_id),
             )
-            settle(connection, UsageChange(nbytes - int(row[0]), 0), self._limits)
+            settle(connection, tenant_of(conversation_id), Usage(nbytes - int(row[0]), 0), self._limits)
             return self._load_conversation(connection, conversation_id)
 
     @served
@@ -232,7 +241,7 @@ class PostgresStorage:
             count, nbytes = delete_conversations(connection, [conversation_id])
             if not count:
                 return False
-            settle(connection, UsageChange(-nbytes, -count), self._limits)
+            settle(connection, tenant_of(conversation_id), Usage(-nbytes, -count), self._limits)
         return True
 
     @served
@@ -240,14 +249,14 @@ class PostgresStorage:
         if not _storable(conversation_id):
             return False
         item_rows = [item_row(item) for item in items]
-        added = sum(size for _, _, size in item_rows)
-        if added > self._limits.max_bytes:
-            raise StorageRefused(f"the items are {added} bytes, more than the storage budget")
+        if refusal := too_large("items' JSON", sum(size for _, _, size in item_rows), self._limits):
+            raise StorageRefused(refusal)
         with self._transaction() as connection:
             appended = append_items(connection, conversation_id, item_rows, self._clock())
             if appended is None:
                 return False
-            settle(connection, UsageChange(appended, 0), self._limits, keep=(CONVERSATIONS, conversation_id))
+            keep = (CONVERSATIONS, conversation_id)
+            settle(connection, tenant_of(conversation_id), Usage(appended, 0), self._limits, keep=keep)
         return True
 
     @served
@@ -325,7 +334,7 @@ class PostgresStorage:
             connection.execute(
                 "UPDATE conversations SET updated_at = %s WHERE id = %s", (self._clock(), conversation_id)
             )
-            settle(connection, UsageChange(-int(row[0]), 0), self._limits)
+            settle(connection, tenant_of(conversation_id), Usage(-int(row[0]), 0), self._limits)
         return True
 
     # Budgets
@@ -334,13 +343,12 @@ class PostgresStorage:
     def sweep(self, now: float) -> int:
         with self._transaction() as connection:
             freed = sweep(connection, now - self._limits.ttl_s)
-            if freed.entries:
-                settle(connection, freed, self._limits)
-        if freed.entries:
-            logger.info(
-                "storage: %d responses/conversations expired (unused for %.0f s)", -freed.entries, self._limits.ttl_s
-            )
-        return -freed.entries
+            if freed:
+                count(connection, freed)
+        expired = -sum(change.entries for change in freed.values())
+        if expired:
+            logger.info("storage: %d responses/conversations expired (unused for %.0f s)", expired, self._limits.ttl_s)
+        return expired
 
     # Internals
 

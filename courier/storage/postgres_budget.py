@@ -1,27 +1,31 @@
 """The byte, record-count and TTL budgets of a PostgreSQL store, kept in SQL so every replica shares them.
 
-`storage_usage` is one row: the bytes and records stored. Every write transaction
-ends with `settle`, one UPDATE that adds the write's change and returns the totals;
-the row then stays locked until the commit, so writers on every replica take turns
-there, and one that finds the totals over budget evicts the least recently updated
-records before the next writer reads them. A record over the whole budget never gets
-this far (the backend refuses it first).
+`storage_usage` is one row: the bytes and records stored; `tenant_usage` a row per
+tenant (an API key) with the same of its own records. Every write transaction ends
+with `settle`, which adds the write's change to its tenant's row and then to the
+store's, returning both; the rows then stay locked until the commit, so writers on
+every replica take turns there. A writer that finds its tenant past its share, or the
+store past its budget, evicts its own tenant's least recently updated records before
+the next writer reads them, and never another tenant's; with none of its own left to
+evict it is refused (`StorageRefused`) and its transaction rolls back
+(`tenant_budget.py` decides). A record over its tenant's whole budget never gets this
+far (the backend refuses it first).
 
 Victims are chosen `FOR UPDATE SKIP LOCKED`: a record that another transaction is
 writing is passed over, never waited for. A writer takes its own records' locks
-first and the usage row last, so the usage row is the only lock two writers can wait
-on each other for, and they cannot deadlock.
+first, then tenant rows (several in sorted order: only the TTL sweep takes more than
+one) and the store's row last, so two writers cannot deadlock.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from courier.storage.records import StorageLimits
+from courier.storage.records import StorageLimits, StorageRefused
+from courier.storage.tenant_budget import Usage, no_room, over_budget
 
 logger = logging.getLogger(__name__)
 
@@ -30,73 +34,92 @@ RESPONSES = "responses"
 CONVERSATIONS = "conversations"
 
 
-@dataclass(slots=True)
-class UsageChange:
-    """What one transaction adds to (or, negative, takes from) the stored bytes and records."""
-
-    bytes: int = 0
-    entries: int = 0
-
-    def add(self, nbytes: int, entries: int) -> None:
-        self.bytes += nbytes
-        self.entries += entries
-
-
 def usage(connection: psycopg.Connection[Any]) -> tuple[int, int]:
     """The bytes and records stored, as committed."""
     row = connection.execute("SELECT bytes, entries FROM storage_usage").fetchone()
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
+def tenant_usage(connection: psycopg.Connection[Any], tenant: str) -> Usage:
+    """The bytes and records `tenant` stores, as committed."""
+    row = connection.execute("SELECT bytes, entries FROM tenant_usage WHERE tenant = %s", (tenant,)).fetchone()
+    return Usage(int(row[0]), int(row[1])) if row else Usage()
+
+
 def settle(
-    connection: psycopg.Connection[Any], change: UsageChange, limits: StorageLimits, keep: tuple[str, str] | None = None
+    connection: psycopg.Connection[Any],
+    tenant: str,
+    change: Usage,
+    limits: StorageLimits,
+    keep: tuple[str, str] | None = None,
 ) -> int:
-    """Add `change` to the shared usage (locking it until commit) and evict until within budget, sparing `keep`
-    (a table and id: the record just written). Returns how many records were evicted."""
-    row = connection.execute(
-        "UPDATE storage_usage SET bytes = bytes + %s, entries = entries + %s RETURNING bytes, entries",
-        (change.bytes, change.entries),
-    ).fetchone()
-    stored_bytes, entries = (int(row[0]), int(row[1])) if row else (0, 0)
-    freed = UsageChange()
-    while stored_bytes > limits.max_bytes or entries > limits.max_entries:
-        victims = _oldest(connection, keep)
-        if not victims:  # all that is left is being written by someone: the next writer evicts
-            break
+    """Add `change` to `tenant`'s usage and the store's (locking both until commit). After a write (`keep`: the
+    table and id it wrote), evict the tenant's own least recently updated other records until it is within its
+    share and the store within its budget; `StorageRefused` when it has none left. Returns how many were evicted."""
+    mine, total = count(connection, {tenant: change})
+    if keep is None:
+        return 0
+    freed = Usage()
+    while over_budget(mine, total, limits):
+        victims = _oldest(connection, tenant, keep)
+        if not victims:  # the rest is other tenants' (or being written by someone): never theirs
+            raise StorageRefused(no_room(mine, limits))
         for table, record_id in victims:
-            if stored_bytes <= limits.max_bytes and entries <= limits.max_entries:
+            if not over_budget(mine, total, limits):
                 break
             nbytes = _delete_victim(connection, table, record_id)
             if nbytes is not None:
-                stored_bytes -= nbytes
-                entries -= 1
+                for usage in (mine, total):
+                    usage.add(-nbytes, -1)
                 freed.add(-nbytes, -1)
     if freed.entries:
-        connection.execute(
-            "UPDATE storage_usage SET bytes = bytes + %s, entries = entries + %s", (freed.bytes, freed.entries)
-        )
+        count(connection, {tenant: freed})
         logger.info(
             "storage: evicted %d least recently updated responses/conversations to stay in budget", -freed.entries
         )
     return -freed.entries
 
 
-def sweep(connection: psycopg.Connection[Any], cutoff: float) -> UsageChange:
+def count(connection: psycopg.Connection[Any], changes: dict[str, Usage]) -> tuple[Usage, Usage]:
+    """Add each tenant's change to its row (in sorted order) and their sum to the store's row, which locks them all
+    until commit. Returns the last tenant's usage (the only one, for a write) and the store's."""
+    tenant = Usage()
+    summed = Usage()
+    for name in sorted(changes):
+        change = changes[name]
+        row = connection.execute(
+            "INSERT INTO tenant_usage (tenant, bytes, entries) VALUES (%s, %s, %s) ON CONFLICT (tenant) DO UPDATE "
+            "SET bytes = tenant_usage.bytes + EXCLUDED.bytes, entries = tenant_usage.entries + EXCLUDED.entries "
+            "RETURNING bytes, entries",
+            (name, change.bytes, change.entries),
+        ).fetchone()
+        tenant = Usage(int(row[0]), int(row[1])) if row else Usage()
+        summed.add(change.bytes, change.entries)
+    row = connection.execute(
+        "UPDATE storage_usage SET bytes = bytes + %s, entries = entries + %s RETURNING bytes, entries",
+        (summed.bytes, summed.entries),
+    ).fetchone()
+    return tenant, Usage(int(row[0]), int(row[1])) if row else Usage()
+
+
+def sweep(connection: psycopg.Connection[Any], cutoff: float) -> dict[str, Usage]:
     """Delete every response and conversation last updated before `cutoff` (one that another transaction is
-    writing is being renewed: it is passed over). Returns what was freed; the caller settles it."""
-    freed = UsageChange()
-    for (nbytes,) in connection.execute(
+    writing is being renewed: it is passed over). Returns what was freed, by tenant; the caller counts it."""
+    freed: dict[str, Usage] = {}
+    for tenant, nbytes in connection.execute(
         "DELETE FROM responses WHERE id IN "
-        "(SELECT id FROM responses WHERE updated_at < %s FOR UPDATE SKIP LOCKED) RETURNING nbytes",
+        "(SELECT id FROM responses WHERE updated_at < %s FOR UPDATE SKIP LOCKED) RETURNING tenant, nbytes",
         (cutoff,),
     ).fetchall():
-        freed.add(-int(nbytes), -1)
-    expired = connection.execute(
-        "SELECT id FROM conversations WHERE updated_at < %s FOR UPDATE SKIP LOCKED", (cutoff,)
-    ).fetchall()
-    if expired:
-        count, nbytes = delete_conversations(connection, [record_id for (record_id,) in expired])
-        freed.add(-nbytes, -count)
+        freed.setdefault(tenant, Usage()).add(-int(nbytes), -1)
+    expired: dict[str, list[str]] = {}
+    for record_id, tenant in connection.execute(
+        "SELECT id, tenant FROM conversations WHERE updated_at < %s FOR UPDATE SKIP LOCKED", (cutoff,)
+    ).fetchall():
+        expired.setdefault(tenant, []).append(record_id)
+    for tenant, ids in expired.items():
+        deleted, nbytes = delete_conversations(connection, ids)
+        freed.setdefault(tenant, Usage()).add(-nbytes, -deleted)
     return freed
 
 
@@ -132,19 +155,20 @@ def _delete_victim(connection: psycopg.Connection[Any], table: str, record_id: s
     return nbytes if count else None
 
 
-def _oldest(connection: psycopg.Connection[Any], keep: tuple[str, str] | None) -> list[tuple[str, str]]:
-    """Up to `EVICTION_BATCH` least recently updated records of both tables, oldest first, locked."""
-    spared_response = keep[1] if keep and keep[0] == RESPONSES else None
-    spared_conversation = keep[1] if keep and keep[0] == CONVERSATIONS else None
+def _oldest(connection: psycopg.Connection[Any], tenant: str, keep: tuple[str, str]) -> list[tuple[str, str]]:
+    """Up to `EVICTION_BATCH` of `tenant`'s least recently updated records of both tables but `keep`, oldest first,
+    locked."""
+    spared_response = keep[1] if keep[0] == RESPONSES else None
+    spared_conversation = keep[1] if keep[0] == CONVERSATIONS else None
     responses = connection.execute(
-        "SELECT id, updated_at FROM responses WHERE id IS DISTINCT FROM %s "
+        "SELECT id, updated_at FROM responses WHERE tenant = %s AND id IS DISTINCT FROM %s "
         "ORDER BY updated_at LIMIT %s FOR UPDATE SKIP LOCKED",
-        (spared_response, EVICTION_BATCH),
+        (tenant, spared_response, EVICTION_BATCH),
     ).fetchall()
     conversations = connection.execute(
-        "SELECT id, updated_at FROM conversations WHERE id IS DISTINCT FROM %s "
+        "SELECT id, updated_at FROM conversations WHERE tenant = %s AND id IS DISTINCT FROM %s "
         "ORDER BY updated_at LIMIT %s FOR UPDATE SKIP LOCKED",
-        (spared_conversation, EVICTION_BATCH),
+        (tenant, spared_conversation, EVICTION_BATCH),
     ).fetchall()
     both = [(updated_at, RESPONSES, record_id) for record_id, updated_at in responses]
     both += [(updated_at, CONVERSATIONS, record_id) for record_id, updated_at in conversations]

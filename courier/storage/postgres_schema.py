@@ -11,10 +11,11 @@ Records are `json`: JSON text that PostgreSQL checks and keeps as written, never
 taken apart in SQL (every read returns it whole, `decoding.py` checks it). Version 1
 made them JSONB, which holds no NUL character (`"\\u0000"` is refused) and reorders an
 object's keys; version 2 makes them `json`, which holds any JSON string, as SQLite's
-text does. `storage_usage` is one row holding the bytes and records stored,
-which every write updates in its own transaction, so every replica enforces the same
-budgets (`postgres_budget.py`). A conversation's `next_position` is the position its
-next item gets, assigned under the conversation's row lock (`postgres.py`).
+text does. `storage_usage` is one row holding the bytes and records stored, and
+`tenant_usage` (version 3) one row per tenant, which every write updates in its own
+transaction, so every replica enforces the same budgets (`postgres_budget.py`). A
+conversation's `next_position` is the position its next item gets, assigned under the
+conversation's row lock (`postgres.py`).
 """
 
 from __future__ import annotations
@@ -82,8 +83,30 @@ _VERSION_2: tuple[LiteralString, ...] = (
     "ALTER TABLE conversation_items ALTER COLUMN item TYPE json USING item::json",
 )
 
+# Each tenant's budget (`tenant_budget.py`): a record's tenant, computed from its id as `tenancy.tenant_of` does (so
+# a replica of version 2 still writing during a rolling upgrade stores it right), an index to find a tenant's least
+# recently updated records, and `tenant_usage`, a row per tenant like `storage_usage`, filled from what is stored.
+_VERSION_3: tuple[LiteralString, ...] = (
+    "ALTER TABLE responses ADD COLUMN tenant TEXT NOT NULL "
+    "GENERATED ALWAYS AS (CASE WHEN strpos(id, '/') > 0 THEN split_part(id, '/', 1) ELSE '' END) STORED",
+    "ALTER TABLE conversations ADD COLUMN tenant TEXT NOT NULL "
+    "GENERATED ALWAYS AS (CASE WHEN strpos(id, '/') > 0 THEN split_part(id, '/', 1) ELSE '' END) STORED",
+    "CREATE INDEX responses_by_tenant_age ON responses (tenant, updated_at)",
+    "CREATE INDEX conversations_by_tenant_age ON conversations (tenant, updated_at)",
+    "CREATE TABLE tenant_usage (tenant TEXT PRIMARY KEY, bytes BIGINT NOT NULL, entries BIGINT NOT NULL)",
+    """
+    INSERT INTO tenant_usage (tenant, bytes, entries)
+    SELECT tenant, SUM(nbytes), SUM(entries) FROM (
+        SELECT tenant, nbytes, 1 AS entries FROM responses
+        UNION ALL SELECT tenant, nbytes, 1 FROM conversations
+        UNION ALL SELECT c.tenant, i.nbytes, 0 FROM conversation_items AS i
+            JOIN conversations AS c ON c.id = i.conversation_id
+    ) AS stored GROUP BY tenant
+    """,
+)
+
 # Migration N (1-based) brings the schema from version N-1 to N; an applied one is never edited, only followed.
-MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (_VERSION_1, _VERSION_2)
+MIGRATIONS: tuple[tuple[LiteralString, ...], ...] = (_VERSION_1, _VERSION_2, _VERSION_3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -68,13 +68,26 @@ class Chain:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StorageLimits:
+    """The store's budgets, and each tenant's (`tenant_budget.py`): None is as much as the whole store."""
+
     max_bytes: int
     max_entries: int
     ttl_s: float
+    tenant_max_bytes: int | None = None
+    tenant_max_entries: int | None = None
+
+    @property
+    def tenant_bytes(self) -> int:
+        return min(self.max_bytes, self.tenant_max_bytes or self.max_bytes)
+
+    @property
+    def tenant_entries(self) -> int:
+        return min(self.max_entries, self.tenant_max_entries or self.max_entries)
 
 
 class StorageRefused(Exception):
-    """A record larger than the whole byte budget: it is not stored and nothing is evicted for it."""
+    """A record larger than its tenant's byte budget, or one its tenant has no room for once all its own other
+    records are evicted: it is not stored, and no other tenant's record is evicted for it."""
 
 
 class UnstorableRecord(Exception):

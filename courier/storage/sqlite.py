@@ -2,18 +2,20 @@
 
 Every write commits with `synchronous=FULL` before the storage actor replies, so
 anything the server acknowledged survives a crash or `kill -9`. The byte and
-entry budgets are kept by evicting the least recently updated responses and
-conversations (a whole conversation at a time); a record larger than the whole
-budget is refused. Not thread-safe by itself: the storage actor calls it from one
-thread at a time.
+entry budgets, the store's and each tenant's, are kept by evicting the writing
+tenant's least recently updated responses and conversations (a whole conversation
+at a time), never another tenant's (`tenant_budget.py`); a record larger than its
+tenant's budget is refused, and so is a write its tenant has no room left for.
+Not thread-safe by itself: the storage actor calls it from one thread at a time.
 
 Faults stay with the call that meets them. Every row read is checked
 (`decoding.py`), so a damaged record is a `DamagedRecord` for the requests that
 read it. A database error while serving a call (`database or disk is full`,
 `disk I/O error`) is `StorageUnavailable` (`transaction.py`): the transaction is
-rolled back, the in-memory byte and entry counts are measured again from what is
-committed, and the connection serves the next call, so storing resumes by itself
-once the disk has room. Only opening the database at start-up may fail for good.
+rolled back, the in-memory byte and entry counts (in total and by tenant) are
+measured again from what is committed, and the connection serves the next call,
+so storing resumes by itself once the disk has room. Only opening the database at
+start-up may fail for good.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from courier.storage.records import (
     StoredResponse,
 )
 from courier.storage.schema import migrate
+from courier.storage.tenancy import tenant_of
+from courier.storage.tenant_budget import Usage, UsageBook, no_room, over_budget, too_large
 from courier.storage.transaction import Transaction, served
 
 logger = logging.getLogger(__name__)
@@ -65,17 +69,22 @@ class SqliteStorage:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         migrate(self._db, self.path)
-        self._bytes, self._entries = self._measure()
+        self._usage = self._measure()
         # Set when a failed transaction could not re-measure them; the next transaction measures first.
         self._counts_stale = False
 
     @property
     def stored_bytes(self) -> int:
-        return self._bytes
+        return self._usage.total.bytes
 
     @property
     def stored_entries(self) -> int:
-        return self._entries
+        return self._usage.total.entries
+
+    def tenant_usage(self, tenant: str) -> Usage:
+        """What `tenant` stores (its responses, conversations and their items)."""
+        usage = self._usage.of(tenant)
+        return Usage(usage.bytes, usage.entries)
 
     def reach(self) -> None:
         """Nothing to reach: the database is a local file."""
@@ -95,10 +104,8 @@ class SqliteStorage:
         nbytes = len(input_blob) + len(response_blob)
         item_rows = [_item_row(item) for item in conversation_items] if response.conversation_id else []
         added = nbytes + sum(len(blob) for _, blob in item_rows)
-        if added > self._limits.max_bytes:
-            raise StorageRefused(
-                f"the response is {added} bytes, more than the storage budget of {self._limits.max_bytes}"
-            )
+        if refusal := too_large("response", added, self._limits):
+            raise StorageRefused(refusal)
         now = self._clock()
         with self._transaction():
             replaced = self._db.execute("SELECT nbytes FROM responses WHERE id = ?", (response.id,)).fetchone()
@@ -118,8 +125,7 @@ class SqliteStorage:
             # A conversation deleted while the response was generated gets nothing appended.
             if response.conversation_id and item_rows and self._conversation_exists(response.conversation_id):
                 self._insert_items(response.conversation_id, item_rows, now)
-            self._bytes += nbytes - (replaced[0] if replaced else 0)
-            self._entries += 0 if replaced else 1
+            self._count(response.id, nbytes - (replaced[0] if replaced else 0), 0 if replaced else 1)
             self._enforce_limits(keep=("responses", response.id))
 
     @served
@@ -164,16 +170,15 @@ class SqliteStorage:
         metadata = orjson.dumps(dict(conversation.metadata))
         item_rows = [_item_row(item) for item in items]
         added = len(metadata) + sum(len(blob) for _, blob in item_rows)
-        if added > self._limits.max_bytes:
-            raise StorageRefused(f"the conversation is {added} bytes, more than the storage budget")
+        if refusal := too_large("conversation", added, self._limits):
+            raise StorageRefused(refusal)
         now = self._clock()
         with self._transaction():
             self._db.execute(
                 "INSERT INTO conversations VALUES (?, ?, ?, ?, ?)",
                 (conversation.id, conversation.created_at, now, metadata, len(metadata)),
             )
-            self._bytes += len(metadata)
-            self._entries += 1
+            self._count(conversation.id, len(metadata), 1)
             self._insert_items(conversation.id, item_rows, now)
             self._enforce_limits(keep=("conversations", conversation.id))
 
@@ -195,7 +200,7 @@ class SqliteStorage:
                 "UPDATE conversations SET metadata = ?, nbytes = ?, updated_at = ? WHERE id = ?",
                 (blob, len(blob), self._clock(), conversation_id),
             )
-            self._bytes += len(blob) - row[0]
+            self._count(conversation_id, len(blob) - row[0], 0)
         return self.load_conversation(conversation_id)
 
     @served
@@ -206,9 +211,8 @@ class SqliteStorage:
     @served
     def append_conversation_items(self, conversation_id: str, items: Sequence[JsonObject]) -> bool:
         item_rows = [_item_row(item) for item in items]
-        added = sum(len(blob) for _, blob in item_rows)
-        if added > self._limits.max_bytes:
-            raise StorageRefused(f"the items are {added} bytes, more than the storage budget")
+        if refusal := too_large("items' JSON", sum(len(blob) for _, blob in item_rows), self._limits):
+            raise StorageRefused(refusal)
         with self._transaction():
             if not self._conversation_exists(conversation_id):
                 return False
@@ -266,7 +270,7 @@ class SqliteStorage:
             ).fetchone()
             if row is None:
                 return False
-            self._bytes -= row[0]
+            self._count(conversation_id, -row[0], 0)
             self._touch_conversation(conversation_id, self._clock())
         return True
 
@@ -290,19 +294,23 @@ class SqliteStorage:
         return len(expired)
 
     def _enforce_limits(self, keep: tuple[str, str]) -> None:
+        """After a write of the record `keep` (a table and its key): evict its tenant's least recently updated other
+        records while the tenant is past its share or the store past its budget; with none left, refuse the write
+        (the transaction rolls back). Another tenant's records are never touched."""
+        tenant = tenant_of(keep[1])
         evicted = 0
-        while self._bytes > self._limits.max_bytes or self._entries > self._limits.max_entries:
+        while over_budget(self._usage.of(tenant), self._usage.total, self._limits):
             oldest = self._db.execute(
-                "SELECT 'responses', id, updated_at FROM responses "
-                "UNION ALL SELECT 'conversations', id, updated_at FROM conversations "
+                "SELECT 'responses', id, updated_at FROM responses WHERE tenant = ? "
+                "UNION ALL SELECT 'conversations', id, updated_at FROM conversations WHERE tenant = ? "
                 "ORDER BY updated_at LIMIT ?",
-                (_EVICTION_BATCH,),
+                (tenant, tenant, _EVICTION_BATCH),
             ).fetchall()
             victims = [(table, record_id) for table, record_id, _ in oldest if (table, record_id) != keep]
             if not victims:
-                break
+                raise StorageRefused(no_room(self._usage.of(tenant), self._limits))
             for table, record_id in victims:
-                if self._bytes <= self._limits.max_bytes and self._entries <= self._limits.max_entries:
+                if not over_budget(self._usage.of(tenant), self._usage.total, self._limits):
                     break
                 self._delete(table, record_id)
                 evicted += 1
@@ -321,8 +329,7 @@ class SqliteStorage:
         row = self._db.execute("DELETE FROM responses WHERE id = ? RETURNING nbytes", (response_id,)).fetchone()
         if row is None:
             return False
-        self._bytes -= row[0]
-        self._entries -= 1
+        self._count(response_id, -row[0], -1)
         return True
 
     def _delete_conversation(self, conversation_id: str) -> bool:
@@ -332,8 +339,7 @@ class SqliteStorage:
         row = self._db.execute("DELETE FROM conversations WHERE id = ? RETURNING nbytes", (conversation_id,)).fetchone()
         if row is None:
             return False
-        self._bytes -= row[0] + items
-        self._entries -= 1
+        self._count(conversation_id, -(row[0] + items), -1)
         return True
 
     def _insert_items(self, conversation_id: str, rows: Sequence[tuple[str, bytes]], now: float) -> None:
@@ -341,7 +347,7 @@ class SqliteStorage:
             "INSERT INTO conversation_items (conversation_id, id, item, nbytes) VALUES (?, ?, ?, ?)",
             [(conversation_id, item_id, blob, len(blob)) for item_id, blob in rows],
         )
-        self._bytes += sum(len(blob) for _, blob in rows)
+        self._count(conversation_id, sum(len(blob) for _, blob in rows), 0)
         self._touch_conversation(conversation_id, now)
 
     def _touch_conversation(self, conversation_id: str, now: float) -> None:
@@ -350,9 +356,13 @@ class SqliteStorage:
     def _conversation_exists(self, conversation_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone() is not None
 
+    def _count(self, key: str, nbytes: int, entries: int) -> None:
+        """`nbytes` and `entries` (negative: freed) for the record stored under `key`, and its tenant."""
+        self._usage.add(tenant_of(key), nbytes, entries)
+
     def _transaction(self) -> Transaction:
         if self._counts_stale:
-            self._bytes, self._entries = self._measure()
+            self._usage = self._measure()
             self._counts_stale = False
         return Transaction(self._db, self._recount)
 
@@ -361,18 +371,23 @@ class SqliteStorage:
         even that fails, before the next transaction)."""
         self._counts_stale = True
         with suppress(sqlite3.OperationalError):
-            self._bytes, self._entries = self._measure()
+            self._usage = self._measure()
             self._counts_stale = False
 
-    def _measure(self) -> tuple[int, int]:
-        nbytes = self._db.execute(
-            "SELECT (SELECT COALESCE(SUM(nbytes), 0) FROM responses) + (SELECT COALESCE(SUM(nbytes), 0) FROM "
-            "conversations) + (SELECT COALESCE(SUM(nbytes), 0) FROM conversation_items)"
-        ).fetchone()[0]
-        entries = self._db.execute(
-            "SELECT (SELECT COUNT(*) FROM responses) + (SELECT COUNT(*) FROM conversations)"
-        ).fetchone()[0]
-        return int(nbytes), int(entries)
+    def _measure(self) -> UsageBook:
+        """What is committed, by tenant: each record's own bytes, and a conversation's items with it."""
+        book = UsageBook()
+        for table in ("responses", "conversations"):
+            for tenant, nbytes, entries in self._db.execute(
+                f"SELECT tenant, SUM(nbytes), COUNT(*) FROM {table} GROUP BY tenant"  # a name of ours, not input
+            ):
+                book.add(tenant, int(nbytes), int(entries))
+        for tenant, nbytes in self._db.execute(
+            "SELECT c.tenant, SUM(i.nbytes) FROM conversation_items AS i "
+            "JOIN conversations AS c ON c.id = i.conversation_id GROUP BY c.tenant"
+        ):
+            book.add(tenant, int(nbytes), 0)
+        return book
 
 
 def _item_row(item: JsonObject) -> tuple[str, bytes]:

@@ -5,9 +5,14 @@ tenant that made it (`tenant/id`), so another tenant asking for the same id find
 nothing (a 404), and a `previous_response_id` chain can only follow its own tenant's
 records. The anonymous tenant "" (no keys) stores ids as they are. An id holding the
 separator is never a stored key, so no one can name another tenant's record.
+
+Each tenant also has its own share of the storage budget (`shared_limits`), and a write
+evicts only its own tenant's records (`tenant_budget.py`).
 """
 
 from __future__ import annotations
+
+from courier.storage.records import StorageLimits
 
 SEPARATOR = "/"
 _NEVER_STORED = "\x00"
@@ -24,3 +29,23 @@ def unscoped(tenant: str, key: str) -> str:
     """The id a tenant knows for its stored `key`."""
     prefix = f"{tenant}{SEPARATOR}"
     return key.removeprefix(prefix) if tenant else key
+
+
+def tenant_of(key: str) -> str:
+    """The tenant whose key space a stored key is in ("" for the anonymous tenant's). The backends' `tenant`
+    columns compute the same in SQL."""
+    tenant, separator, _ = key.partition(SEPARATOR)
+    return tenant if separator else ""
+
+
+def shared_limits(limits: StorageLimits, tenants: int, max_bytes: int | None, max_entries: int | None) -> StorageLimits:
+    """Each tenant's budgets: `max_bytes` / `max_entries` where set, else an even share of the store's among
+    `tenants` (the API keys; none: the one anonymous tenant, who may use it all)."""
+    count = max(tenants, 1)
+    return StorageLimits(
+        max_bytes=limits.max_bytes,
+        max_entries=limits.max_entries,
+        ttl_s=limits.ttl_s,
+        tenant_max_bytes=max_bytes if max_bytes is not None else max(1, limits.max_bytes // count),
+        tenant_max_entries=max_entries if max_entries is not None else max(1, limits.max_entries // count),
+    )

@@ -34,6 +34,8 @@ from tests.support.server import RunningServer, serving
 
 MODEL = "tiny-llama"
 KEY, OTHER_KEY, ADMIN_KEY = "sk-courier-one", "sk-courier-two", "sk-courier-admin"
+STORAGE_BYTES = 1_200_000  # shared evenly by the three keys: 400 KB each
+BIG_TEXT = "x" * 300_000
 BLAS = BlasReport(library="reference", path=None, optimized=False, detail="test")
 
 
@@ -116,7 +118,7 @@ def test_keys_are_compared_by_digest_and_name_their_tenant() -> None:
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
     keys = ("--api-key", f"{KEY},{OTHER_KEY}", "--admin-api-key", ADMIN_KEY)
-    with serving(tiny_llama_dir, cache_dir, MODEL, *keys) as running:
+    with serving(tiny_llama_dir, cache_dir, MODEL, *keys, "--storage-max-bytes", str(STORAGE_BYTES)) as running:
         yield running
 
 
@@ -177,3 +179,22 @@ def test_only_an_admin_key_resets_the_prompt_cache(server: RunningServer) -> Non
     assert forbidden.json()["error"]["code"] == "insufficient_permissions"
     reset = httpx.post(f"{server.base_url}/v1/cache/reset", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     assert reset.status_code == 200 and reset.json()["cleared"] is True
+
+
+def test_a_key_writing_past_its_share_evicts_only_its_own_records(server: RunningServer) -> None:
+    with client(server, KEY) as mine, client(server, OTHER_KEY) as theirs:
+        stored = mine.responses.create(model=MODEL, input="Keep this.", max_output_tokens=2)
+        conversation = mine.conversations.create(items=[{"role": "user", "content": "And this."}])
+        big = [theirs.conversations.create(items=[{"role": "user", "content": BIG_TEXT}]) for _ in range(4)]
+        for evicted in big[:3]:  # each took the other key past its 400 KB share: its own older ones went
+            with pytest.raises(openai.NotFoundError):
+                theirs.conversations.retrieve(evicted.id)
+        assert theirs.conversations.retrieve(big[3].id).id == big[3].id
+        assert mine.responses.retrieve(stored.id).id == stored.id  # nothing of this key's was touched
+        assert mine.conversations.retrieve(conversation.id).id == conversation.id
+
+        with pytest.raises(openai.BadRequestError) as refused:  # larger than its whole share: refused, evicts nothing
+            theirs.conversations.create(items=[{"role": "user", "content": "x" * 450_000}])
+        assert refused.value.code == "storage_budget_exceeded"
+        assert "this API key's storage budget of 400000" in refused.value.message
+        assert theirs.conversations.retrieve(big[3].id).id == big[3].id

@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import orjson
 import psycopg
+import psycopg.errors
 import pytest
 
 from courier.storage import postgres_connection, postgres_schema
@@ -25,8 +27,10 @@ from courier.storage.records import (
     StorageUnavailable,
     StorageUnreachable,
     StoredConversation,
+    StoredResponse,
     UnstorableRecord,
 )
+from courier.storage.tenant_budget import Usage
 from tests.storage.conftest import LIMITS
 from tests.support.ports import free_port
 from tests.support.postgres_cluster import PASSWORD, PostgresCluster
@@ -284,27 +288,30 @@ def test_an_id_holding_a_nul_character_is_unstorable_and_nothing_else_changes(
     assert storage.load_response("resp_\x00") is None  # an id PostgreSQL could not hold is simply not stored
 
 
-def test_a_version_1_database_keeps_its_records_and_then_holds_a_nul_character(
+def test_a_version_1_database_keeps_its_records_and_then_holds_a_nul_character_and_counts_each_tenant(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(postgres_schema, "MIGRATIONS", postgres_schema.MIGRATIONS[:1])
     monkeypatch.setattr(postgres_schema, "SCHEMA_VERSION", 1)
-    old = PostgresStorage(url, LIMITS)  # records in JSONB, as Courier stored them before version 2
-    old.create_conversation(StoredConversation(id="conv_1", created_at=1, metadata={"k": "v"}), [item("msg_0")])
-    old.save_response(response("resp_1", conversation="conv_1"), [item("msg_1")])
-    with pytest.raises(UnstorableRecord):  # JSONB refuses "\\u0000"
-        old.append_conversation_items("conv_1", [item("msg_2", "a\x00b")])
-    old.close()
+    with psycopg.connect(url, autocommit=True) as connection:
+        postgres_schema.migrate(connection)  # version 1: records in JSONB, no tenants
+        write_as_version_1(connection)
+        with pytest.raises(psycopg.errors.UntranslatableCharacter):  # JSONB refuses "\u0000"
+            connection.execute("SELECT %s::jsonb", ('{"text": "a\\u0000b"}',))
     monkeypatch.undo()
 
     storage = PostgresStorage(url, LIMITS)
     assert storage.load_response("resp_1") == response("resp_1", conversation="conv_1")
+    assert storage.load_response(f"{TENANT}/resp_2") == response(f"{TENANT}/resp_2")
     assert [entry["id"] for entry in storage.conversation_items("conv_1") or ()] == ["msg_0", "msg_1"]
+    # Version 3 counted what each tenant had stored, items with their conversation.
+    assert (storage.tenant_usage(""), storage.tenant_usage(TENANT)) == measured_by_tenant(url)
     assert storage.append_conversation_items("conv_1", [item("msg_2", "a\x00b")])
     assert storage.load_conversation_item("conv_1", "msg_2") == item("msg_2", "a\x00b")
+    assert (storage.tenant_usage(""), storage.tenant_usage(TENANT)) == measured_by_tenant(url)
     with psycopg.connect(url, autocommit=True) as connection:
         versions = connection.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
-        assert [version for (version,) in versions] == [1, 2]
+        assert [version for (version,) in versions] == list(range(1, SCHEMA_VERSION + 1))
         types = connection.execute(
             "SELECT DISTINCT data_type FROM information_schema.columns "
             "WHERE table_schema = current_schema() AND column_name IN ('input_items', 'response', 'metadata', 'item')"
@@ -316,7 +323,58 @@ def test_a_version_1_database_keeps_its_records_and_then_holds_a_nul_character(
             "VALUES ('conv_1', 99, 'msg_old', %s::jsonb, 1)",
             ('{"id": "msg_old", "type": "message"}',),
         )
+        # One of version 2 inserts a response by position, without the tenant: the database computes it.
+        connection.execute(
+            "INSERT INTO responses VALUES (%s, 1, 1, NULL, NULL, '[]', %s, 2)", (f"{TENANT}/resp_old", "{}")
+        )
+        tenant = connection.execute("SELECT tenant FROM responses WHERE id = %s", (f"{TENANT}/resp_old",))
+        assert tenant.fetchone() == (TENANT,)
     storage.close()
+
+
+TENANT = "a1b2c3d4e5f60718"
+
+
+def write_as_version_1(connection: psycopg.Connection[Any]) -> None:
+    """Records as a Courier of schema version 1 wrote them: the anonymous tenant's conversation and response, and a
+    keyed tenant's response; the shared usage row counts them all."""
+    stored: list[tuple[StoredResponse, str | None]] = [
+        (response("resp_1", conversation="conv_1"), "conv_1"),
+        (response(f"{TENANT}/resp_2"), None),
+    ]
+    metadata = orjson.dumps({"k": "v"}).decode()
+    connection.execute(
+        "INSERT INTO conversations (id, created_at, updated_at, metadata, nbytes) VALUES ('conv_1', 1, 1, %s, %s)",
+        (metadata, len(metadata)),
+    )
+    for position, item_id in enumerate(("msg_0", "msg_1")):
+        blob = orjson.dumps(item(item_id)).decode()
+        connection.execute(
+            "INSERT INTO conversation_items VALUES ('conv_1', %s, %s, %s, %s)", (position, item_id, blob, len(blob))
+        )
+    for record, conversation in stored:
+        inputs, output = orjson.dumps(list(record.input_items)).decode(), orjson.dumps(record.response).decode()
+        connection.execute(
+            "INSERT INTO responses VALUES (%s, 1, 1, NULL, %s, %s, %s, %s)",
+            (record.id, conversation, inputs, output, len(inputs) + len(output)),
+        )
+    connection.execute("UPDATE conversations SET next_position = 2")
+    connection.execute(
+        "UPDATE storage_usage SET bytes = (SELECT SUM(nbytes) FROM responses) + (SELECT SUM(nbytes) FROM "
+        "conversations) + (SELECT SUM(nbytes) FROM conversation_items), entries = 3"
+    )
+
+
+def measured_by_tenant(url: str) -> tuple[Usage, Usage]:
+    """The anonymous tenant's and TENANT's bytes and records really in the tables."""
+    with psycopg.connect(url) as connection:
+        anonymous, keyed = Usage(), Usage()
+        for record_id, nbytes, entries in connection.execute(
+            "SELECT id, nbytes, 1 FROM responses UNION ALL SELECT id, nbytes, 1 FROM conversations "
+            "UNION ALL SELECT conversation_id, nbytes, 0 FROM conversation_items"
+        ).fetchall():
+            (keyed if record_id.startswith(f"{TENANT}/") else anonymous).add(int(nbytes), int(entries))
+        return anonymous, keyed
 
 
 def test_a_database_down_at_start_up_is_reached_and_migrated_by_the_first_call_after(

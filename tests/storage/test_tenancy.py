@@ -9,7 +9,7 @@ import pytest
 
 from courier.messages.storage import LoadChain, LoadResponse, SaveResponse
 from courier.storage.records import StorageLimits, StoredResponse
-from courier.storage.tenancy import scoped, unscoped
+from courier.storage.tenancy import scoped, shared_limits, tenant_of, unscoped
 from tests.storage.conftest import OpenStorage
 from tests.support.records import response
 
@@ -55,3 +55,32 @@ def test_a_tenants_records_are_its_own(open_storage: OpenStorage) -> None:
         assert LoadChain(response_id="resp_2", tenant=TWO, reply=None).apply(storage) is None  # type: ignore[arg-type]
     finally:
         storage.close()
+
+
+STORE = StorageLimits(max_bytes=1000, max_entries=10, ttl_s=60.0)
+
+
+@pytest.mark.parametrize(
+    ("tenants", "max_bytes", "max_entries", "shares"),
+    [
+        (0, None, None, (1000, 10)),  # no keys: the anonymous tenant may use it all
+        (1, None, None, (1000, 10)),
+        (3, None, None, (333, 3)),  # an even share of each budget
+        (20, None, None, (50, 1)),  # never less than one record
+        (3, 600, 8, (600, 8)),  # as the operator sets them, even adding up to more than the store
+        (3, 5000, 50, (1000, 10)),  # never more than the whole store
+    ],
+)
+def test_each_tenants_share(
+    tenants: int, max_bytes: int | None, max_entries: int | None, shares: tuple[int, int]
+) -> None:
+    limits = shared_limits(STORE, tenants, max_bytes, max_entries)
+    assert (limits.tenant_bytes, limits.tenant_entries) == shares
+    assert (limits.max_bytes, limits.max_entries, limits.ttl_s) == (1000, 10, 60.0)
+
+
+@pytest.mark.parametrize(
+    ("key", "tenant"), [(f"{ONE}/resp_1", ONE), ("resp_1", ""), (f"\x00{TWO}/resp_1", f"\x00{TWO}")]
+)
+def test_a_keys_tenant(key: str, tenant: str) -> None:
+    assert tenant_of(key) == tenant
