@@ -7,9 +7,16 @@ bytes ("small"), so a handful of writes reaches them.
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import orjson
 import pytest
 
+from courier.storage import schema
 from courier.storage.records import StorageLimits, StorageRefused, StoredConversation
+from courier.storage.sqlite import DATABASE_NAME, SqliteStorage
 from courier.storage.tenancy import scoped, shared_limits
 from courier.storage.tenant_budget import Usage
 from tests.storage.conftest import LIMITS, Clock, OpenStorage, Storage
@@ -114,3 +121,23 @@ def test_each_tenants_usage_is_counted_as_the_database_holds_it(open_storage: Op
     reopened = open_storage(LIMITS)  # SQLite measures the file again; PostgreSQL reads its rows
     assert [reopened.tenant_usage(tenant) for tenant in (A, B, "")] == counted
     assert (reopened.stored_bytes, reopened.stored_entries) == (counted[1].bytes, 1)
+
+
+def test_a_version_1_sqlite_file_counts_each_tenant_after_its_migration(tmp_path: Path) -> None:
+    with closing(sqlite3.connect(tmp_path / DATABASE_NAME, isolation_level=None)) as db:
+        db.executescript(schema._SCHEMA)  # version 1: no tenant column
+        db.execute("PRAGMA user_version = 1")
+        for record_id, nbytes in ((f"{A}/resp_1", 300), (f"{A}/resp_2", 200), ("resp_3", 50)):
+            db.execute(
+                "INSERT INTO responses VALUES (?, 1, 1, NULL, NULL, '[]', ?, ?)",
+                (record_id, orjson.dumps({"id": record_id, "output": []}), nbytes),
+            )
+    storage = SqliteStorage(tmp_path, LIMITS)
+    assert (storage.tenant_usage(A), storage.tenant_usage(""), storage.tenant_usage(B)) == (
+        Usage(500, 2),
+        Usage(50, 1),
+        Usage(),
+    )
+    storage.close()
+    with closing(sqlite3.connect(tmp_path / DATABASE_NAME)) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (schema.SCHEMA_VERSION,)
