@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from courier.core.token_prefix import common_prefix_length
 
@@ -138,3 +139,14 @@ def match_in_flight(
         if covered - shared.start >= min_tokens and (best is None or covered > best[1]):
             best = (index, covered)
     return best
+
+
+@dataclass(slots=True, kw_only=True)
+class SharedState:
+    """A prefix prefilled once for requests that share it, kept while any of them is in flight."""
+
+    key: InFlight  # its tokens; the first `key.start` of them restored from a stored snapshot
+    state: list[Any]  # compact; every request starts from its own copy
+    # The stored snapshot it started from, held so that its identity (`key.origin`) cannot be reused meanwhile.
+    anchor: Any
+    users: set[int] = field(default_factory=set)  # uids of the sequences that started from it

@@ -14,7 +14,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from courier.core.snapshot_store import Origin
-from courier.engine.batch_engine import SnapshotTaken
+from courier.engine.engine_io import SnapshotTaken
 from courier.engine.model_state import CachedPrefix, compact_copy, resume, state_arrays
 
 CHUNK_TOKENS = 64

@@ -41,7 +41,8 @@ from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
 from courier.core.prompt_lookup import LookupLimits
 from courier.core.sampling_defaults import resolve
-from courier.engine.batch_engine import BatchEngine, BatchLimits
+from courier.engine.batch_engine import BatchEngine
+from courier.engine.engine_io import BatchLimits
 from courier.grammar.compiler import GrammarCompiler
 from courier.http.app import create_app
 from courier.http.auth import ApiKeys

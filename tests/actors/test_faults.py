@@ -27,7 +27,8 @@ from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
 from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
-from courier.engine.batch_engine import BatchEngine, EngineOutput
+from courier.engine.batch_engine import BatchEngine
+from courier.engine.engine_io import EngineOutput
 from courier.engine.generation import (
     FinishReason,
     GenerationEvent,

@@ -22,7 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from courier.actors.scheduler import DEADLINE_MESSAGE, SHUTDOWN_MESSAGE, PromptCaching, SchedulerActor
 from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_store import Bucket, Origin
-from courier.engine.batch_engine import BatchEngine, EngineOutput, EngineRequest, SnapshotTaken
+from courier.engine.batch_engine import BatchEngine
+from courier.engine.engine_io import EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (
     FinishReason,
     GenerationEvent,

@@ -13,7 +13,8 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from courier.core.failure_codes import FailureCode
-from courier.engine.batch_engine import BatchEngine, BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
+from courier.engine.batch_engine import BatchEngine
+from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (
     FinishReason,
     GenerationFailed,

@@ -16,8 +16,9 @@ import mlx_lm
 import pytest
 
 from courier.core.snapshot_store import Origin
-from courier.engine.batch_engine import BatchEngine, BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
+from courier.engine.batch_engine import BatchEngine
 from courier.engine.constrained import ConstrainedSequence, MaskFiller
+from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (
     FinishReason,
     GenerationFailed,

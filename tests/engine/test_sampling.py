@@ -17,9 +17,10 @@ import mlx_lm
 import pytest
 from mlx_lm.sample_utils import greedy_sampler, make_sampler
 
-from courier.engine import batch_engine
+from courier.engine import admission
 from courier.engine import sampling as sampling_module
-from courier.engine.batch_engine import BatchEngine, BatchLimits, EngineOutput, EngineRequest
+from courier.engine.batch_engine import BatchEngine
+from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest
 from courier.engine.generation import GenerationFailed, GenerationFinished, RequestId, SamplingParams, TokensGenerated
 from courier.engine.sampling import (
     GREEDY_BELOW_TEMPERATURE,
@@ -173,7 +174,7 @@ def test_a_sampler_that_breaks_the_random_state_fails_its_sequence_alone(
             return make_sampler(temp=1.0, top_k=int(model.args.vocab_size))  # type: ignore[no-any-return]
         return real(params)
 
-    monkeypatch.setattr(batch_engine, "build_sampler", building)
+    monkeypatch.setattr(admission, "build_sampler", building)
     engine = BatchEngine(model, tokenizer, LIMITS)
     outputs = run(engine, [request("plain"), request("seeded", seed=4), request("culprit", top_k=777)])
     finished = ends(outputs)

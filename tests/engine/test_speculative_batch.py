@@ -20,7 +20,8 @@ import pytest
 
 from courier.core.prompt_lookup import LookupLimits
 from courier.core.verify_width import FixedCosts
-from courier.engine.batch_engine import BatchEngine, BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
+from courier.engine.batch_engine import BatchEngine
+from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import FinishReason, GenerationFinished, RequestId, SamplingParams, TokensGenerated
 from courier.grammar.compiler import GrammarCompiler, build_tokenizer
 from courier.grammar.constraint import json_schema

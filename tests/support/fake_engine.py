@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from courier.engine.batch_engine import EngineOutput, EngineRequest
+from courier.engine.engine_io import EngineOutput, EngineRequest
 from courier.engine.generation import RequestId
 from courier.engine.speculative_batch import SpeculationCounters
 from courier.runtime.mlx_thread import THREAD_NAME

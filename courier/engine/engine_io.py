@@ -1,0 +1,64 @@
+"""What the batch engine takes and gives: a request to run, the outputs of a step, and the batch's limits.
+
+The scheduler builds `EngineRequest`s and reads `EngineOutput`s (a request's generation events, and the snapshots
+the engine took for the snapshot store); everything here is plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from courier.core.prompt_lookup import LookupLimits
+from courier.core.snapshot_store import Origin
+from courier.core.verify_width import StepCosts
+from courier.engine import shared_prefix
+from courier.engine.generation import GenerationEvent, RequestId, SamplingParams, VisionInputs
+from courier.engine.model_state import CachedPrefix
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineRequest:
+    request_id: RequestId
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams
+    prefix: CachedPrefix | None = None
+    # Where the conversation's history ends in the prompt: a boundary snapshot is taken there (0: none).
+    boundary: int = 0
+    snapshots: bool = False
+    vision: VisionInputs | None = None  # the prompt's images (a vision-language model only)
+    # `n` samples of one prompt: it is prefilled once and each sample starts from a copy of its state.
+    n: int = 1
+    choice: int = 0  # which sample this sequence is (set by the engine)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotTaken:
+    """A private copy of a sequence's model state after `tokens` (for the snapshot store)."""
+
+    origin: Origin
+    tokens: tuple[int, ...]
+    state: Any
+    nbytes: int
+    continues: int | None = None
+    prompt_length: int | None = None  # for a completion: how many of `tokens` were the prompt
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutput:
+    request_id: RequestId
+    event: GenerationEvent | SnapshotTaken
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchLimits:
+    max_batch: int
+    prefill_batch: int
+    prefill_step_size: int
+    # Requests admitted in the same step that share at least this many new prompt tokens prefill them once (0: off).
+    shared_prefix_min_tokens: int = shared_prefix.MIN_SHARED_TOKENS
+    # Prompt-lookup drafts verified in multi-token steps (None: one token per step, mlx-lm's own steps).
+    speculation: LookupLimits | None = None
+    # How a verify pass is costed when choosing its width: fitted to timed passes (tests pin a line).
+    step_costs: Callable[[], StepCosts] = StepCosts
