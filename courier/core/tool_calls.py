@@ -92,12 +92,17 @@ class ToolCallSplitter:
             self._buffer = self._buffer[len(self._buffer) - keep :]
         return SplitText("".join(content), tuple(calls))
 
-    def finish(self) -> SplitText:
-        """At the end of generation: an unclosed call is still offered to the parser."""
+    def finish(self, *, cut: bool = False) -> SplitText:
+        """At the end of generation: an unclosed call is still offered to the parser. `cut`: the token limit ended
+        the reply, so a start marker held back unfinished was a call it cut, never content (nor the whitespace
+        before it)."""
         rest, self._buffer = self._buffer, ""
         if self._inside:
             self._inside = False
             return SplitText("", (rest,))
+        if cut and rest:  # what is held outside a call is always the start of the start marker
+            self._pending = ""
+            return SplitText("", ())
         text = self._content(rest)
         if not self._called:  # no call: trailing whitespace is the content's own
             text, self._pending = text + self._pending, ""

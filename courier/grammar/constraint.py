@@ -119,10 +119,11 @@ def tool_calls(
 
     `forced`: the output is the call(s) and nothing else (`tool_choice` "required" or a named function);
     otherwise text is free until the model opens a call, and the call is then constrained. `parallel`: more than
-    one call may follow. Arguments are valid against the function's `parameters` (as vLLM and llama.cpp do, strict
-    or not); parameters that cannot be compiled are a `GrammarError` for a `strict` function, and any JSON object
-    for another. `answer_schema`: instead of calling, the model may answer with JSON valid against it
-    (a JSON response format offered beside tools).
+    one call may follow; without it the grammar ends the output after one call (a named function's one call).
+    Arguments are valid against the function's `parameters` (as vLLM and llama.cpp do, strict or not); parameters
+    that cannot be compiled are a `GrammarError` for a `strict` function, and any JSON object for another.
+    `answer_schema`: instead of calling, the model may answer with JSON valid against it (a JSON response format
+    offered beside tools).
     """
     if not tools:
         raise GrammarError("no tools to call", param)

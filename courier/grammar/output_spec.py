@@ -45,6 +45,12 @@ class ToolChoice:
     mode: str = "auto"  # auto, none, required, or function (then `name`)
     name: str | None = None
 
+    @property
+    def one_call(self) -> bool:
+        """A named function: one call of it, then the end of the reply, whatever `parallel_tool_calls` says (as
+        OpenAI answers it; Anthropic's `{"type": "tool", "name"}` means the same and parses to this choice)."""
+        return self.mode == "function"
+
     def echo(self, responses: bool) -> str | dict[str, Any]:
         if self.mode != "function":
             return self.mode
@@ -64,7 +70,9 @@ class OutputSpec:
 
     @property
     def single_call(self) -> bool:
-        return not self.parallel_tool_calls or self.max_tool_calls == 1
+        """At most one call: a named function, no parallel calls, or `max_tool_calls` 1. The call grammar then
+        ends the output after one call (native formats and generic mode alike), and a reply keeps one."""
+        return self.tool_choice.one_call or not self.parallel_tool_calls or self.max_tool_calls == 1
 
     def kept_calls(self, calls: list[Any]) -> list[Any]:
         """The calls a reply may keep: one without parallel calls, at most `max_tool_calls`."""

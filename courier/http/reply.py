@@ -87,15 +87,16 @@ class ReplyAssembler:
         """The reply had a reasoning block, and it ended (the answer, or a call, came after it)."""
         return self._thinking is not None and bool(self.reasoning) and not self._thinking.in_reasoning
 
-    def finish(self) -> tuple[ReplyDelta, list[ToolCall]]:
-        """Text still held back, and the complete tool calls (as many as the request keeps)."""
-        delta = self._split("", 0, finishing=True)
+    def finish(self, *, cut: bool = False) -> tuple[ReplyDelta, list[ToolCall]]:
+        """Text still held back, and the complete tool calls (as many as the request keeps). `cut`: the token limit
+        ended the reply; a call it cut, its start marker included, is dropped, never turned into content."""
+        delta = self._split("", 0, finishing=True, cut=cut)
         self.logprobs.extend(self._undecided_logprobs)  # no block opened after all: they were the answer's
         self._undecided_logprobs = []
         calls = parse_tool_calls(self._raw_calls, self._tool_format, self._parsing.tools)
         return delta, self._parsing.output.kept_calls(calls)
 
-    def _split(self, text: str, tokens: int, *, finishing: bool) -> ReplyDelta:
+    def _split(self, text: str, tokens: int, *, finishing: bool, cut: bool = False) -> ReplyDelta:
         reasoning = ""
         if self._thinking is not None:
             split = self._thinking.finish() if finishing else self._thinking.feed(text, tokens)
@@ -106,7 +107,7 @@ class ReplyAssembler:
             calls = self._calls.feed(text)
             content, raw = calls.content, list(calls.calls)
             if finishing:
-                rest = self._calls.finish()
+                rest = self._calls.finish(cut=cut)
                 content, raw = content + rest.content, raw + list(rest.calls)
             self._raw_calls.extend(raw)
             text = content

@@ -34,6 +34,31 @@ def test_splitter_separates_content_from_calls(pieces: list[str], content: str, 
     assert [call for part in parts for call in part.calls] == calls
 
 
+@pytest.mark.parametrize(
+    ("pieces", "content", "calls"),
+    [
+        # A further call cut in its start marker: the complete call is kept, the marker and the newline dropped.
+        (["<tool_call>a</tool_call>", "\n<tool"], "", ["a"]),
+        (["Sure. <tool_"], "Sure.", []),
+        (["Sure. <"], "Sure.", []),
+        # Cut inside a call: offered to the parser (which refuses half a call), never content.
+        (['<tool_call>a</tool_call>\n<tool_call>\n{"na'], "", ["a", '\n{"na']),
+        (["Plain text cut short "], "Plain text cut short ", []),
+    ],
+)
+def test_a_cut_call_never_becomes_content(pieces: list[str], content: str, calls: list[str]) -> None:
+    splitter = ToolCallSplitter("<tool_call>", "</tool_call>")
+    parts = [splitter.feed(piece) for piece in pieces] + [splitter.finish(cut=True)]
+    assert "".join(part.content for part in parts) == content
+    assert [call for part in parts for call in part.calls] == calls
+
+
+def test_a_held_marker_start_is_content_when_the_reply_was_not_cut() -> None:
+    splitter = ToolCallSplitter("<tool_call>", "</tool_call>")
+    parts = [splitter.feed("Use <tool"), splitter.finish()]
+    assert "".join(part.content for part in parts) == "Use <tool"
+
+
 def test_parse_tool_call_returns_openai_shape() -> None:
     (call,) = parse_tool_call('{"name": "get_weather", "arguments": {"city": "Paris"}}', json_parser, None)
     assert call.name == "get_weather"

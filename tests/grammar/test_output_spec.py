@@ -285,6 +285,20 @@ def test_a_named_choice_forces_a_call_to_that_function_only(compiler: GrammarCom
         assert not accepts(compiler, constraint, call("get_time", {}))
 
 
+def test_a_named_choice_is_one_call_then_the_end_even_with_parallel_calls(compiler: GrammarCompiler) -> None:
+    once = call("get_weather", {"city": "Oslo"})
+    for constraint in (
+        chat({"tools": CHAT_TOOLS, "tool_choice": NAMED_CHAT, "parallel_tool_calls": True}),
+        responses({"tools": RESPONSES_TOOLS, "tool_choice": NAMED_RESPONSES}),
+    ):
+        assert constraint is not None and accepts(compiler, constraint, once)
+        assert not accepts(compiler, constraint, once + "\n" + once)
+    named = output_spec.spec(OutputFormat(), ToolChoice(mode="function", name="get_time"), True, RESPONSES_TOOLS)
+    assert named.single_call and named.kept_calls(["first", "second"]) == ["first"]
+    required = output_spec.spec(OutputFormat(), ToolChoice(mode="required"), True, RESPONSES_TOOLS)
+    assert not required.single_call and required.kept_calls(["first", "second"]) == ["first", "second"]
+
+
 def test_a_json_format_beside_auto_tools_is_an_answer_or_a_call(compiler: GrammarCompiler) -> None:
     constraint = chat({"tools": CHAT_TOOLS, "response_format": json_schema_format(PERSON)})
     assert constraint is not None and not constraint.trigger  # decided from the first token

@@ -32,6 +32,15 @@ def test_reasoning_then_a_call() -> None:
     assert reply.reasoning_tokens == 4
 
 
+def test_a_reply_cut_in_a_further_call_keeps_the_calls_before_it_and_no_marker() -> None:
+    for cut_at in ["\n<", "\n<tool", "\n<tool_call>\n{", "\n<tool_call>\n" + CALL[11:-14]]:
+        reply = ReplyAssembler(ReplyParsing(tool_format=TOOLS, tools=FUNCTIONS))
+        deltas = [reply.feed(event(piece)) for piece in [CALL, cut_at]]
+        rest, calls = reply.finish(cut=True)
+        assert [delta.content for delta in [*deltas, rest]] == ["", "", ""], cut_at
+        assert reply.content == "" and [call.name for call in calls] == ["get_weather"]
+
+
 def test_an_answers_logprobs_leave_out_the_reasoning_tokens() -> None:
     reply = ReplyAssembler(ReplyParsing(reasoning=TAGS))
     deltas = [reply.feed(event(text, -0.5)) for text in ["<think>", "hm", "</think>", "Yes"]]

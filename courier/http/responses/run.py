@@ -40,7 +40,7 @@ from courier.conversation.response_object import (
     response_object,
 )
 from courier.conversation.turn import Plan, Rendered, Turn, TurnServices, admit_turn, compact
-from courier.engine.generation import GenerationFinished, TokenLogprob, TokensGenerated
+from courier.engine.generation import FinishReason, GenerationFinished, TokenLogprob, TokensGenerated
 from courier.http.context import AppContext
 from courier.http.reply import ReplyParsing, assemble, reply_parsing
 from courier.http.responses.events import EventWriter
@@ -68,7 +68,7 @@ async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> 
             (finished,) = await assemble(
                 turn.admitted, context.settings.request_timeout, [assembler], entry.cancellation
             )
-            _, calls = assembler.finish()
+            _, calls = assembler.finish(cut=finished.reason is FinishReason.LENGTH)
             output = [*prefix, *assembler.output_items(calls)]
             outcome = finished_outcome(finished, output, assembler.reasoning_tokens)
         except GenerationCancelled:
@@ -214,7 +214,8 @@ class _Stream:
                     delta = assembler.feed(event)
                     for chunk in items.delta(delta.reasoning, delta.content, delta.logprobs):
                         yield chunk
-            rest, calls = assembler.finish()
+            cut = finished is not None and finished.reason is FinishReason.LENGTH
+            rest, calls = assembler.finish(cut=cut)
             for chunk in items.delta(rest.reasoning, rest.content, (), message=not calls):
                 yield chunk
             if finished is None:

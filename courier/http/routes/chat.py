@@ -41,7 +41,7 @@ def blueprint(context: AppContext) -> Blueprint:
         finishes = await assemble(admitted, context.settings.request_timeout, replies)
         choices = []
         for index, (reply, finished) in enumerate(zip(replies, finishes, strict=True)):
-            _, calls = reply.finish()
+            _, calls = reply.finish(cut=finished.reason is FinishReason.LENGTH)
             if request.n == 1:
                 _warm_up_next_turn(context, request, reply.content, calls, context.caller().tenant)
             choices.append(
@@ -84,7 +84,7 @@ async def _stream(
         reply = replies[index]
         if isinstance(event, GenerationFinished):
             finishes.append(event)
-            rest, calls = reply.finish()
+            rest, calls = reply.finish(cut=event.reason is FinishReason.LENGTH)
             if rest.reasoning or rest.content:
                 yield chunk(openai_format.delta(rest.reasoning, rest.content), index)
             if request.n == 1:
