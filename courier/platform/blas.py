@@ -3,7 +3,8 @@
 The Linux `mlx[cpu]` wheel links a reference BLAS that multiplies matrices about
 50x slower than OpenBLAS. Loading OpenBLAS into the global symbol scope first makes
 MLX resolve its `cblas_*` and LAPACK symbols there. On macOS MLX uses Accelerate
-and nothing is loaded.
+and nothing is loaded; nor is anything under MLX's CUDA backend, which runs the
+model on the GPU (the kernel probe and the library would only cost start-up time).
 
 This module must not import mlx: it runs before anything else does.
 """
@@ -18,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from courier.platform.mlx_backend import installed_backend, is_cuda
 from courier.platform.openblas_core import ENV_VAR, CoreChoice, choose_core
 
 logger = logging.getLogger(__name__)
@@ -35,7 +37,11 @@ AUTO = "auto"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlasReport:
-    """What MLX's CPU matmuls run on, for the startup log and `/health`."""
+    """What MLX's CPU matmuls run on, for the startup log and `/health`.
+
+    `optimized` is False only where the model's matmuls run on the reference BLAS; under MLX's CUDA backend
+    the library is "unused" and `optimized` True (they run on the GPU).
+    """
 
     library: str
     path: str | None
@@ -82,6 +88,14 @@ def _choose(choice: str) -> BlasReport:
         return BlasReport(library="Accelerate", path=None, optimized=True, detail="MLX on macOS uses Accelerate")
     if choice == DISABLED:
         return _reference("disabled by configuration")
+    if choice == AUTO and is_cuda(backend := installed_backend()):
+        return BlasReport(
+            library="unused",
+            path=None,
+            optimized=True,
+            detail=f"MLX's CUDA backend ({backend}) runs the model on the GPU; no CPU BLAS is loaded",
+            kernel_choice="not probed under a GPU backend",
+        )
     candidates = [choice] if choice != AUTO else _auto_candidates()
     failures: list[str] = []
     for candidate in candidates:
