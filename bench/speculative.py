@@ -20,10 +20,11 @@ short or wandering answers are visible.
 
 Four parts (`--parts`, all by default):
 
-1. `single`: workloads (a), (b) and (c), one stream at a time, `--repeats` (2) requests each (repeat i takes the
-   i-th change, topic or story). First, before any server starts, mlx-lm's `stream_generate` in this process on the
-   weights Courier serves on CPU (the 4-bit conversion of the embedded GGUF dequantized to float32, OpenBLAS
-   loaded before MLX with the kernels Courier's loader picks); its memory is released before the servers start.
+1. `single`: workloads (a), (b) and (c) (`--workloads` picks some), one stream at a time, `--repeats` (2) requests
+   each (repeat i takes the i-th change, topic or story). First, before any server starts, mlx-lm's
+   `stream_generate` in this process on the weights Courier serves on this device (`--weights auto`; on a CPU the
+   4-bit conversion of the embedded GGUF dequantized to float32, OpenBLAS loaded before MLX with the kernels
+   Courier's loader picks; on a GPU that conversion as stored); its memory is released before the servers start.
    Then each request goes to each server in turn (the first server rotating): `courier` (speculation on, the
    default), `courier-no-spec` (`--no-speculation`) and `mlx-lm-f32-kernels` (`mlx_lm.server` on the same float32
    weights with `LD_PRELOAD=<OpenBLAS>` and `OPENBLAS_CORETYPE` set to the kernels Courier picks, as
@@ -62,6 +63,7 @@ and `--data-dir` each, so that two of them never share files. From the repositor
 
     .venv/bin/python -m bench.speculative [--parts single,aggregate,chat,json] [--repeats 2] [--streams 8]
         [--rounds 2] [--max-tokens N] [--no-peer] [--cache-dir DIR] [--openblas PATH] [--json PATH]
+        [--workloads a,b,c] [--weights auto|float32|stored]
 
 Markdown goes to stdout, progress to stderr, server logs to CACHE/bench-logs (kept when --cache-dir is given). The
 exit code is 1 when a server failed (did not start, or a request to it failed), else 0; missed targets are
@@ -95,23 +97,28 @@ from bench.structured import RoundResult, check_reply, inline, positive_int, res
 from bench.throughput import (
     COURIER,
     COURIER_MODEL_ID,
+    FLOAT32,
     HOST,
     MLX_LM_F32_KERNELS,
     MLX_LM_MODEL_ID,
     OPENBLAS_PATH,
     WARMUP_PROMPT,
+    WEIGHT_LABELS,
     BenchmarkError,
     InProcessReference,
     StreamResult,
+    add_weights_argument,
     cache_directory,
     environment,
     free_port,
     load_average,
     load_float32,
+    load_reference,
     make_client,
     percentile,
     prepare_4bit_dir,
     progress,
+    reference_weights,
     release_mlx_memory,
     running_server,
     save_float32_dir,
@@ -864,16 +871,19 @@ def cap(args: argparse.Namespace, workload: str) -> int:
 
 
 def measure_in_process(dir4: Path, cache_dir: Path, args: argparse.Namespace, report: Report) -> Path | None:
-    """mlx-lm's `stream_generate` on the single part's requests, in this process on the float32 weights Courier
-    serves; writes those weights as a model directory for mlx_lm.server when it runs (returned)."""
-    model, tokenizer = load_float32(dir4)
+    """mlx-lm's `stream_generate` on the single part's requests, in this process on the weights `--weights` names;
+    writes float32 weights as a model directory for mlx_lm.server when it runs (returned)."""
+    weights = reference_weights(args.weights)
+    progress(f"single, {IN_PROCESS}: loading {dir4}: {WEIGHT_LABELS[weights]}")
+    model, tokenizer = load_reference(dir4, weights)
     dir_f32 = None
     if args.peer:
-        dir_f32 = save_float32_dir(model, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
+        dense = model if weights == FLOAT32 else load_float32(dir4)[0]
+        dir_f32 = save_float32_dir(dense, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
         progress(f"float32 directory for {PEER}: {dir_f32}")
     reference = InProcessReference(model, tokenizer)
     for repeat in range(args.repeats):
-        for key in SINGLE_WORKLOADS:
+        for key in args.workloads:
             request = requests_for(key, 1, repeat)[0]
             generation_tps, decode_tps, tokens = reference.run(request.prompt, cap(args, key))
             report.in_process.append(
@@ -910,9 +920,9 @@ async def part_single(found: dict[str, Link], args: argparse.Namespace, report: 
     names = [name for name in (COURIER, NO_SPEC, PEER) if name in found]
     servers = [link.live for link in found.values()]
     for repeat in range(args.repeats):
-        for position, key in enumerate(SINGLE_WORKLOADS):
+        for position, key in enumerate(args.workloads):
             request = requests_for(key, 1, repeat)[0]
-            shift = (repeat * len(SINGLE_WORKLOADS) + position) % len(names)
+            shift = (repeat * len(args.workloads) + position) % len(names)
             for name in names[shift:] + names[:shift]:
                 await settle(servers)
                 run = single_run(key, await counted(found[name], request, cap(args, key)))
@@ -1008,6 +1018,7 @@ def print_report(report: Report) -> None:
     print("## Courier speculative decoding benchmark\n")
     print(f"- python {env['python']}, mlx {env['mlx']}, mlx-lm {env['mlx-lm']}, courier {env['courier']}")
     print(f"- machine: {env['platform']} ({env['machine']}), {env['cpu_count']} CPUs")
+    print(f"- MLX device: {env['mlx_device']}")
     print(f"- settings: {report.settings}")
     print(f"- 1-minute load average at the start of each part: {report.load_at_parts}\n")
     print("### Servers\n")
@@ -1037,8 +1048,14 @@ def single_rows(report: Report, workload: str) -> list[tuple[str, list[float], l
     return rows
 
 
+def measured_workloads(report: Report) -> list[str]:
+    """The single part's workloads that have runs, in order."""
+    measured = {run.workload for run in report.in_process} | {run.workload for run in report.single}
+    return [key for key in SINGLE_WORKLOADS if key in measured]
+
+
 def print_single(report: Report) -> None:
-    print("### Single stream: (a) code edit, (b) quote, (c) free chat\n")
+    print(f"### Single stream: {', '.join(f'({key}) {WORKLOADS[key].title}' for key in measured_workloads(report))}\n")
     print(
         "Decode tok/s = (completion tokens - 1) / (last - first content chunk), median over the requests. "
         "Acceptance and tokens per forward pass from Courier's /metrics around each request.\n"
@@ -1048,7 +1065,7 @@ def print_single(report: Report) -> None:
         "| verbatim lines | acceptance | tokens per pass |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for key in SINGLE_WORKLOADS:
+    for key in measured_workloads(report):
         for name, rates, tokens, runs in single_rows(report, key):
             counters = summed([run.counters for run in runs])
             prompt_tokens = sorted({run.prompt_tokens for run in runs if run.prompt_tokens is not None})
@@ -1093,7 +1110,7 @@ def print_single_summary(report: Report) -> None:
         "| identical text with and without |"
     )
     print("|---|---|---|---|---|---|")
-    for key in SINGLE_WORKLOADS:
+    for key in measured_workloads(report):
         ours = median_tps(report, COURIER, key)
         ratios = [num(over(ours, median_tps(report, name, key)), 2) for name in (IN_PROCESS, PEER, NO_SPEC)]
         print(f"| ({key}) {WORKLOADS[key].title} | {num(ours)} | {' | '.join(ratios)} | {identical(report, key)} |")
@@ -1104,7 +1121,7 @@ def print_single_summary(report: Report) -> None:
             ratio = over(ours, median_tps(report, name, key))
             if ratio is not None:
                 print(f"- ({key}) Courier / {label}: {verdict(ratio, TARGET_SINGLE_VS_MLX_LM)}")
-    for key in SINGLE_WORKLOADS:
+    for key in measured_workloads(report):
         sample = next((run for run in report.single if run.server == COURIER and run.workload == key), None)
         if sample is not None:
             print(f"- a Courier reply, {sample.label} ({sample.finish_reason}): {inline(shown(sample.text))}")
@@ -1178,6 +1195,15 @@ def part_list(text: str) -> list[str]:
     return parts
 
 
+def workload_list(text: str) -> list[str]:
+    keys = list(dict.fromkeys(key.strip() for key in text.split(",") if key.strip()))
+    if not keys or not set(keys) <= set(SINGLE_WORKLOADS):
+        raise argparse.ArgumentTypeError(
+            f"workloads are {', '.join(SINGLE_WORKLOADS)}, separated by commas; got {text!r}"
+        )
+    return [key for key in SINGLE_WORKLOADS if key in keys]
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
@@ -1190,6 +1216,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--cache-dir", type=Path, default=None, help="model cache (default: a temporary directory)")
     add("--openblas", default=OPENBLAS_PATH, help=f"LD_PRELOAD for {PEER} ({OPENBLAS_PATH})")
     add("--json", type=Path, default=None, help="also write the raw results here")
+    add("--workloads", type=workload_list, default=list(SINGLE_WORKLOADS), help="single: workloads, among a,b,c (all)")
+    add_weights_argument(parser)
     args = parser.parse_args(argv)
     args.peer = args.peer and "single" in args.parts
     return args
@@ -1205,7 +1233,7 @@ def server_names(args: argparse.Namespace) -> list[str]:
 
 
 def settings(args: argparse.Namespace, blas: BlasReport) -> dict[str, object]:
-    keys = ("parts", "repeats", "streams", "rounds", "max_tokens", "peer")
+    keys = ("parts", "workloads", "repeats", "streams", "rounds", "max_tokens", "peer", "weights")
     caps = {key: cap(args, key) for key in WORKLOADS}
     return {**{key: getattr(args, key) for key in keys}, "max_tokens_by_workload": caps, "kernels": blas.kernels}
 
@@ -1217,7 +1245,6 @@ def prepare(cache_dir: Path, args: argparse.Namespace, report: Report) -> Path |
         return None
     progress("converting the embedded GGUF to a 4-bit MLX directory")
     dir4 = prepare_4bit_dir(cache_dir)
-    progress(f"single, {IN_PROCESS}: loading {dir4} as float32")
     dir_f32 = measure_in_process(dir4, cache_dir, args, report)
     release_mlx_memory()
     return dir_f32

@@ -3,8 +3,9 @@
 Two measurements, in one run and on the same checkpoint:
 
 1. Single-stream decode. The reference is mlx-lm's `stream_generate` in this process on the
-   weights Courier serves on CPU (the 4-bit conversion of the embedded GGUF dequantized to
-   float32, OpenBLAS loaded before MLX), reported as mlx-lm's `generation_tps`. Each server
+   weights Courier serves on this device (`--weights auto`): on a CPU the 4-bit conversion of the
+   embedded GGUF dequantized to float32, OpenBLAS loaded before MLX; on a GPU that conversion as
+   stored (`--weights float32` or `stored` picks one), reported as mlx-lm's `generation_tps`. Each server
    then gets the same prompts as one streaming chat completion at a time over HTTP, each prompt
    run in process just before (the model stays loaded here; the server idles meanwhile), so each
    pair sees the same machine; its decode rate is (completion tokens - 1) / (last content delta -
@@ -57,6 +58,7 @@ stopped before the next one starts. From the repository root:
     .venv/bin/python -m bench.throughput [--concurrency 1,4,8,16] [--max-tokens 32]
         [--servers courier,mlx-lm-4bit,mlx-lm-f32] [--cache-dir DIR] [--json PATH]
         [--quiet-load 0.6 --quiet-timeout 900] [--baseline-tree /tmp/courier-baseline]
+        [--weights auto|float32|stored]
 
 On a shared machine, `--quiet-load L` waits before each server until the 1-minute load
 average is below L (polling every 30 s, at most `--quiet-timeout` seconds, then going on
@@ -109,6 +111,14 @@ COURIER_MODEL_ID = "SmolLM2-135M-Instruct"
 # mlx_lm.server maps this id to the model given by --model.
 MLX_LM_MODEL_ID = "default_model"
 OPENBLAS_PATH = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+# The in-process reference's weights: as Courier serves them on this device (`auto`), or one of the two named.
+FLOAT32 = "float32"
+STORED = "stored"
+WEIGHT_CHOICES = ("auto", FLOAT32, STORED)
+WEIGHT_LABELS = {
+    FLOAT32: "float32 (from the 4-bit conversion of the embedded GGUF)",
+    STORED: "4-bit as stored (the conversion of the embedded GGUF)",
+}
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 300.0
@@ -220,7 +230,7 @@ class SingleStreamResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InProcessResult:
-    """mlx-lm `stream_generate` on float32 weights in this process.
+    """mlx-lm `stream_generate` in this process, on float32 weights or as stored (`weights` says which).
 
     `generation_tps` is mlx-lm's own figure (tokens / time since the first token);
     `decode_tps` is the servers' formula, (tokens - 1) / (last - first token).
@@ -355,6 +365,44 @@ def load_float32(dir4: Path) -> tuple[Any, Any]:
     return to_dense_dtype(model, mx.float32), tokenizer
 
 
+def reference_weights(choice: str) -> str:
+    """`float32` or `stored`; `auto` is what Courier's loader serves on the device MLX runs on."""
+    if choice != "auto":
+        return choice
+    from courier.model.device import active_device, serving_dtype
+
+    return STORED if serving_dtype("auto", active_device()) is None else FLOAT32
+
+
+def load_reference(dir4: Path, weights: str) -> tuple[Any, Any]:
+    """The model and tokenizer for mlx-lm in process: dequantized to float32, or as stored."""
+    if weights == FLOAT32:
+        return load_float32(dir4)
+    from mlx_lm import load
+
+    model, tokenizer = load(str(dir4))
+    return model, tokenizer
+
+
+def add_weights_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHT_CHOICES,
+        default="auto",
+        help="weights of mlx-lm in process: float32 (dequantized, as Courier serves them on a CPU), stored (as on "
+        "a GPU) or auto (as Courier serves them on this device)",
+    )
+
+
+def mlx_device() -> str:
+    """MLX's default device and the backend wheel behind it, e.g. "gpu (mlx-cuda-12)"."""
+    import mlx.core as mx
+
+    from courier.platform.mlx_backend import installed_backend
+
+    return f"{mx.default_device().type.name} ({installed_backend() or 'mlx'})"
+
+
 def save_float32_dir(model: Any, dir4: Path, target: Path) -> Path:
     """An MLX model directory holding the float32 weights, for mlx_lm.server."""
     import mlx.core as mx
@@ -374,7 +422,7 @@ def save_float32_dir(model: Any, dir4: Path, target: Path) -> Path:
 
 
 class InProcessReference:
-    """mlx-lm's `stream_generate` in this process, on the weights Courier serves on CPU."""
+    """mlx-lm's `stream_generate` in this process, on the weights it is given."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         from mlx_lm import stream_generate
@@ -401,12 +449,12 @@ class InProcessReference:
 
 
 def measure_in_process(
-    reference: InProcessReference, prompts: Sequence[str], max_tokens: int, blas: BlasReport
+    reference: InProcessReference, prompts: Sequence[str], max_tokens: int, blas: BlasReport, weights: str
 ) -> InProcessResult:
     runs = [reference.run(prompt, max_tokens) for prompt in prompts]
     generation_tps = [run[0] for run in runs]
     return InProcessResult(
-        weights="float32 (from the 4-bit conversion of the embedded GGUF)",
+        weights=WEIGHT_LABELS[weights],
         blas=blas.as_dict(),
         generation_tps=statistics.median(generation_tps),
         decode_tps=statistics.median(run[1] for run in runs),
@@ -795,6 +843,7 @@ def environment(blas: BlasReport) -> dict[str, object]:
         "machine": platform.machine(),
         "processor": platform.processor() or "unknown",
         "cpu_count": os.cpu_count(),
+        "mlx_device": mlx_device(),
         "bench_process_blas": blas.as_dict(),
     }
 
@@ -856,6 +905,7 @@ def print_report(report: Report) -> None:
     print("## Courier throughput benchmark\n")
     print(f"- python {env['python']}, mlx {env['mlx']}, mlx-lm {env['mlx-lm']}, courier {env['courier']}")
     print(f"- machine: {env['platform']} ({env['machine']}, {env['processor']}), {env['cpu_count']} CPUs")
+    print(f"- MLX device: {env['mlx_device']}")
     print(f"- settings: {report.settings}\n")
     print_commands(report.servers)
     print_single_stream(report)
@@ -1034,6 +1084,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quiet-timeout", type=float, default=900.0, help="longest wait for a quiet machine (900 s)")
     parser.add_argument("--openblas", default=OPENBLAS_PATH, help=f"LD_PRELOAD for {MLX_LM_F32} ({OPENBLAS_PATH})")
     add_baseline_argument(parser)
+    add_weights_argument(parser)
     args = parser.parse_args(argv)
     default = [name for name in SERVER_NAMES if name != COURIER_BASELINE]
     args.servers = choose_servers(parser, "--servers", args.servers, default, args.baseline_tree)
@@ -1057,15 +1108,18 @@ def prepare_reference(
     each server's single-stream runs are paired with in-process runs)."""
     progress("converting the embedded GGUF to a 4-bit MLX directory")
     dir4 = prepare_4bit_dir(cache_dir)
-    progress(f"4-bit directory: {dir4}; dequantizing to float32")
-    model, tokenizer = load_float32(dir4)
+    weights = reference_weights(args.weights)
+    progress(f"4-bit directory: {dir4}; loading it for mlx-lm in process: {WEIGHT_LABELS[weights]}")
+    model, tokenizer = load_reference(dir4, weights)
     dir_f32 = None
     if any(server in args.servers for server in F32_SERVERS):
-        dir_f32 = save_float32_dir(model, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
+        dense = model if weights == FLOAT32 else load_float32(dir4)[0]
+        dir_f32 = save_float32_dir(dense, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
         progress(f"float32 directory: {dir_f32}")
     progress(f"in-process mlx-lm: {len(single_prompts)} x {args.single_tokens} tokens")
     reference = InProcessReference(model, tokenizer)
-    return dir4, dir_f32, reference, measure_in_process(reference, single_prompts, args.single_tokens, blas)
+    measured = measure_in_process(reference, single_prompts, args.single_tokens, blas, weights)
+    return dir4, dir_f32, reference, measured
 
 
 def baseline_ready(baseline_tree: Path | None, servers: Sequence[str]) -> bool:
@@ -1114,6 +1168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "servers": args.servers,
         "quiet_load": args.quiet_load,
         "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
+        "weights": reference.weights,
         "openblas_kernels": blas.kernels,
         "openblas_kernel_choice": blas.kernel_choice,
     }
