@@ -54,7 +54,6 @@ READERS = 2
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DiskTierConfig:
-    identity: str
     # Bytes of state the writer may hold for writes not done yet; beyond, a write is refused (memory only).
     max_pending_write_bytes: int
 
@@ -218,7 +217,7 @@ class SnapshotDisk:
                     raise FileNotFoundError(f"no file for entry {entry_id}")
                 charged = disk_footprint(snapshot.nbytes, len(snapshot.tokens))
                 read = await anyio.to_thread.run_sync(
-                    read_snapshot, path, self._config.identity, charged, limiter=self._readers
+                    read_snapshot, path, self.directory.trust, charged, limiter=self._readers
                 )
                 try:
                     if read.tokens != snapshot.tokens:
@@ -267,7 +266,7 @@ class SnapshotDisk:
                     partial(
                         write_snapshot,
                         path,
-                        identity=self._config.identity,
+                        trust=self.directory.trust,
                         bucket=snapshot.bucket,
                         session=snapshot.session,
                         origin=snapshot.origin,

@@ -13,5 +13,7 @@ from enum import StrEnum
 
 class FileRejection(StrEnum):
     NOT_A_FILE = "not_a_file"  # a directory, FIFO, socket, device or symbolic link named like a snapshot file
+    FORMAT = "format"  # another format version (an older server's files, which carry no MAC): never trusted
+    UNAUTHENTICATED = "unauthenticated"  # its MAC does not verify under the directory's key: not written here
     CORRUPT = "corrupt"  # not a snapshot file, truncated, or failing its digests or size bounds
     FOREIGN = "foreign"  # written for another model identity

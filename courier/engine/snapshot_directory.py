@@ -1,9 +1,10 @@
 """The disk tier's directory: private, held by one server at a time, and what an earlier run left in it.
 
-`DIR/<model identity>/` (0700) holds one model's snapshot files (0600). A lock file
-(`flock`, released by the kernel however the process ends, `kill -9` included)
-keeps a second server from sharing the directory: it would count and delete files
-the first one owns. Opening it reads every file's header (never a payload):
+`DIR/<model identity>/` (0700) holds one model's snapshot files (0600) and the key
+that authenticates them (`snapshot_key`). A lock file (`flock`, released by the
+kernel however the process ends, `kill -9` included) keeps a second server from
+sharing the directory: it would count and delete files the first one owns. Opening
+it reads every file's header (never a payload):
 unreadable, foreign or half-written files are deleted and counted; anything else
 named like a snapshot file (a directory, a FIFO, a symbolic link) is skipped and
 counted, never opened for reading, and no one entry can fail the scan. The rest
@@ -24,10 +25,12 @@ from courier.core.snapshot_rejections import FileRejection
 from courier.engine.snapshot_files import (
     SUFFIX,
     TEMPORARY_SUFFIX,
+    FileTrust,
     SnapshotHeader,
     UnreadableSnapshot,
     read_index_entry,
 )
+from courier.engine.snapshot_key import load_or_create_key
 
 LOCK_NAME = "lock"
 
@@ -48,7 +51,7 @@ class FoundFile:
 @dataclass(slots=True, kw_only=True)
 class SnapshotDirectory:
     path: Path
-    identity: str  # the model identity every file here must carry
+    trust: FileTrust  # the model identity every file here must carry, and the key its MAC is made with
     found: list[FoundFile]  # oldest first
     rejected: Counter[FileRejection]  # entries not used, by reason: deleted, but those that are not regular files
 
@@ -66,7 +69,7 @@ class SnapshotDirectory:
 
 
 def open_directory(root: Path, identity: str) -> SnapshotDirectory:
-    """Create (0700), lock and scan `root/<identity>`. Raises `DirectoryBusy` or `OSError`."""
+    """Create (0700), lock, key and scan `root/<identity>`. Raises `DirectoryBusy` or `OSError`."""
     directory = root / identity[:32]
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -77,14 +80,15 @@ def open_directory(root: Path, identity: str) -> SnapshotDirectory:
         os.close(lock)
         raise DirectoryBusy(f"{directory} is in use by another Courier process") from None
     try:
-        found, rejected = _scan(directory, identity)
+        trust = FileTrust(identity, load_or_create_key(directory))
+        found, rejected = _scan(directory, trust)
     except BaseException:
         os.close(lock)
         raise
-    return SnapshotDirectory(path=directory, identity=identity, found=found, rejected=rejected, _lock=lock)
+    return SnapshotDirectory(path=directory, trust=trust, found=found, rejected=rejected, _lock=lock)
 
 
-def _scan(directory: Path, identity: str) -> tuple[list[FoundFile], Counter[FileRejection]]:
+def _scan(directory: Path, trust: FileTrust) -> tuple[list[FoundFile], Counter[FileRejection]]:
     """The readable files oldest first, and the entries not used, by reason."""
     found: list[FoundFile] = []
     rejected: Counter[FileRejection] = Counter()
@@ -96,7 +100,7 @@ def _scan(directory: Path, identity: str) -> tuple[list[FoundFile], Counter[File
         if not path.name.endswith(SUFFIX):
             continue
         try:
-            header, tokens, status = read_index_entry(path, identity)
+            header, tokens, status = read_index_entry(path, trust)
         except UnreadableSnapshot as error:
             rejected[error.reason] += 1
             if error.reason is not FileRejection.NOT_A_FILE:

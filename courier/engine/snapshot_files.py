@@ -1,30 +1,35 @@
 """Snapshot files: one model state on disk, written atomically, checked on every read.
 
 A file is `PREFIX | header | payload`. The prefix holds the magic, the format
-version, the header's length and the SHA-256 of the header and of the payload. The
-header (JSON) says whose state it is (the model identity and the store's bucket,
-session, origin and prompt length), the token vector's length and digest, the layer
-layout and every array's dtype, shape and place. The payload is the token vector
-(int32, little-endian) and then the arrays' bytes.
+version, the header's length, the SHA-256 of the header and of the payload, and an
+HMAC-SHA256 of all of those under the directory's key (`snapshot_key`): the MAC
+covers header and payload through their digests, and only a server holding the key
+can make a file that verifies. The header (JSON) says whose state it is (the model
+identity and the store's bucket, session, origin and prompt length), the token
+vector's length and digest, the layer layout and every array's dtype, shape and
+place. The payload is the token vector (int32, little-endian) and then the arrays'
+bytes.
 
 Writes go to a temporary name in the same directory (0600), are fsynced, renamed
 into place and the directory fsynced: a crash leaves the old state or the new,
-never half a file under a real name. Reads load the file, check both digests, the
+never half a file under a real name. Reads check the MAC, both digests, the
 identity and the token digest before anything is built from it: a truncated,
-altered or foreign file raises `UnreadableSnapshot` (the caller deletes it and
-counts a miss). Plain files and threads: no MLX here (see `snapshot_codec`).
+altered, forged or foreign file, or one of another format version, raises
+`UnreadableSnapshot` with the reason (the caller deletes it and counts a miss).
+Plain files and threads: no MLX here (see `snapshot_codec`).
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import os
 import stat
 import struct
 from collections.abc import Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +40,29 @@ from courier.core.snapshot_store import DISK_HEADER_ALLOWANCE, Bucket, Origin
 from courier.engine.snapshot_codec import EncodedState
 
 MAGIC = b"COURIER-SNAPSHOT"
-FORMAT_VERSION = 1
+# 2: the MAC. A file of another version is discarded (counted as `format`), never read on trust.
+FORMAT_VERSION = 2
 SUFFIX = ".snap"
 TEMPORARY_SUFFIX = ".tmp"
-_PREFIX = struct.Struct("<16sII32s32s")  # magic, version, header length, header digest, payload digest
+_PREFIX = struct.Struct("<16sII32s32s32s")  # magic, version, header length, header digest, payload digest, MAC
+_VERSIONED = struct.Struct("<16sI")  # the part every format version shares
 _TOKEN = struct.Struct("<i")
 _PAYLOAD_DIGEST_AT = 16 + 4 + 4 + 32
+_MAC_AT = _PAYLOAD_DIGEST_AT + 32  # the MAC covers every byte of the prefix before it
 _WRITE_CHUNK = 8 * 1024**2
 _BUCKET_FIELDS = ("model_id", "adapter_id", "template_signature", "media_digest", "tenant")
+
+
+@dataclass(frozen=True, slots=True)
+class FileTrust:
+    """What every file of one directory must carry: the served model's identity, and a MAC under the directory's
+    key."""
+
+    identity: str
+    key: bytes = field(repr=False)
+
+    def seal(self, authenticated: bytes) -> bytes:
+        return hmac.new(self.key, authenticated, hashlib.sha256).digest()
 
 
 class UnreadableSnapshot(ValueError):
@@ -85,7 +105,7 @@ class ReadSnapshot:
 def write_snapshot(
     path: Path,
     *,
-    identity: str,
+    trust: FileTrust,
     bucket: Bucket,
     session: str,
     origin: Origin,
@@ -104,7 +124,7 @@ def write_snapshot(
         offset += blob.nbytes
     header = orjson.dumps(
         {
-            "identity": identity,
+            "identity": trust.identity,
             "bucket": [getattr(bucket, name) for name in _BUCKET_FIELDS],
             "session": session,
             "origin": origin.value,
@@ -126,15 +146,17 @@ def write_snapshot(
     try:
         with os.fdopen(descriptor, "wb") as file:
             payload_digest = hashlib.sha256()
-            file.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), hashlib.sha256(header).digest(), bytes(32)))
+            header_digest = hashlib.sha256(header).digest()
+            file.write(_PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), header_digest, bytes(32), bytes(32)))
             file.write(header)
             for part in (memoryview(token_bytes), *(blob.data for blob in encoded.arrays)):
                 for start in range(0, part.nbytes, _WRITE_CHUNK):
                     chunk = part[start : start + _WRITE_CHUNK]
                     payload_digest.update(chunk)
                     file.write(chunk)
+            prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header), header_digest, payload_digest.digest(), bytes(32))
             file.seek(_PAYLOAD_DIGEST_AT)
-            file.write(payload_digest.digest())
+            file.write(prefix[_PAYLOAD_DIGEST_AT:_MAC_AT] + trust.seal(prefix[:_MAC_AT]))
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -146,14 +168,15 @@ def write_snapshot(
     return size
 
 
-def read_index_entry(path: Path, identity: str) -> tuple[SnapshotHeader, tuple[int, ...], os.stat_result]:
-    """The file's header and token vector, checked (digests, format, identity, its size against the header), without
-    reading its arrays; and the file's status (size, modification time). Only a regular file is opened."""
+def read_index_entry(path: Path, trust: FileTrust) -> tuple[SnapshotHeader, tuple[int, ...], os.stat_result]:
+    """The file's header and token vector, checked (format, MAC, digests, identity, its size against the header),
+    without reading its arrays; and the file's status (size, modification time). Only a regular file is opened. The
+    arrays are covered by the authenticated payload digest, checked when the file is read back."""
     descriptor, status = _open_regular(path)
     with os.fdopen(descriptor, "rb") as file:
         prefix = file.read(_PREFIX.size)
-        length, header_digest = _check_prefix(prefix)
-        header = _parse_header(file.read(length), header_digest, identity)
+        length, header_digest = _check_prefix(prefix, trust)
+        header = _parse_header(file.read(length), header_digest, trust.identity)
         token_size = header.token_count * _TOKEN.size
         declared = _PREFIX.size + length + token_size + sum(nbytes for *_, nbytes in header.arrays)
         if declared != status.st_size:  # also bounds the token vector read next by the file's size
@@ -164,8 +187,8 @@ def read_index_entry(path: Path, identity: str) -> tuple[SnapshotHeader, tuple[i
     return header, tuple(value for (value,) in _TOKEN.iter_unpack(token_bytes)), status
 
 
-def read_snapshot(path: Path, identity: str, max_bytes: int) -> ReadSnapshot:
-    """The whole file, read into memory and verified (header, payload digest, token digest, array bounds); marked
+def read_snapshot(path: Path, trust: FileTrust, max_bytes: int) -> ReadSnapshot:
+    """The whole file, read into memory and verified (MAC, header, payload digest, token digest, array bounds); marked
     used. Only a regular file of at most `max_bytes` (what its entry was charged) is read. Read, not mapped: the MLX
     thread then copies from memory, never waits on the disk, and a failing disk is an `OSError` here rather than a
     fault in whatever thread touched a mapped page."""
@@ -183,12 +206,12 @@ def read_snapshot(path: Path, identity: str, max_bytes: int) -> ReadSnapshot:
     whole = memoryview(data)
     views: list[memoryview] = [whole]
     try:
-        length, header_digest = _check_prefix(bytes(whole[: _PREFIX.size]))
+        length, header_digest = _check_prefix(bytes(whole[: _PREFIX.size]), trust)
         payload_digest = bytes(whole[_PAYLOAD_DIGEST_AT : _PAYLOAD_DIGEST_AT + 32])
         start = _PREFIX.size + length
         if start > size:
             raise UnreadableSnapshot(f"{path.name}: truncated inside its header")
-        header = _parse_header(bytes(whole[_PREFIX.size : start]), header_digest, identity)
+        header = _parse_header(bytes(whole[_PREFIX.size : start]), header_digest, trust.identity)
         payload = whole[start:]
         views.append(payload)
         expected = header.token_count * _TOKEN.size + sum(length for *_, length in header.arrays)
@@ -246,14 +269,20 @@ def _read_exactly(file: Any, data: bytearray, path: Path) -> None:
             filled += count
 
 
-def _check_prefix(prefix: bytes) -> tuple[int, bytes]:
-    if len(prefix) < _PREFIX.size:
+def _check_prefix(prefix: bytes, trust: FileTrust) -> tuple[int, bytes]:
+    """The header's length and digest, once the prefix is of this format and its MAC verifies under the key."""
+    if len(prefix) < _VERSIONED.size:
         raise UnreadableSnapshot("truncated before its header")
-    magic, version, length, header_digest, _ = _PREFIX.unpack(prefix)
+    magic, version = _VERSIONED.unpack_from(prefix)
     if magic != MAGIC:
         raise UnreadableSnapshot("not a Courier snapshot file")
     if version != FORMAT_VERSION:
-        raise UnreadableSnapshot(f"snapshot format {version}, this server reads {FORMAT_VERSION}")
+        raise UnreadableSnapshot(f"snapshot format {version}, this server reads {FORMAT_VERSION}", FileRejection.FORMAT)
+    if len(prefix) < _PREFIX.size:
+        raise UnreadableSnapshot("truncated before its header")
+    _, _, length, header_digest, _, mac = _PREFIX.unpack(prefix)
+    if not hmac.compare_digest(mac, trust.seal(prefix[:_MAC_AT])):
+        raise UnreadableSnapshot("not written under this directory's key", FileRejection.UNAUTHENTICATED)
     if length > DISK_HEADER_ALLOWANCE:
         raise UnreadableSnapshot(f"a header of {length} bytes")
     return length, header_digest

@@ -82,7 +82,7 @@ async def open_prompt_cache(settings: Settings, loaded: LoadedModel, mlx: MlxThr
     store = SnapshotStore(limits, trimmable=loaded.info.prompt_cache_trimmable, clock=time.monotonic)
     if directory is None:
         return PromptCache(store=store, disk=None, bucket=bucket)
-    config = DiskTierConfig(identity=directory.identity, max_pending_write_bytes=capacity // PENDING_WRITE_SHARE)
+    config = DiskTierConfig(max_pending_write_bytes=capacity // PENDING_WRITE_SHARE)
     disk = SnapshotDisk(directory, config, mlx)
     found, unreadable = len(directory.found), directory.unreadable
     skipped = directory.rejected[FileRejection.NOT_A_FILE]

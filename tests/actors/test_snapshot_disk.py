@@ -13,7 +13,7 @@ from courier.actors.snapshot_disk import DiskTierConfig, SnapshotDisk
 from courier.core.snapshot_store import Bucket, Origin, SnapshotStore, StoreLimits, disk_footprint
 from courier.engine.snapshot_codec import EncodedState
 from courier.engine.snapshot_directory import open_directory
-from courier.engine.snapshot_files import write_snapshot
+from courier.engine.snapshot_files import FileTrust, write_snapshot
 from courier.runtime.mlx_thread import MlxThread
 
 IDENTITY = "c" * 64
@@ -28,11 +28,13 @@ def mlx() -> Iterator[MlxThread]:
     thread.close(timeout=2.0)
 
 
-def leave_file(directory: Path, name: str, bucket: Bucket, tokens: tuple[int, ...], age_s: float) -> Path:
+def leave_file(
+    trust: FileTrust, directory: Path, name: str, bucket: Bucket, tokens: tuple[int, ...], age_s: float
+) -> Path:
     path = directory / name
     write_snapshot(
         path,
-        identity=IDENTITY,
+        trust=trust,
         bucket=bucket,
         session="s",
         origin=Origin.BOUNDARY,
@@ -50,14 +52,18 @@ def test_files_another_name_or_template_wrote_are_deleted_and_the_rest_indexed(t
     first = open_directory(tmp_path, IDENTITY)
     directory = first.path
     first.release()
-    older = leave_file(directory, "older.snap", SERVED, TOKENS[:30], age_s=20)
-    newer = leave_file(directory, "newer.snap", SERVED, TOKENS, age_s=10)
-    renamed = leave_file(directory, "renamed.snap", Bucket(model_id="old-name", template_signature="t"), TOKENS, 5)
-    retemplated = leave_file(directory, "template.snap", Bucket(model_id="tiny", template_signature="u"), TOKENS, 5)
+    older = leave_file(first.trust, directory, "older.snap", SERVED, TOKENS[:30], age_s=20)
+    newer = leave_file(first.trust, directory, "newer.snap", SERVED, TOKENS, age_s=10)
+    renamed = leave_file(
+        first.trust, directory, "renamed.snap", Bucket(model_id="old-name", template_signature="t"), TOKENS, 5
+    )
+    retemplated = leave_file(
+        first.trust, directory, "template.snap", Bucket(model_id="tiny", template_signature="u"), TOKENS, 5
+    )
     opened = open_directory(tmp_path, IDENTITY)
     limits = StoreLimits(capacity_bytes=10**6, max_entries=10, ttl_s=60, min_prefix=8, disk_capacity_bytes=10**7)
     store = SnapshotStore(limits, trimmable=True, clock=lambda: 1000.0)
-    disk = SnapshotDisk(opened, DiskTierConfig(identity=IDENTITY, max_pending_write_bytes=10**6), mlx)
+    disk = SnapshotDisk(opened, DiskTierConfig(max_pending_write_bytes=10**6), mlx)
     try:
         assert disk.adopt(store, SERVED) == 2
     finally:
@@ -78,7 +84,7 @@ def test_a_write_superseded_while_it_waits_leaves_its_room_to_the_next(tmp_path:
     opened = open_directory(tmp_path, IDENTITY)
     limits = StoreLimits(capacity_bytes=1000, max_entries=10, ttl_s=60, min_prefix=8, disk_capacity_bytes=10**7)
     store = SnapshotStore(limits, trimmable=True, clock=lambda: 1000.0)
-    disk = SnapshotDisk(opened, DiskTierConfig(identity=IDENTITY, max_pending_write_bytes=150), mlx)
+    disk = SnapshotDisk(opened, DiskTierConfig(max_pending_write_bytes=150), mlx)
     try:
         for tokens in (TOKENS[:30], TOKENS):  # the writer does not run: both writes wait
             store.insert(bucket=SERVED, session="s", origin=Origin.BOUNDARY, tokens=tokens, state=None, nbytes=100)

@@ -20,9 +20,17 @@ from courier.core.snapshot_store import Bucket, Origin, disk_footprint
 from courier.engine.model_state import compact_copy, prefill
 from courier.engine.snapshot_codec import UndecodableState, decode_state, encode_state
 from courier.engine.snapshot_directory import DirectoryBusy, open_directory
-from courier.engine.snapshot_files import UnreadableSnapshot, read_index_entry, read_snapshot, write_snapshot
+from courier.engine.snapshot_files import (
+    FileTrust,
+    UnreadableSnapshot,
+    read_index_entry,
+    read_snapshot,
+    write_snapshot,
+)
+from tests.support.snapshot_forgery import put_together, take_apart
 
 IDENTITY = "a" * 64
+TRUST = FileTrust(IDENTITY, b"k" * 32)
 BUCKET = Bucket(model_id="tiny", template_signature="t", tenant="k")
 TOKENS = tuple(range(5, 45))
 T = TypeVar("T")
@@ -37,10 +45,12 @@ def model_and_state(request: pytest.FixtureRequest) -> tuple[Any, list[Any], int
     return model, state, nbytes
 
 
-def write(path: Path, state: list[Any], nbytes: int, *, tokens: tuple[int, ...] = TOKENS) -> int:
+def write(
+    path: Path, state: list[Any], nbytes: int, *, tokens: tuple[int, ...] = TOKENS, trust: FileTrust = TRUST
+) -> int:
     return write_snapshot(
         path,
-        identity=IDENTITY,
+        trust=trust,
         bucket=BUCKET,
         session="s",
         origin=Origin.COMPLETION,
@@ -65,7 +75,7 @@ def test_a_state_read_back_continues_exactly_like_the_original(
     size = write(path, state, nbytes)
     assert size == path.stat().st_size <= disk_footprint(nbytes, len(TOKENS))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    read = read_snapshot(path, IDENTITY, disk_footprint(nbytes, len(TOKENS)))
+    read = read_snapshot(path, TRUST, disk_footprint(nbytes, len(TOKENS)))
     try:
         assert read.tokens == TOKENS
         assert (read.header.bucket, read.header.session, read.header.origin) == (BUCKET, "s", Origin.COMPLETION)
@@ -118,7 +128,7 @@ def test_an_altered_or_truncated_file_is_refused(
     write(path, state, nbytes)
     change(path)
     with pytest.raises(UnreadableSnapshot, match=why):
-        read_snapshot(path, IDENTITY, ROOM).close()
+        read_snapshot(path, TRUST, ROOM).close()
 
 
 def test_a_file_of_another_model_is_refused(model_and_state: tuple[Any, list[Any], int], tmp_path: Path) -> None:
@@ -126,9 +136,9 @@ def test_a_file_of_another_model_is_refused(model_and_state: tuple[Any, list[Any
     path = tmp_path / "x.snap"
     write(path, state, nbytes)
     with pytest.raises(UnreadableSnapshot, match="another model"):
-        read_snapshot(path, "b" * 64, ROOM)
+        read_snapshot(path, FileTrust("b" * 64, TRUST.key), ROOM)
     with pytest.raises(UnreadableSnapshot, match="another model"):
-        read_index_entry(path, "b" * 64)
+        read_index_entry(path, FileTrust("b" * 64, TRUST.key))
 
 
 def test_a_file_larger_than_its_charge_is_never_written(
@@ -139,7 +149,7 @@ def test_a_file_larger_than_its_charge_is_never_written(
     with pytest.raises(ValueError, match="over the"):
         write_snapshot(
             path,
-            identity=IDENTITY,
+            trust=TRUST,
             bucket=BUCKET,
             session="s",
             origin=Origin.BOUNDARY,
@@ -176,8 +186,8 @@ def test_the_directory_is_private_locked_and_scanned_oldest_first(
         with pytest.raises(DirectoryBusy):
             open_directory(tmp_path / "cache", IDENTITY)
         old, new = opened.path / "old.snap", opened.path / "new.snap"
-        write(old, state, nbytes)
-        write(new, state, nbytes, tokens=(*TOKENS, 1, 2))
+        write(old, state, nbytes, trust=opened.trust)
+        write(new, state, nbytes, tokens=(*TOKENS, 1, 2), trust=opened.trust)
         os.utime(old, (1_000_000, 1_000_000))
         (opened.path / "junk.snap").write_bytes(b"junk")
         (opened.path / ".half.snap.1.tmp").write_bytes(b"half")
@@ -188,7 +198,7 @@ def test_the_directory_is_private_locked_and_scanned_oldest_first(
         assert [found.path.name for found in reopened.found] == ["old.snap", "new.snap"]
         assert reopened.found[1].tokens == (*TOKENS, 1, 2)
         assert reopened.unreadable == 1
-        assert sorted(path.name for path in reopened.path.iterdir()) == ["lock", "new.snap", "old.snap"]
+        assert sorted(path.name for path in reopened.path.iterdir()) == ["key", "lock", "new.snap", "old.snap"]
     finally:
         reopened.release()
 
@@ -200,7 +210,7 @@ def test_a_file_larger_than_its_entry_was_charged_is_not_read(
     path = tmp_path / "x.snap"
     size = write(path, state, nbytes)
     with pytest.raises(UnreadableSnapshot, match="over the") as refused:
-        read_snapshot(path, IDENTITY, size - 1)
+        read_snapshot(path, TRUST, size - 1)
     assert refused.value.reason is FileRejection.CORRUPT
 
 
@@ -246,7 +256,7 @@ def test_only_a_regular_file_is_opened(model_and_state: tuple[Any, list[Any], in
     write(regular, state, nbytes)
     plant_entries_that_are_not_files(tmp_path / "dir", tmp_path / "elsewhere", regular)
     path = tmp_path / "dir" / name
-    for read in (partial(read_index_entry, path, IDENTITY), partial(read_snapshot, path, IDENTITY, ROOM)):
+    for read in (partial(read_index_entry, path, TRUST), partial(read_snapshot, path, TRUST, ROOM)):
         with pytest.raises(UnreadableSnapshot, match="not a regular file") as refused:
             bounded(read)
         assert refused.value.reason is FileRejection.NOT_A_FILE
@@ -261,8 +271,8 @@ def test_entries_that_are_not_regular_files_are_skipped_and_the_rest_scanned(
     first = open_directory(tmp_path / "cache", IDENTITY)
     directory = first.path
     first.release()
-    write(directory / "a.snap", state, nbytes)
-    write(directory / "b.snap", state, nbytes, tokens=(*TOKENS, 1))
+    write(directory / "a.snap", state, nbytes, trust=first.trust)
+    write(directory / "b.snap", state, nbytes, tokens=(*TOKENS, 1), trust=first.trust)
     (directory / "junk.snap").write_bytes(b"junk")
     (tmp_path / "elsewhere").mkdir()
     planted = plant_entries_that_are_not_files(directory, tmp_path / "elsewhere", directory / "a.snap")
@@ -276,3 +286,66 @@ def test_entries_that_are_not_regular_files_are_skipped_and_the_rest_scanned(
     assert all(os.path.lexists(path) for path in planted)  # skipped, not deleted
     assert not (directory / "junk.snap").exists()
     assert (tmp_path / "elsewhere" / "outside-fifo").exists()
+
+
+def forge(path: Path, *, key: bytes | None = None, version: int = 2, tokens: list[int] | None = None) -> None:
+    """`path` put back together by an attacker: its token vector replaced if given, every digest recomputed, MAC'd
+    with `key` (a key of the attacker's own when None)."""
+    parts = take_apart(path)
+    if tokens is not None:
+        parts.tokens = tokens
+    path.write_bytes(put_together(parts, key=key, version=version))
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda path: forge(path, key=TRUST.key), None),  # the forgery helper makes exactly what the server makes
+        (lambda path: forge(path, key=TRUST.key, tokens=[*TOKENS[:-1], 99]), None),  # with the key, anything goes
+        (lambda path: forge(path, tokens=[*TOKENS[:-1], 99]), FileRejection.UNAUTHENTICATED),  # another's tokens
+        (forge, FileRejection.UNAUTHENTICATED),  # the same bytes under another key
+        (lambda path: forge(path, version=1), FileRejection.FORMAT),  # the format before the MAC
+        (lambda path: forge(path, key=TRUST.key, version=3), FileRejection.FORMAT),
+    ],
+    ids=["with-the-key", "tokens-with-the-key", "tokens-recomputed", "another-key", "version-1", "version-3"],
+)
+def test_only_a_file_written_under_the_directory_key_is_read(
+    model_and_state: tuple[Any, list[Any], int],
+    tmp_path: Path,
+    change: Callable[[Path], None],
+    reason: FileRejection | None,
+) -> None:
+    _, state, nbytes = model_and_state
+    path = tmp_path / "x.snap"
+    write(path, state, nbytes)
+    change(path)
+    if reason is None:
+        read_index_entry(path, TRUST)
+        read_snapshot(path, TRUST, ROOM).close()
+        return
+    for read in (partial(read_index_entry, path, TRUST), partial(read_snapshot, path, TRUST, ROOM)):
+        with pytest.raises(UnreadableSnapshot) as refused:
+            read()
+        assert refused.value.reason is reason
+
+
+def test_forged_and_old_format_files_are_deleted_and_counted_at_start_up(
+    model_and_state: tuple[Any, list[Any], int], tmp_path: Path
+) -> None:
+    _, state, nbytes = model_and_state
+    first = open_directory(tmp_path / "cache", IDENTITY)
+    directory = first.path
+    first.release()
+    for name in ("kept", "forged", "another-key", "old"):
+        write(directory / f"{name}.snap", state, nbytes, trust=first.trust)
+    write(directory / "another-key.snap", state, nbytes, trust=FileTrust(IDENTITY, b"x" * 32))
+    forge(directory / "forged.snap", tokens=[*TOKENS[:-1], 99])
+    forge(directory / "old.snap", version=1)
+    opened = open_directory(tmp_path / "cache", IDENTITY)
+    try:
+        assert [found.path.name for found in opened.found] == ["kept.snap"]
+        assert opened.rejected == {FileRejection.UNAUTHENTICATED: 2, FileRejection.FORMAT: 1}
+        assert opened.unreadable == 3
+    finally:
+        opened.release()
+    assert sorted(path.name for path in directory.glob("*.snap")) == ["kept.snap"]

@@ -18,15 +18,19 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.http.test_prompt_cache_disk import Conversations, serving, snapshot_files
 from tests.support.server import RunningServer
+from tests.support.snapshot_forgery import put_together, take_apart
 
 KEY, OTHER_KEY = "conversations-key", "other-tenant-key"
 GENERATION_PROMPT = 3  # "<|im_start|>assistant\n": only a trimmable cache can skip it
-# Conversation 0 is left alone; the others are given to the hostile files.
-CONVERSATIONS = 1
+# Conversation 0 is left alone (and lends its state to a forgery); the others are given to the hostile files.
 UNTOUCHED = 0
+FORGED = 1  # its file replaced by one holding conversation 0's state under its tokens, every digest recomputed
+OLD_FORMAT = 2  # its files rewritten in format 1, which has no MAC
+CONVERSATIONS = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +44,8 @@ class Restarted:
     at_start: dict[str, Any]  # /v1/cache/stats before any request
     planted: list[Path]  # hostile entries that are not regular files
     adoptable: int  # the files left that are this server's own
+    forged: list[Path]  # files this server did not write
+    old_format: list[Path]
 
 
 def http_of(server: RunningServer) -> httpx.Client:
@@ -75,18 +81,57 @@ def client_of(server: RunningServer, key: str = KEY) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=key, max_retries=0)
 
 
-def next_turn(client: openai.OpenAI, conversations: Conversations, index: int) -> tuple[int, int, str]:
-    """Conversation `index`'s next turn: (its previous prompt, cached tokens, the reply's text)."""
-    messages = conversations.histories[index]
-    messages.append({"role": "user", "content": f"Question {len(messages)}: where is my parcel?"})
+def reply_to(client: openai.OpenAI, messages: list[ChatCompletionMessageParam], index: int) -> tuple[int, int, str]:
+    """(prompt tokens, cached tokens, the reply's text) for conversation `index`'s `messages`."""
     reply = client.chat.completions.create(
         model="tiny", messages=messages, max_tokens=8, temperature=0, user=f"customer-{index}"
     )
     assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
-    previous, conversations.last_prompt[index] = conversations.last_prompt[index], reply.usage.prompt_tokens
-    text = reply.choices[0].message.content or ""
+    cached = reply.usage.prompt_tokens_details.cached_tokens or 0
+    return reply.usage.prompt_tokens, cached, reply.choices[0].message.content or ""
+
+
+def next_turn(client: openai.OpenAI, conversations: Conversations, index: int) -> tuple[int, int, str]:
+    """Conversation `index`'s next turn: (its previous prompt, cached tokens, the reply's text)."""
+    messages = conversations.histories[index]
+    messages.append({"role": "user", "content": f"Question {len(messages)}: where is my parcel?"})
+    prompt, cached, text = reply_to(client, messages, index)
+    previous, conversations.last_prompt[index] = conversations.last_prompt[index], prompt
     messages.append({"role": "assistant", "content": text})
-    return previous, reply.usage.prompt_tokens_details.cached_tokens or 0, text
+    return previous, cached, text
+
+
+def cache_less_reply(server: RunningServer, conversations: Conversations, index: int) -> str:
+    """What a server without a cache replies to conversation `index`'s next turn: asked by another tenant, whose
+    lookups never match this one's snapshots (checked: nothing cached)."""
+    history = conversations.histories[index]
+    question: ChatCompletionMessageParam = {"role": "user", "content": f"Question {len(history)}: where is my parcel?"}
+    messages = [*history, question]
+    _, cached, text = reply_to(client_of(server, OTHER_KEY), messages, index)
+    assert cached == 0
+    return text
+
+
+def files_of(directory: Path, index: int) -> list[Path]:
+    return [path for path in directory.glob("*.snap") if take_apart(path).session == f"customer-{index}"]
+
+
+def plant_forgeries(directory: Path) -> tuple[list[Path], list[Path]]:
+    """Conversation FORGED's files replaced by one holding UNTOUCHED's state under FORGED's tokens (digests
+    recomputed, MAC'd under a key of the forger's own); OLD_FORMAT's files rewritten as format 1 (no MAC)."""
+    donor = take_apart(files_of(directory, UNTOUCHED)[0])
+    (victim, *others) = files_of(directory, FORGED)
+    parts = take_apart(victim)
+    for path in (victim, *others):
+        path.unlink()
+    parts.header.update({key: donor.header[key] for key in ("nbytes", "layout", "arrays")})
+    parts.arrays = donor.arrays
+    forged = directory / "forged.snap"
+    forged.write_bytes(put_together(parts))
+    old_format = files_of(directory, OLD_FORMAT)
+    for path in old_format:
+        path.write_bytes(put_together(take_apart(path), version=1))
+    return [forged], old_format
 
 
 def plant_entries_that_are_not_files(directory: Path, elsewhere: Path) -> list[Path]:
@@ -113,7 +158,8 @@ def restarted(
             figures(first)  # its files written before the next conversation's turn
         assert first.stop() == 0
     (directory,) = {path.parent for path in snapshot_files(prompt_cache_dir)}
-    adoptable = len(snapshot_files(prompt_cache_dir))
+    adoptable = len(files_of(directory, UNTOUCHED))
+    forged, old_format = plant_forgeries(directory)
     planted = plant_entries_that_are_not_files(directory, tmp_path_factory.mktemp("elsewhere"))
     # Start-up is bounded (the server's READY line within START_TIMEOUT_S): a scan that opened the FIFO never ends.
     with serving(model, cache_dir, prompt_cache_dir, "--api-key", f"{KEY},{OTHER_KEY}") as server:
@@ -125,6 +171,8 @@ def restarted(
             at_start=figures(server),
             planted=planted,
             adoptable=adoptable,
+            forged=forged,
+            old_format=old_format,
         )
         assert server.stop() == 0
 
@@ -139,3 +187,20 @@ def test_entries_that_are_not_regular_files_neither_hang_nor_turn_the_disk_tier_
     assert rejected_metrics(restarted.server)["not_a_file"] == len(restarted.planted)
     previous, cached, _ = next_turn(restarted.client, restarted.conversations, UNTOUCHED)
     assert cached >= previous - GENERATION_PROMPT  # its adopted file served it
+
+
+def test_a_file_this_server_did_not_write_is_a_miss_deleted_and_counted(restarted: Restarted) -> None:
+    """Another conversation's state under this one's tokens, every digest recomputed: without the directory's key
+    its MAC cannot verify. The turn is served as a server without a cache serves it."""
+    at_start = restarted.at_start
+    rejected = at_start["snapshot_disk_files_rejected"]
+    assert rejected["unauthenticated"] == len(restarted.forged), at_start
+    assert rejected["format"] == len(restarted.old_format) > 0, at_start
+    assert not any(path.exists() for path in (*restarted.forged, *restarted.old_format))
+    assert at_start["snapshot_disk_unreadable"] == len(restarted.forged) + len(restarted.old_format)
+    metrics = rejected_metrics(restarted.server)
+    assert (metrics["unauthenticated"], metrics["format"]) == (len(restarted.forged), len(restarted.old_format))
+    for index in (FORGED, OLD_FORMAT):
+        expected = cache_less_reply(restarted.server, restarted.conversations, index)
+        _, cached, text = next_turn(restarted.client, restarted.conversations, index)
+        assert (cached, text) == (0, expected)
