@@ -30,6 +30,7 @@ from courier.engine.admission import Admission
 from courier.engine.constrained import MaskFiller
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest
 from courier.engine.generation import RequestId
+from courier.engine.mlx_lm_surface import check_mlx_lm_surface
 from courier.engine.recovery import Recovery
 from courier.engine.sequences import Sequences
 from courier.engine.speculative_batch import SpeculationCounters, SpeculativeGenerator
@@ -48,6 +49,9 @@ class BatchEngine:
         embedder: ImageEmbedder | None = None,
         grammars: GrammarCompiler | None = None,
     ) -> None:
+        # The speculative generator and the ragged cache use mlx-lm's private surface: a release that moved it
+        # stops start-up here, naming what moved, rather than decoding wrongly.
+        check_mlx_lm_surface()
         self._model = model
         self._limits = limits
         self.masks = MaskFiller(grammars.vocab_size, limits.max_batch) if grammars is not None else None
