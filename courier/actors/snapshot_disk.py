@@ -227,7 +227,7 @@ class SnapshotDisk:
                     read.close()
             except (UnreadableSnapshot, UndecodableState) as error:
                 self.io.read_errors += 1
-                self._count_rejected(error.reason if isinstance(error, UnreadableSnapshot) else FileRejection.CORRUPT)
+                self._count_rejected(error.reason if isinstance(error, UnreadableSnapshot) else FileRejection.LAYOUT)
                 span.set_attribute(trace_attributes.FAILURE, str(error))
                 # Forget the entry only if this is still its file and the state is nowhere else.
                 if store.get(entry_id) is snapshot and not snapshot.state_held and self._paths.get(entry_id) == path:

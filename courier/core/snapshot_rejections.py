@@ -17,3 +17,4 @@ class FileRejection(StrEnum):
     UNAUTHENTICATED = "unauthenticated"  # its MAC does not verify under the directory's key: not written here
     CORRUPT = "corrupt"  # not a snapshot file, truncated, or failing its digests or size bounds
     FOREIGN = "foreign"  # written for another model identity
+    LAYOUT = "layout"  # a declared array or layer the served model's state does not have: never reaches MLX

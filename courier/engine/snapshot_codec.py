@@ -10,6 +10,7 @@ class (only `mlx_lm.models.cache`'s own classes are ever built back) and its
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,7 +119,7 @@ def _decode_array(dtype_name: str, shape: Sequence[int], data: memoryview) -> mx
     dtype = getattr(mx, dtype_name, None)
     if not isinstance(dtype, mx.Dtype) or not all(isinstance(size, int) and size >= 0 for size in shape):
         raise UndecodableState(f"not an array: {dtype_name} {list(shape)}")
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # Python integers: numpy's int64 product of [65536] * 4 wraps to 0
     if count * dtype.size != data.nbytes:
         raise UndecodableState(f"{data.nbytes} bytes for a {dtype_name} array of shape {list(shape)}")
     if count == 0:

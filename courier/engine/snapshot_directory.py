@@ -31,6 +31,7 @@ from courier.engine.snapshot_files import (
     read_index_entry,
 )
 from courier.engine.snapshot_key import load_or_create_key
+from courier.engine.snapshot_layout import StateLayout
 
 LOCK_NAME = "lock"
 
@@ -51,7 +52,7 @@ class FoundFile:
 @dataclass(slots=True, kw_only=True)
 class SnapshotDirectory:
     path: Path
-    trust: FileTrust  # the model identity every file here must carry, and the key its MAC is made with
+    trust: FileTrust  # the identity, the key of the MAC and the state layout every file here must have
     found: list[FoundFile]  # oldest first
     rejected: Counter[FileRejection]  # entries not used, by reason: deleted, but those that are not regular files
 
@@ -68,8 +69,9 @@ class SnapshotDirectory:
             self._lock = -1
 
 
-def open_directory(root: Path, identity: str) -> SnapshotDirectory:
-    """Create (0700), lock, key and scan `root/<identity>`. Raises `DirectoryBusy` or `OSError`."""
+def open_directory(root: Path, identity: str, layout: StateLayout) -> SnapshotDirectory:
+    """Create (0700), lock, key and scan `root/<identity>` for files of the served model (`layout`: its state's).
+    Raises `DirectoryBusy` or `OSError`."""
     directory = root / identity[:32]
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -80,7 +82,7 @@ def open_directory(root: Path, identity: str) -> SnapshotDirectory:
         os.close(lock)
         raise DirectoryBusy(f"{directory} is in use by another Courier process") from None
     try:
-        trust = FileTrust(identity, load_or_create_key(directory))
+        trust = FileTrust(identity, load_or_create_key(directory), layout)
         found, rejected = _scan(directory, trust)
     except BaseException:
         os.close(lock)

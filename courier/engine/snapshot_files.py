@@ -13,9 +13,11 @@ bytes.
 Writes go to a temporary name in the same directory (0600), are fsynced, renamed
 into place and the directory fsynced: a crash leaves the old state or the new,
 never half a file under a real name. Reads check the MAC, both digests, the
-identity and the token digest before anything is built from it: a truncated,
-altered, forged or foreign file, or one of another format version, raises
-`UnreadableSnapshot` with the reason (the caller deletes it and counts a miss).
+identity, the token digest and every declared array against the served model's
+layout (`snapshot_layout`) before anything is built from it: a truncated, altered,
+forged or foreign file, one of another format version or one whose state the model
+could not have, raises `UnreadableSnapshot` with the reason (the caller deletes it
+and counts a miss).
 Plain files and threads: no MLX here (see `snapshot_codec`).
 """
 
@@ -38,6 +40,7 @@ import orjson
 from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import DISK_HEADER_ALLOWANCE, Bucket, Origin
 from courier.engine.snapshot_codec import EncodedState
+from courier.engine.snapshot_layout import LayoutMismatch, StateLayout
 
 MAGIC = b"COURIER-SNAPSHOT"
 # 2: the MAC. A file of another version is discarded (counted as `format`), never read on trust.
@@ -55,11 +58,12 @@ _BUCKET_FIELDS = ("model_id", "adapter_id", "template_signature", "media_digest"
 
 @dataclass(frozen=True, slots=True)
 class FileTrust:
-    """What every file of one directory must carry: the served model's identity, and a MAC under the directory's
-    key."""
+    """What every file of one directory must be: of the served model's identity, MAC'd under the directory's key,
+    holding a state of the served model's layout."""
 
     identity: str
     key: bytes = field(repr=False)
+    layout: StateLayout = field(repr=False)
 
     def seal(self, authenticated: bytes) -> bytes:
         return hmac.new(self.key, authenticated, hashlib.sha256).digest()
@@ -176,7 +180,7 @@ def read_index_entry(path: Path, trust: FileTrust) -> tuple[SnapshotHeader, tupl
     with os.fdopen(descriptor, "rb") as file:
         prefix = file.read(_PREFIX.size)
         length, header_digest = _check_prefix(prefix, trust)
-        header = _parse_header(file.read(length), header_digest, trust.identity)
+        header = _parse_header(file.read(length), header_digest, trust)
         token_size = header.token_count * _TOKEN.size
         declared = _PREFIX.size + length + token_size + sum(nbytes for *_, nbytes in header.arrays)
         if declared != status.st_size:  # also bounds the token vector read next by the file's size
@@ -211,7 +215,7 @@ def read_snapshot(path: Path, trust: FileTrust, max_bytes: int) -> ReadSnapshot:
         start = _PREFIX.size + length
         if start > size:
             raise UnreadableSnapshot(f"{path.name}: truncated inside its header")
-        header = _parse_header(bytes(whole[_PREFIX.size : start]), header_digest, trust.identity)
+        header = _parse_header(bytes(whole[_PREFIX.size : start]), header_digest, trust)
         payload = whole[start:]
         views.append(payload)
         expected = header.token_count * _TOKEN.size + sum(length for *_, length in header.arrays)
@@ -288,16 +292,16 @@ def _check_prefix(prefix: bytes, trust: FileTrust) -> tuple[int, bytes]:
     return length, header_digest
 
 
-def _parse_header(raw: bytes, digest: bytes, identity: str) -> SnapshotHeader:
+def _parse_header(raw: bytes, digest: bytes, trust: FileTrust) -> SnapshotHeader:
     if hashlib.sha256(raw).digest() != digest:
         raise UnreadableSnapshot("the header does not match its digest")
     try:
         fields = orjson.loads(raw)
-        if fields["identity"] != identity:
+        if fields["identity"] != trust.identity:
             raise UnreadableSnapshot("written for another model", FileRejection.FOREIGN)
         bucket_fields = [str(item) for item in fields["bucket"]]
         arrays = [
-            (str(dtype), tuple(int(size) for size in shape), int(offset), int(length))
+            (str(dtype), tuple(_count(size) for size in shape), _count(offset), _count(length))
             for dtype, shape, offset, length in fields["arrays"]
         ]
         header = SnapshotHeader(
@@ -305,10 +309,10 @@ def _parse_header(raw: bytes, digest: bytes, identity: str) -> SnapshotHeader:
             bucket=Bucket(*bucket_fields),
             session=str(fields["session"]),
             origin=Origin(fields["origin"]),
-            prompt_length=int(fields["prompt_length"]),
-            token_count=int(fields["token_count"]),
+            prompt_length=_count(fields["prompt_length"]),
+            token_count=_count(fields["token_count"]),
             token_digest=str(fields["token_digest"]),
-            nbytes=int(fields["nbytes"]),
+            nbytes=_count(fields["nbytes"]),
             layout=fields["layout"],
             arrays=arrays,
         )
@@ -318,7 +322,18 @@ def _parse_header(raw: bytes, digest: bytes, identity: str) -> SnapshotHeader:
         raise UnreadableSnapshot(f"a malformed header: {error}") from error
     if header.token_count < 1 or not 0 < header.prompt_length <= header.token_count:
         raise UnreadableSnapshot("a header with an impossible token count")
+    try:
+        trust.layout.check(header.layout, header.arrays, token_count=header.token_count, nbytes=header.nbytes)
+    except LayoutMismatch as mismatch:
+        raise UnreadableSnapshot(f"not a state of the served model: {mismatch}", FileRejection.LAYOUT) from None
     return header
+
+
+def _count(value: Any) -> int:
+    """A JSON integer that counts something: never a float, a bool or a string read as one."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{str(value)[:40]} is not a count")
+    return value
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -25,6 +25,7 @@ from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
 from courier.engine.snapshot_budget import available_memory, default_budget, default_disk_budget, measure_footprint
 from courier.engine.snapshot_directory import SnapshotDirectory, free_bytes, open_directory
+from courier.engine.snapshot_layout import measure_layout
 from courier.model.identity import model_identity
 from courier.model.loader import LoadedModel
 from courier.runtime.mlx_thread import MlxThread
@@ -57,7 +58,7 @@ async def open_prompt_cache(settings: Settings, loaded: LoadedModel, mlx: MlxThr
     template = str(getattr(loaded.tokenizer, "chat_template", None) or "")
     signature = hashlib.sha256(template.encode()).hexdigest()[:16]
     bucket = Bucket(model_id=loaded.info.model_id, template_signature=signature)
-    directory = await _open_disk_directory(settings, loaded, signature)
+    directory = await _open_disk_directory(settings, loaded, mlx, signature)
     disk_capacity = 0
     if directory is not None:
         disk_capacity = settings.prompt_cache_disk_bytes or 0
@@ -101,7 +102,9 @@ async def open_prompt_cache(settings: Settings, loaded: LoadedModel, mlx: MlxThr
     return PromptCache(store=store, disk=disk, bucket=bucket)
 
 
-async def _open_disk_directory(settings: Settings, loaded: LoadedModel, signature: str) -> SnapshotDirectory | None:
+async def _open_disk_directory(
+    settings: Settings, loaded: LoadedModel, mlx: MlxThread, signature: str
+) -> SnapshotDirectory | None:
     if settings.prompt_cache_disk_bytes == 0:
         logger.info("prompt cache disk tier off (--prompt-cache-disk-bytes 0)")
         return None
@@ -116,10 +119,16 @@ async def _open_disk_directory(settings: Settings, loaded: LoadedModel, signatur
         return None
     root = settings.prompt_cache_dir or settings.cache_dir / PROMPT_CACHE_SUBDIRECTORY
     try:
+        # The state every file must hold, measured once: a declared array the model does not have never reaches MLX.
+        layout = await mlx.call(partial(measure_layout, loaded.model))
+    except ValueError as error:
+        logger.warning("prompt cache: no disk tier: the model's state cannot be checked on reading (%s)", error)
+        return None
+    try:
         identity = await anyio.to_thread.run_sync(
             partial(model_identity, info.path, weight_format=info.weight_format, template_signature=signature)
         )
-        return await anyio.to_thread.run_sync(open_directory, root, identity)
+        return await anyio.to_thread.run_sync(open_directory, root, identity, layout)
     except OSError as error:
         logger.warning("prompt cache: no disk tier (%s); conversations stay warm in memory only", error)
         return None

@@ -14,9 +14,11 @@ from courier.core.snapshot_store import Bucket, Origin, SnapshotStore, StoreLimi
 from courier.engine.snapshot_codec import EncodedState
 from courier.engine.snapshot_directory import open_directory
 from courier.engine.snapshot_files import FileTrust, write_snapshot
+from courier.engine.snapshot_layout import StateLayout
 from courier.runtime.mlx_thread import MlxThread
 
 IDENTITY = "c" * 64
+NO_LAYERS = StateLayout(layers=(), arrays=())  # the files here hold a state of no layers
 SERVED = Bucket(model_id="tiny", template_signature="t")
 TOKENS = tuple(range(1, 41))
 
@@ -49,7 +51,7 @@ def leave_file(
 
 
 def test_files_another_name_or_template_wrote_are_deleted_and_the_rest_indexed(tmp_path: Path, mlx: MlxThread) -> None:
-    first = open_directory(tmp_path, IDENTITY)
+    first = open_directory(tmp_path, IDENTITY, NO_LAYERS)
     directory = first.path
     first.release()
     older = leave_file(first.trust, directory, "older.snap", SERVED, TOKENS[:30], age_s=20)
@@ -60,7 +62,7 @@ def test_files_another_name_or_template_wrote_are_deleted_and_the_rest_indexed(t
     retemplated = leave_file(
         first.trust, directory, "template.snap", Bucket(model_id="tiny", template_signature="u"), TOKENS, 5
     )
-    opened = open_directory(tmp_path, IDENTITY)
+    opened = open_directory(tmp_path, IDENTITY, NO_LAYERS)
     limits = StoreLimits(capacity_bytes=10**6, max_entries=10, ttl_s=60, min_prefix=8, disk_capacity_bytes=10**7)
     store = SnapshotStore(limits, trimmable=True, clock=lambda: 1000.0)
     disk = SnapshotDisk(opened, DiskTierConfig(max_pending_write_bytes=10**6), mlx)
@@ -81,7 +83,7 @@ def test_files_another_name_or_template_wrote_are_deleted_and_the_rest_indexed(t
 def test_a_write_superseded_while_it_waits_leaves_its_room_to_the_next(tmp_path: Path, mlx: MlxThread) -> None:
     """A queued write whose entry a newer turn superseded would only be skipped: it gives up its room in the writer's
     bound, so the newer turn's write is queued instead of refused (a refused spill would lose the conversation)."""
-    opened = open_directory(tmp_path, IDENTITY)
+    opened = open_directory(tmp_path, IDENTITY, NO_LAYERS)
     limits = StoreLimits(capacity_bytes=1000, max_entries=10, ttl_s=60, min_prefix=8, disk_capacity_bytes=10**7)
     store = SnapshotStore(limits, trimmable=True, clock=lambda: 1000.0)
     disk = SnapshotDisk(opened, DiskTierConfig(max_pending_write_bytes=150), mlx)

@@ -27,10 +27,11 @@ from courier.engine.snapshot_files import (
     read_snapshot,
     write_snapshot,
 )
-from tests.support.snapshot_forgery import put_together, take_apart
+from courier.engine.snapshot_layout import measure_layout
+from tests.support.snapshot_forgery import put_together, take_apart, with_wrapping_keys
 
 IDENTITY = "a" * 64
-TRUST = FileTrust(IDENTITY, b"k" * 32)
+KEY = b"k" * 32
 BUCKET = Bucket(model_id="tiny", template_signature="t", tenant="k")
 TOKENS = tuple(range(5, 45))
 T = TypeVar("T")
@@ -45,9 +46,13 @@ def model_and_state(request: pytest.FixtureRequest) -> tuple[Any, list[Any], int
     return model, state, nbytes
 
 
-def write(
-    path: Path, state: list[Any], nbytes: int, *, tokens: tuple[int, ...] = TOKENS, trust: FileTrust = TRUST
-) -> int:
+@pytest.fixture(scope="module")
+def trust(model_and_state: tuple[Any, list[Any], int]) -> FileTrust:
+    """This model's files: its state's layout, measured as the server measures it."""
+    return FileTrust(IDENTITY, KEY, measure_layout(model_and_state[0]))
+
+
+def write(path: Path, state: list[Any], nbytes: int, trust: FileTrust, *, tokens: tuple[int, ...] = TOKENS) -> int:
     return write_snapshot(
         path,
         trust=trust,
@@ -68,14 +73,14 @@ def next_logits(model: Any, state: list[Any]) -> mx.array:
 
 
 def test_a_state_read_back_continues_exactly_like_the_original(
-    model_and_state: tuple[Any, list[Any], int], tmp_path: Path
+    model_and_state: tuple[Any, list[Any], int], trust: FileTrust, tmp_path: Path
 ) -> None:
     model, state, nbytes = model_and_state
     path = tmp_path / "x.snap"
-    size = write(path, state, nbytes)
+    size = write(path, state, nbytes, trust)
     assert size == path.stat().st_size <= disk_footprint(nbytes, len(TOKENS))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    read = read_snapshot(path, TRUST, disk_footprint(nbytes, len(TOKENS)))
+    read = read_snapshot(path, trust, disk_footprint(nbytes, len(TOKENS)))
     try:
         assert read.tokens == TOKENS
         assert (read.header.bucket, read.header.session, read.header.origin) == (BUCKET, "s", Origin.COMPLETION)
@@ -121,35 +126,41 @@ def truncate(keep: int) -> Callable[[Path], None]:
     ids=["payload-bit", "header-bit", "magic", "version", "last-byte-cut", "cut-in-prefix", "empty", "zeros"],
 )
 def test_an_altered_or_truncated_file_is_refused(
-    model_and_state: tuple[Any, list[Any], int], tmp_path: Path, change: Callable[[Path], None], why: str
+    model_and_state: tuple[Any, list[Any], int],
+    trust: FileTrust,
+    tmp_path: Path,
+    change: Callable[[Path], None],
+    why: str,
 ) -> None:
     _, state, nbytes = model_and_state
     path = tmp_path / "x.snap"
-    write(path, state, nbytes)
+    write(path, state, nbytes, trust)
     change(path)
     with pytest.raises(UnreadableSnapshot, match=why):
-        read_snapshot(path, TRUST, ROOM).close()
+        read_snapshot(path, trust, ROOM).close()
 
 
-def test_a_file_of_another_model_is_refused(model_and_state: tuple[Any, list[Any], int], tmp_path: Path) -> None:
+def test_a_file_of_another_model_is_refused(
+    model_and_state: tuple[Any, list[Any], int], trust: FileTrust, tmp_path: Path
+) -> None:
     _, state, nbytes = model_and_state
     path = tmp_path / "x.snap"
-    write(path, state, nbytes)
+    write(path, state, nbytes, trust)
     with pytest.raises(UnreadableSnapshot, match="another model"):
-        read_snapshot(path, FileTrust("b" * 64, TRUST.key), ROOM)
+        read_snapshot(path, FileTrust("b" * 64, KEY, trust.layout), ROOM)
     with pytest.raises(UnreadableSnapshot, match="another model"):
-        read_index_entry(path, FileTrust("b" * 64, TRUST.key))
+        read_index_entry(path, FileTrust("b" * 64, KEY, trust.layout))
 
 
 def test_a_file_larger_than_its_charge_is_never_written(
-    model_and_state: tuple[Any, list[Any], int], tmp_path: Path
+    model_and_state: tuple[Any, list[Any], int], trust: FileTrust, tmp_path: Path
 ) -> None:
     _, state, _ = model_and_state
     path = tmp_path / "x.snap"
     with pytest.raises(ValueError, match="over the"):
         write_snapshot(
             path,
-            trust=TRUST,
+            trust=trust,
             bucket=BUCKET,
             session="s",
             origin=Origin.BOUNDARY,
@@ -177,23 +188,23 @@ def test_a_layout_that_is_no_model_state_is_refused(layout: Any) -> None:
 
 
 def test_the_directory_is_private_locked_and_scanned_oldest_first(
-    model_and_state: tuple[Any, list[Any], int], tmp_path: Path
+    model_and_state: tuple[Any, list[Any], int], trust: FileTrust, tmp_path: Path
 ) -> None:
     _, state, nbytes = model_and_state
-    opened = open_directory(tmp_path / "cache", IDENTITY)
+    opened = open_directory(tmp_path / "cache", IDENTITY, trust.layout)
     try:
         assert stat.S_IMODE(opened.path.stat().st_mode) == 0o700
         with pytest.raises(DirectoryBusy):
-            open_directory(tmp_path / "cache", IDENTITY)
+            open_directory(tmp_path / "cache", IDENTITY, trust.layout)
         old, new = opened.path / "old.snap", opened.path / "new.snap"
-        write(old, state, nbytes, trust=opened.trust)
-        write(new, state, nbytes, tokens=(*TOKENS, 1, 2), trust=opened.trust)
+        write(old, state, nbytes, opened.trust)
+        write(new, state, nbytes, opened.trust, tokens=(*TOKENS, 1, 2))
         os.utime(old, (1_000_000, 1_000_000))
         (opened.path / "junk.snap").write_bytes(b"junk")
         (opened.path / ".half.snap.1.tmp").write_bytes(b"half")
     finally:
         opened.release()
-    reopened = open_directory(tmp_path / "cache", IDENTITY)
+    reopened = open_directory(tmp_path / "cache", IDENTITY, trust.layout)
     try:
         assert [found.path.name for found in reopened.found] == ["old.snap", "new.snap"]
         assert reopened.found[1].tokens == (*TOKENS, 1, 2)
@@ -204,13 +215,13 @@ def test_the_directory_is_private_locked_and_scanned_oldest_first(
 
 
 def test_a_file_larger_than_its_entry_was_charged_is_not_read(
-    model_and_state: tuple[Any, list[Any], int], tmp_path: Path
+    model_and_state: tuple[Any, list[Any], int], trust: FileTrust, tmp_path: Path
 ) -> None:
     _, state, nbytes = model_and_state
     path = tmp_path / "x.snap"
-    size = write(path, state, nbytes)
+    size = write(path, state, nbytes, trust)
     with pytest.raises(UnreadableSnapshot, match="over the") as refused:
-        read_snapshot(path, TRUST, size - 1)
+        read_snapshot(path, trust, size - 1)
     assert refused.value.reason is FileRejection.CORRUPT
 
 
@@ -248,35 +259,37 @@ def plant_entries_that_are_not_files(directory: Path, elsewhere: Path, regular: 
 
 
 @pytest.mark.parametrize("name", ["fifo.snap", "to-fifo.snap", "to-file.snap", "directory.snap"])
-def test_only_a_regular_file_is_opened(model_and_state: tuple[Any, list[Any], int], tmp_path: Path, name: str) -> None:
+def test_only_a_regular_file_is_opened(
+    model_and_state: tuple[Any, list[Any], int], trust: FileTrust, tmp_path: Path, name: str
+) -> None:
     _, state, nbytes = model_and_state
     (tmp_path / "dir").mkdir()
     (tmp_path / "elsewhere").mkdir()
     regular = tmp_path / "elsewhere" / "valid.snap"
-    write(regular, state, nbytes)
+    write(regular, state, nbytes, trust)
     plant_entries_that_are_not_files(tmp_path / "dir", tmp_path / "elsewhere", regular)
     path = tmp_path / "dir" / name
-    for read in (partial(read_index_entry, path, TRUST), partial(read_snapshot, path, TRUST, ROOM)):
+    for read in (partial(read_index_entry, path, trust), partial(read_snapshot, path, trust, ROOM)):
         with pytest.raises(UnreadableSnapshot, match="not a regular file") as refused:
             bounded(read)
         assert refused.value.reason is FileRejection.NOT_A_FILE
 
 
 def test_entries_that_are_not_regular_files_are_skipped_and_the_rest_scanned(
-    model_and_state: tuple[Any, list[Any], int], tmp_path: Path
+    model_and_state: tuple[Any, list[Any], int], trust: FileTrust, tmp_path: Path
 ) -> None:
     """A FIFO would block the scan for ever, a directory failed it and with it the disk tier: each is skipped,
     counted and left alone, and the valid files around them are found."""
     _, state, nbytes = model_and_state
-    first = open_directory(tmp_path / "cache", IDENTITY)
+    first = open_directory(tmp_path / "cache", IDENTITY, trust.layout)
     directory = first.path
     first.release()
-    write(directory / "a.snap", state, nbytes, trust=first.trust)
-    write(directory / "b.snap", state, nbytes, tokens=(*TOKENS, 1), trust=first.trust)
+    write(directory / "a.snap", state, nbytes, first.trust)
+    write(directory / "b.snap", state, nbytes, first.trust, tokens=(*TOKENS, 1))
     (directory / "junk.snap").write_bytes(b"junk")
     (tmp_path / "elsewhere").mkdir()
     planted = plant_entries_that_are_not_files(directory, tmp_path / "elsewhere", directory / "a.snap")
-    opened = bounded(lambda: open_directory(tmp_path / "cache", IDENTITY))
+    opened = bounded(lambda: open_directory(tmp_path / "cache", IDENTITY, trust.layout))
     try:
         assert sorted(found.path.name for found in opened.found) == ["a.snap", "b.snap"]
         assert opened.rejected == {FileRejection.NOT_A_FILE: 4, FileRejection.CORRUPT: 1}
@@ -300,48 +313,49 @@ def forge(path: Path, *, key: bytes | None = None, version: int = 2, tokens: lis
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (lambda path: forge(path, key=TRUST.key), None),  # the forgery helper makes exactly what the server makes
-        (lambda path: forge(path, key=TRUST.key, tokens=[*TOKENS[:-1], 99]), None),  # with the key, anything goes
+        (lambda path: forge(path, key=KEY), None),  # the forgery helper makes exactly what the server makes
+        (lambda path: forge(path, key=KEY, tokens=[*TOKENS[:-1], 99]), None),  # with the key, anything goes
         (lambda path: forge(path, tokens=[*TOKENS[:-1], 99]), FileRejection.UNAUTHENTICATED),  # another's tokens
         (forge, FileRejection.UNAUTHENTICATED),  # the same bytes under another key
         (lambda path: forge(path, version=1), FileRejection.FORMAT),  # the format before the MAC
-        (lambda path: forge(path, key=TRUST.key, version=3), FileRejection.FORMAT),
+        (lambda path: forge(path, key=KEY, version=3), FileRejection.FORMAT),
     ],
     ids=["with-the-key", "tokens-with-the-key", "tokens-recomputed", "another-key", "version-1", "version-3"],
 )
 def test_only_a_file_written_under_the_directory_key_is_read(
     model_and_state: tuple[Any, list[Any], int],
+    trust: FileTrust,
     tmp_path: Path,
     change: Callable[[Path], None],
     reason: FileRejection | None,
 ) -> None:
     _, state, nbytes = model_and_state
     path = tmp_path / "x.snap"
-    write(path, state, nbytes)
+    write(path, state, nbytes, trust)
     change(path)
     if reason is None:
-        read_index_entry(path, TRUST)
-        read_snapshot(path, TRUST, ROOM).close()
+        read_index_entry(path, trust)
+        read_snapshot(path, trust, ROOM).close()
         return
-    for read in (partial(read_index_entry, path, TRUST), partial(read_snapshot, path, TRUST, ROOM)):
+    for read in (partial(read_index_entry, path, trust), partial(read_snapshot, path, trust, ROOM)):
         with pytest.raises(UnreadableSnapshot) as refused:
             read()
         assert refused.value.reason is reason
 
 
 def test_forged_and_old_format_files_are_deleted_and_counted_at_start_up(
-    model_and_state: tuple[Any, list[Any], int], tmp_path: Path
+    model_and_state: tuple[Any, list[Any], int], trust: FileTrust, tmp_path: Path
 ) -> None:
     _, state, nbytes = model_and_state
-    first = open_directory(tmp_path / "cache", IDENTITY)
+    first = open_directory(tmp_path / "cache", IDENTITY, trust.layout)
     directory = first.path
     first.release()
     for name in ("kept", "forged", "another-key", "old"):
-        write(directory / f"{name}.snap", state, nbytes, trust=first.trust)
-    write(directory / "another-key.snap", state, nbytes, trust=FileTrust(IDENTITY, b"x" * 32))
+        write(directory / f"{name}.snap", state, nbytes, first.trust)
+    write(directory / "another-key.snap", state, nbytes, FileTrust(IDENTITY, b"x" * 32, trust.layout))
     forge(directory / "forged.snap", tokens=[*TOKENS[:-1], 99])
     forge(directory / "old.snap", version=1)
-    opened = open_directory(tmp_path / "cache", IDENTITY)
+    opened = open_directory(tmp_path / "cache", IDENTITY, trust.layout)
     try:
         assert [found.path.name for found in opened.found] == ["kept.snap"]
         assert opened.rejected == {FileRejection.UNAUTHENTICATED: 2, FileRejection.FORMAT: 1}
@@ -349,3 +363,17 @@ def test_forged_and_old_format_files_are_deleted_and_counted_at_start_up(
     finally:
         opened.release()
     assert sorted(path.name for path in directory.glob("*.snap")) == ["kept.snap"]
+
+
+def test_a_signed_file_whose_state_the_model_could_not_have_is_refused(
+    model_and_state: tuple[Any, list[Any], int], trust: FileTrust, tmp_path: Path
+) -> None:
+    """Keys declared [65536]*4 in 0 bytes, MAC'd with the right key: refused by the layout check, before MLX."""
+    _, state, nbytes = model_and_state
+    path = tmp_path / "x.snap"
+    write(path, state, nbytes, trust)
+    path.write_bytes(put_together(with_wrapping_keys(take_apart(path)), key=KEY))
+    for read in (partial(read_index_entry, path, trust), partial(read_snapshot, path, trust, ROOM)):
+        with pytest.raises(UnreadableSnapshot, match=r"\[65536, 65536, 65536, 65536\]") as refused:
+            read()
+        assert refused.value.reason is FileRejection.LAYOUT

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from tests.http.test_prompt_cache_disk import Conversations, serving, snapshot_files
 from tests.support.server import RunningServer
-from tests.support.snapshot_forgery import put_together, take_apart
+from tests.support.snapshot_forgery import put_together, take_apart, with_wrapping_keys
 
 KEY, OTHER_KEY = "conversations-key", "other-tenant-key"
 GENERATION_PROMPT = 3  # "<|im_start|>assistant\n": only a trimmable cache can skip it
@@ -30,7 +30,10 @@ GENERATION_PROMPT = 3  # "<|im_start|>assistant\n": only a trimmable cache can s
 UNTOUCHED = 0
 FORGED = 1  # its file replaced by one holding conversation 0's state under its tokens, every digest recomputed
 OLD_FORMAT = 2  # its files rewritten in format 1, which has no MAC
-CONVERSATIONS = 3
+# Their files' keys declared [65536]*4 in 0 bytes and MAC'd with the directory's own key (what a holder of the key
+# could write): before the start, and once the server has adopted them.
+WRAPPED_BEFORE_START, WRAPPED_AFTER_START = 3, 4
+CONVERSATIONS = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +49,7 @@ class Restarted:
     adoptable: int  # the files left that are this server's own
     forged: list[Path]  # files this server did not write
     old_format: list[Path]
+    wrapped: list[Path]  # signed files declaring a shape the model does not have
 
 
 def http_of(server: RunningServer) -> httpx.Client:
@@ -113,7 +117,9 @@ def cache_less_reply(server: RunningServer, conversations: Conversations, index:
 
 
 def files_of(directory: Path, index: int) -> list[Path]:
-    return [path for path in directory.glob("*.snap") if take_apart(path).session == f"customer-{index}"]
+    """Conversation `index`'s snapshot files (of the current format: call before any is rewritten in another)."""
+    files = [path for path in directory.glob("*.snap") if path.is_file() and not path.is_symlink()]
+    return [path for path in files if take_apart(path).session == f"customer-{index}"]
 
 
 def plant_forgeries(directory: Path) -> tuple[list[Path], list[Path]]:
@@ -132,6 +138,16 @@ def plant_forgeries(directory: Path) -> tuple[list[Path], list[Path]]:
     for path in old_format:
         path.write_bytes(put_together(take_apart(path), version=1))
     return [forged], old_format
+
+
+def wrap_keys(directory: Path, index: int) -> list[Path]:
+    """Conversation `index`'s files rewritten with keys of shape [65536]*4 in 0 bytes, MAC'd with the directory's
+    key."""
+    files = files_of(directory, index)
+    key = (directory / "key").read_bytes()
+    for path in files:
+        path.write_bytes(put_together(with_wrapping_keys(take_apart(path)), key=key))
+    return files
 
 
 def plant_entries_that_are_not_files(directory: Path, elsewhere: Path) -> list[Path]:
@@ -158,7 +174,8 @@ def restarted(
             figures(first)  # its files written before the next conversation's turn
         assert first.stop() == 0
     (directory,) = {path.parent for path in snapshot_files(prompt_cache_dir)}
-    adoptable = len(files_of(directory, UNTOUCHED))
+    adoptable = len(files_of(directory, UNTOUCHED)) + len(files_of(directory, WRAPPED_AFTER_START))
+    wrapped = wrap_keys(directory, WRAPPED_BEFORE_START)
     forged, old_format = plant_forgeries(directory)
     planted = plant_entries_that_are_not_files(directory, tmp_path_factory.mktemp("elsewhere"))
     # Start-up is bounded (the server's READY line within START_TIMEOUT_S): a scan that opened the FIFO never ends.
@@ -173,6 +190,7 @@ def restarted(
             adoptable=adoptable,
             forged=forged,
             old_format=old_format,
+            wrapped=wrapped,
         )
         assert server.stop() == 0
 
@@ -197,10 +215,30 @@ def test_a_file_this_server_did_not_write_is_a_miss_deleted_and_counted(restarte
     assert rejected["unauthenticated"] == len(restarted.forged), at_start
     assert rejected["format"] == len(restarted.old_format) > 0, at_start
     assert not any(path.exists() for path in (*restarted.forged, *restarted.old_format))
-    assert at_start["snapshot_disk_unreadable"] == len(restarted.forged) + len(restarted.old_format)
     metrics = rejected_metrics(restarted.server)
     assert (metrics["unauthenticated"], metrics["format"]) == (len(restarted.forged), len(restarted.old_format))
     for index in (FORGED, OLD_FORMAT):
         expected = cache_less_reply(restarted.server, restarted.conversations, index)
         _, cached, text = next_turn(restarted.client, restarted.conversations, index)
         assert (cached, text) == (0, expected)
+
+
+def test_a_declared_shape_the_model_does_not_have_is_a_miss_not_a_500(restarted: Restarted) -> None:
+    """The header's sizes add up (numpy's int64 product of [65536]*4 is 0) and the MAC verifies; the shape is checked
+    against the model's layout with Python integers, at start-up and again when a file is read back."""
+    at_start = restarted.at_start
+    assert at_start["snapshot_disk_files_rejected"]["layout"] == len(restarted.wrapped) > 0, at_start
+    assert not any(path.exists() for path in restarted.wrapped)
+    rejected = len(restarted.forged) + len(restarted.old_format) + len(restarted.wrapped)
+    assert at_start["snapshot_disk_unreadable"] == rejected
+    # Adopted at start-up, then rewritten under the server: found when its state is read back for the next turn.
+    replaced = wrap_keys(restarted.directory, WRAPPED_AFTER_START)
+    assert replaced
+    for index in (WRAPPED_BEFORE_START, WRAPPED_AFTER_START):
+        expected = cache_less_reply(restarted.server, restarted.conversations, index)
+        _, cached, text = next_turn(restarted.client, restarted.conversations, index)  # a 500 raises here
+        assert (cached, text) == (0, expected)
+    after = figures(restarted.server)
+    assert after["snapshot_disk_files_rejected"]["layout"] == len(restarted.wrapped) + 1, after
+    assert rejected_metrics(restarted.server)["layout"] == len(restarted.wrapped) + 1
+    assert not any(path.exists() for path in replaced)

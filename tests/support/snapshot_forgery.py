@@ -59,3 +59,19 @@ def put_together(parts: SnapshotParts, *, key: bytes | None = None, version: int
     authenticated = PREFIX.pack(MAGIC, version, len(header), *digests, bytes(32))[:MAC_AT]
     mac = hmac.new(key if key is not None else os.urandom(32), authenticated, hashlib.sha256).digest()
     return authenticated + mac + header + payload
+
+
+def with_wrapping_keys(parts: SnapshotParts) -> SnapshotParts:
+    """The first attention layer's keys declared [65536]*4 with 0 bytes (numpy's int64 product of that shape wraps
+    to 0): their bytes taken out of the payload and the arrays after them moved up, so every size adds up."""
+    arrays = parts.header["arrays"]
+    (index, *_) = [
+        layer["state"]["list"][0]["array"] for layer in parts.header["layout"] if layer["class"] == "KVCache"
+    ]
+    dtype, _, offset, length = arrays[index]
+    arrays[index] = [dtype, [65536] * 4, offset, 0]
+    for later in arrays[index + 1 :]:
+        later[2] -= length
+    parts.arrays = parts.arrays[:offset] + parts.arrays[offset + length :]
+    parts.header["nbytes"] -= length
+    return parts
