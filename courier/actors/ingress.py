@@ -148,8 +148,13 @@ class IngressActor(Actor[IngressMessage]):
             reply = await self._admit(message)
         except Refused as refused:
             reply = refused.failure
-        with suppress(BrokenResourceError, ClosedResourceError):
+        try:
             await reply_stream.send(reply)
+        except (BrokenResourceError, ClosedResourceError):
+            # The asker has gone (a client that disconnected while its prompt was rendered): nobody will read the
+            # generation's events, so closing them now takes it out of the queue before it generates a token.
+            if isinstance(reply, Admitted):
+                reply.discard()
 
     async def _admit(self, message: AdmitGeneration) -> Admitted:
         """Render, check the context, queue (the early refusals have passed)."""

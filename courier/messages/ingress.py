@@ -57,6 +57,10 @@ class Admitted:
     opens_in_reasoning: bool = False
     choices: int = 1  # samples of the prompt: their events interleave, each finishes once
 
+    def discard(self) -> None:
+        """Nobody will read its events (the asker went away): closing them takes it out of the queue or batch."""
+        self.events.close()
+
 
 AdmitReply: TypeAlias = Admitted | RequestFailed
 

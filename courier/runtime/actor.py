@@ -31,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 from courier.runtime.faults import BrokenInvariant, FaultCounter
-from courier.runtime.message import Message
+from courier.runtime.message import Discardable, Message
 from courier.runtime.tracing import message_span
 
 logger = logging.getLogger(__name__)
@@ -142,6 +142,17 @@ async def ask(
             return await reply_receive.receive()
         except anyio.EndOfStream:
             raise ActorStopped("the actor stopped before answering") from None
+        except BaseException:  # cancelled: a reply already waiting in the buffer is nobody's
+            discard_unreceived(reply_receive)
+            raise
+
+
+def discard_unreceived(replies: MemoryObjectReceiveStream[Any]) -> None:
+    """Release a reply left in `replies` that no asker will read (see `Discardable`)."""
+    with suppress(anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+        reply = replies.receive_nowait()
+        if isinstance(reply, Discardable):
+            reply.discard()
 
 
 def _refuse_unhandled(inbox: MemoryObjectReceiveStream[M]) -> None:

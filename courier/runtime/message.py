@@ -10,7 +10,7 @@ The vocabulary itself lives in `courier/messages/`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeAlias, TypeVar
+from typing import Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from anyio.streams.memory import MemoryObjectSendStream
 
@@ -23,3 +23,11 @@ ReplyStream: TypeAlias = MemoryObjectSendStream[Reply]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
     trace: TraceCarrier = field(default_factory=current_carrier)
+
+
+@runtime_checkable
+class Discardable(Protocol):
+    """A reply that holds a resource (an admitted generation's event stream): when nobody receives it (its asker
+    was cancelled, a client that went away), `discard` releases what it holds, so the work behind it stops."""
+
+    def discard(self) -> None: ...

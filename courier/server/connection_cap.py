@@ -25,6 +25,7 @@ import hypercorn.asyncio.run as hypercorn_run
 import orjson
 
 from courier.core.failure_codes import FailureCode
+from courier.server.client_watch import ConnectionWatch
 from courier.status.connections import ConnectionStats
 
 logger = logging.getLogger(__name__)
@@ -81,8 +82,9 @@ def refusal(limit: int) -> bytes:
     return head.encode("ascii") + body
 
 
-def install_connection_cap(stats: ConnectionStats) -> Callable[[], None]:
-    """Gate every connection Hypercorn accepts until the returned function is called (one server at a time)."""
+def install_connection_cap(stats: ConnectionStats, watch: ConnectionWatch | None = None) -> Callable[[], None]:
+    """Gate every connection Hypercorn accepts until the returned function is called (one server at a time); each
+    admitted connection is in `watch` while it is open."""
     serve_connection = getattr(hypercorn_run, _CONNECTION_SERVER)
     if getattr(serve_connection, "courier_gate", False):
         raise RuntimeError("the connection cap is already installed")
@@ -103,10 +105,13 @@ def install_connection_cap(stats: ConnectionStats) -> Callable[[], None]:
                 await _refuse(reader, writer, stats.limit)
                 return
             stats.open += 1
+            peer = watch.watch(reader, writer) if watch is not None else None
             try:
                 await serve_connection(*self._arguments)
             finally:
                 stats.open -= 1
+                if watch is not None:
+                    watch.forget(peer)
 
     setattr(hypercorn_run, _CONNECTION_SERVER, GatedTCPServer)
     return lambda: setattr(hypercorn_run, _CONNECTION_SERVER, serve_connection)

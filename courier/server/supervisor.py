@@ -72,6 +72,7 @@ from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.message import Message
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.tracing import configure_tracing
+from courier.server.client_watch import ClientGoneMiddleware, ConnectionWatch
 from courier.server.connection_cap import cap_for_open_files, install_connection_cap
 from courier.server.errors import ServerFailed
 from courier.server.keys import load_api_keys, load_capsule_codec
@@ -202,9 +203,11 @@ class Supervisor:
         config.errorlog = logging.getLogger("hypercorn.error")
         logger.info("listening on http://%s:%d (model %s loading)", _url_host(host), port, self._state.model_id)
         task_status.started()
-        uninstall_cap = install_connection_cap(self._state.connections)
+        watch = ConnectionWatch()
+        uninstall_cap = install_connection_cap(self._state.connections, watch)
+        app = ClientGoneMiddleware(create_app(context), watch, self._state.connections)
         try:
-            await hypercorn_serve(create_app(context), config, shutdown_trigger=self._stop.wait, mode="asgi")
+            await hypercorn_serve(app, config, shutdown_trigger=self._stop.wait, mode="asgi")  # type: ignore[arg-type]
         except Exception:
             # Hypercorn cancelled in the middle of its own graceful shutdown (a second signal) fails with
             # asyncio.InvalidStateError; the process is stopping on purpose, so that is not worth a traceback.

@@ -105,6 +105,11 @@ class _StateCollector(Collector):
         yield CounterMetricFamily(
             "courier_connections_refused", "Connections answered 503 at the connection cap", value=connections.refused
         )
+        yield CounterMetricFamily(
+            "courier_requests_client_gone",
+            "Requests whose client went away before their answer was written (their work cancelled)",
+            value=connections.client_gone,
+        )
 
     def _faults(self) -> Iterator[Metric]:
         faults = CounterMetricFamily(

@@ -723,3 +723,22 @@ async def test_an_admission_pending_when_the_inbox_closes_fails_when_its_neighbo
             rig.token_counter.received[0].reply.close()
         assert outcomes == [STOPPED]
     assert rig.journal == ["token_counter.TokenizeChat"]
+
+
+@pytest.mark.anyio
+async def test_a_generation_whose_asker_left_during_its_render_is_discarded_before_it_runs() -> None:
+    """A client that disconnects while its prompt renders: the admitted generation's events are closed at once,
+    which takes it out of the scheduler's queue before it generates a token."""
+    gate = anyio.Event()
+    rig = Rig(tokenize=held(gate, tokenized))
+    async with serving(rig) as ingress:
+        async with anyio.create_task_group() as asker:
+            asker.start_soon(ingress.admit, TextPrompt(text="Hello"))
+            await rig.token_counter.wait_for(1)
+            asker.cancel_scope.cancel()  # the asker gives up while its prompt renders
+        gate.set()
+        await rig.scheduler.wait_for(1)
+        events = rig.submitted().events
+        while events.statistics().open_receive_streams:
+            await anyio.wait_all_tasks_blocked()
+    assert rig.journal == ["token_counter.TokenizeText", "scheduler.SubmitGeneration"]

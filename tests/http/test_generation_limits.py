@@ -7,6 +7,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -127,6 +128,50 @@ def test_a_deadline_keeps_what_the_reply_wrote_as_a_length_cut(tiny_llama_dir: P
             assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
         after = stats(server)
         assert (after["running"], after["cut_at_deadline"], after["timed_out"], after["failed"]) == (0, 2, 0, 0)
+
+
+STORM = 60
+
+
+def health(server: RunningServer) -> dict[str, Any]:
+    with server.http() as http:
+        body: dict[str, Any] = http.get("/health").json()
+        return body
+
+
+def test_a_storm_of_clients_that_leave_right_after_sending_costs_no_generation(
+    tiny_llama_dir: Path, cache_dir: Path
+) -> None:
+    """Each client sends a whole request and closes its connection. Hypercorn reads nothing while it answers, so
+    before, every one of them ran to its max_tokens for nobody; now each is told its client has gone and its
+    generation leaves the queue (or the batch, within a step)."""
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 64, "logit_bias": {"0": -100, "2": -100}}
+    payload = json.dumps(body).encode()
+    for server in serve(tiny_llama_dir, cache_dir, "--max-batch", "4", "--max-queue", "256"):
+        address = httpx.URL(server.base_url)
+        assert address.host is not None and address.port is not None
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {address.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode()
+        before = health(server)
+        for _ in range(STORM):
+            with socket.create_connection((address.host, address.port)) as connection:
+                connection.sendall(head + payload)
+        deadline = time.monotonic() + 60
+        while True:
+            after = health(server)
+            told = after["connections"]["client_gone"] - before["connections"]["client_gone"]
+            idle = (after["scheduler"]["running"], after["scheduler"]["waiting"]) == (0, 0)
+            if told == STORM and idle:
+                break
+            assert time.monotonic() < deadline, after
+        generated = after["scheduler"]["generated_tokens"] - before["scheduler"]["generated_tokens"]
+        assert generated <= STORM  # at most a step's token each, against 64 each before
+        assert after["scheduler"]["completed"] == before["scheduler"]["completed"]
+        with server.openai_client() as client:  # and the server serves on
+            reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+        assert reply.choices[0].finish_reason == "length"
 
 
 BAD_CHAT_BODIES: list[tuple[bytes, int, str | None, str | None]] = [

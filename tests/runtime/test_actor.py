@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
+from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask, discard_unreceived
 from courier.runtime.faults import BrokenInvariant, FaultCounter
 from courier.runtime.message import Message, ReplyStream
 from courier.runtime.tracing import tracer
@@ -146,3 +146,25 @@ def test_messages_capture_the_current_trace_context(span_exporter: InMemorySpanE
         message = Explode()
     trace_id = format(span.get_span_context().trace_id, "032x")
     assert trace_id in message.trace["traceparent"]
+
+
+class HeldResource:
+    """A reply that holds something (as an admitted generation holds its event stream)."""
+
+    def __init__(self) -> None:
+        self.discarded = False
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+def test_a_reply_nobody_received_is_discarded_and_other_values_are_left_alone() -> None:
+    send, receive = anyio.create_memory_object_stream[object](1)
+    with send, receive:
+        held = HeldResource()
+        send.send_nowait(held)
+        discard_unreceived(receive)
+        assert held.discarded
+        send.send_nowait("plain")  # nothing to release
+        discard_unreceived(receive)
+        discard_unreceived(receive)  # an empty buffer

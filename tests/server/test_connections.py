@@ -75,7 +75,12 @@ def test_connections_past_the_cap_hear_503_and_a_freed_slot_is_taken_again(cappe
         for connection in held:
             status, health = get_health(connection)
             assert status.startswith(b"HTTP/1.1 200")
-        assert health["connections"] == {"limit": MAX_CONNECTIONS, "open": MAX_CONNECTIONS, "refused": 0}
+        assert health["connections"] == {
+            "limit": MAX_CONNECTIONS,
+            "open": MAX_CONNECTIONS,
+            "refused": 0,
+            "client_gone": 0,
+        }
         with connect(server) as extra:
             extra.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\n\r\n")
             head, body = read_response(extra)
@@ -92,9 +97,19 @@ def test_connections_past_the_cap_hear_503_and_a_freed_slot_is_taken_again(cappe
         watcher = held[0]
         for _ in range(100):  # the server counts the connection out as it finishes closing it: a request or two
             _, health = get_health(watcher)
-            if health["connections"] == {"limit": MAX_CONNECTIONS, "open": MAX_CONNECTIONS - 1, "refused": 1}:
+            if health["connections"] == {
+                "limit": MAX_CONNECTIONS,
+                "open": MAX_CONNECTIONS - 1,
+                "refused": 1,
+                "client_gone": 0,
+            }:
                 break
-        assert health["connections"] == {"limit": MAX_CONNECTIONS, "open": MAX_CONNECTIONS - 1, "refused": 1}
+        assert health["connections"] == {
+            "limit": MAX_CONNECTIONS,
+            "open": MAX_CONNECTIONS - 1,
+            "refused": 1,
+            "client_gone": 0,
+        }
         with connect(server) as again:
             status, _ = get_health(again)
             assert status.startswith(b"HTTP/1.1 200")

@@ -1,0 +1,119 @@
+"""Clients that went away while their request is answered, which Hypercorn does not report until it writes.
+
+Hypercorn reads nothing more from an HTTP/1.1 connection while it answers a request (h11 pauses until the
+response is sent), so a client that sends a request and disconnects was noticed only when the answer was written:
+a non-streamed chat ran its whole generation for nobody, and a storm of such requests filled the batch for tens
+of seconds. The connection gate (`server/connection_cap.py`) registers each connection here, and the transport's
+end of it (EOF or a reset) sets an event. `ClientGoneMiddleware` answers the app's next `receive()` with
+`http.disconnect` as soon as that event is set, so Quart cancels the request's handler, as it does when Hypercorn
+reports a disconnect; the handler's cancellation closes the generation's event stream, which takes it out of the
+queue or the batch at the scheduler's next step. A client that half-closes its side and still waits for the answer
+(rare; uvicorn treats it alike) is taken as gone too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from courier.status.connections import ConnectionStats
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Peer = tuple[str, int]
+
+DISCONNECT = {"type": "http.disconnect"}
+
+
+class ConnectionWatch:
+    """Each open connection's end, as an event, by the client's address (the ASGI scope's `client`)."""
+
+    def __init__(self) -> None:
+        self._ended: dict[Peer, asyncio.Event] = {}
+
+    def __len__(self) -> int:
+        return len(self._ended)
+
+    def watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Peer | None:
+        """Start watching a connection (None: its peer has no address to find it by, as a Unix socket's)."""
+        peer = _peer(writer.get_extra_info("peername"))
+        if peer is None:
+            return None
+        ended = asyncio.Event()
+        feed_eof, set_exception = reader.feed_eof, reader.set_exception
+
+        def eof() -> None:
+            feed_eof()
+            ended.set()
+
+        def failed(error: Exception) -> None:
+            set_exception(error)
+            ended.set()
+
+        # The transport's protocol calls these on the reader when the peer closes or resets the connection.
+        setattr(reader, "feed_eof", eof)  # noqa: B010
+        setattr(reader, "set_exception", failed)  # noqa: B010
+        if reader.at_eof() or reader.exception() is not None:
+            ended.set()
+        self._ended[peer] = ended
+        return peer
+
+    def forget(self, peer: Peer | None) -> None:
+        if peer is not None:
+            self._ended.pop(peer, None)
+
+    def ended(self, client: Any) -> asyncio.Event | None:
+        peer = _peer(client)
+        return self._ended.get(peer) if peer is not None else None
+
+
+class ClientGoneMiddleware:
+    """An ASGI layer that tells the app `http.disconnect` once its request's connection has ended."""
+
+    def __init__(
+        self, app: Callable[[Scope, Receive, Send], Awaitable[None]], watch: ConnectionWatch, stats: ConnectionStats
+    ) -> None:
+        self._app = app
+        self._watch = watch
+        self._stats = stats
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ended = self._watch.ended(scope.get("client")) if scope.get("type") == "http" else None
+        if ended is None:
+            await self._app(scope, receive, send)
+            return
+
+        told = answered = False
+
+        async def sending(message: MutableMapping[str, Any]) -> None:
+            nonlocal answered
+            await send(message)
+            if message.get("type") == "http.response.body" and not message.get("more_body", False):
+                answered = True  # a client that leaves after this left nothing undone
+
+        async def receive_or_gone() -> MutableMapping[str, Any]:
+            nonlocal told
+            if not ended.is_set():
+                receiving = asyncio.ensure_future(receive())
+                ending = asyncio.ensure_future(ended.wait())
+                try:
+                    await asyncio.wait({receiving, ending}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    ending.cancel()
+                if receiving.done():
+                    return receiving.result()
+                receiving.cancel()
+            if not (told or answered):
+                told = True
+                self._stats.client_gone += 1
+            return dict(DISCONNECT)
+
+        await self._app(scope, receive_or_gone, sending)
+
+
+def _peer(address: Any) -> Peer | None:
+    if isinstance(address, list | tuple) and len(address) >= 2 and isinstance(address[1], int):
+        return (str(address[0]), address[1])
+    return None
