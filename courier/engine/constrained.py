@@ -9,8 +9,10 @@ top_p, seed). An unconstrained sequence has neither, so a batch without constrai
 
 A triggered constraint (a tool call in `auto` mode) leaves text free until the trigger (the call's start marker)
 appears in the output; from there the grammar holds until the call is complete, then text is free again, or, when
-only one call is allowed, the output ends. A matcher that reaches an error (it cannot: the mask allows only what
-it accepts; but a grammar bug must not loop) ends the output.
+only one call is allowed, the output ends. A grammar that cannot go on ends the output at once and says so
+(`failure`): a matcher in error (past a limit llguidance meets only while parsing, such as a row of more than
+`max_items_in_row` items, or a token it refuses after a replay gone wrong) or a mask that allows nothing. The
+engine then reports the reply as cut (`finish_reason: "length"`), never as a stop with partial text.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class ConstrainedSequence:
         self._matcher: LLMatcher | None = None
         self._stopped: LLMatcher | None = None  # the matcher the last forced run completed, if it did
         self.phase = _Phase.FREE
+        self.failure = ""  # why the grammar could not go on ("" while it can): the output then ends, cut
         if not constraint.trigger:
             self._start_matching()
 
@@ -172,6 +175,8 @@ class ConstrainedSequence:
             ):
                 break
             self._advance(candidate)
+            if self.failure:  # refused after all (a limit met while parsing): not written
+                break
             if self._matcher is None:  # the grammar is complete: kept, in case the run is cut
                 self._stopped = matcher
             forced.append(candidate)
@@ -223,7 +228,11 @@ class ConstrainedSequence:
         if self.phase is _Phase.FREE:
             return self._inner(logprobs)
         width = logprobs.shape[-1]
-        bias = self._end_bias(width) if self.phase is _Phase.DONE else self._bias(self._filler.row(self._row), width)
+        row = self._filler.row(self._row) if self.phase is _Phase.CONSTRAINED else None
+        if row is not None and self._matcher is not None and (self._matcher.is_error() or not row.any()):
+            self._fail(self._matcher.get_error() or "no token can continue the output")
+            row = None
+        bias = self._end_bias(width) if row is None else self._bias(row, width)
         masked = logprobs + bias
         if self._renormalize:
             masked = masked - mx.logsumexp(masked, axis=-1, keepdims=True)
@@ -247,7 +256,7 @@ class ConstrainedSequence:
     def _restart(self) -> None:
         """Back to the grammar state before any token: the caller advances it again over the tokens kept."""
         self._tail, self._matcher, self.phase, self._consumed = "", None, _Phase.FREE, 0
-        self._stopped = None
+        self._stopped, self.failure = None, ""
         if not self.constraint.trigger:
             self._start_matching()
 
@@ -265,11 +274,8 @@ class ConstrainedSequence:
             return
         if self.phase is _Phase.DONE or self._matcher is None:
             return
-        if not self._matcher.consume_token(token):  # cannot happen: the mask allowed only what it accepts
-            logger.warning(
-                "%s: token %d refused by the grammar (%s)", self.constraint.label, token, self._matcher.get_error()
-            )
-            self.phase = _Phase.DONE
+        if not self._matcher.consume_token(token):  # the mask allowed it: a limit met while parsing, or a bad replay
+            self._fail(f"token {token} refused: {self._matcher.get_error()}")
             return
         if self._matcher.is_stopped():
             self._matcher = None
@@ -278,6 +284,12 @@ class ConstrainedSequence:
     def _start_matching(self) -> None:
         self._matcher = self._compiler.matcher(self.constraint)
         self.phase = _Phase.CONSTRAINED
+
+    def _fail(self, why: str) -> None:
+        """The grammar cannot go on: only the end of sequence may follow, and the reply is reported cut."""
+        self.failure = why.strip().splitlines()[0] if why.strip() else "the grammar failed"
+        logger.warning("%s: the grammar cannot go on; the output ends, cut (%s)", self.constraint.label, self.failure)
+        self.phase, self._matcher, self._stopped = _Phase.DONE, None, None
 
 
 def _only(bitmask: bytes, token: int) -> bool:

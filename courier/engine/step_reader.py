@@ -3,7 +3,8 @@
 The generator gives tokens; a reply is text with its stop strings and end-of-sequence tokens taken out, optional
 logprobs, and exactly one finish. Tokens that add no text yet (part of a character, the start of a stop string) go
 out with the next event. A sequence that ends leaves the registry here, after its completion snapshot is taken. A
-sequence cut at its deadline ends here too, as a length cut with what it wrote.
+sequence cut at its deadline ends here too, as a length cut with what it wrote, and so does one whose grammar could
+not go on.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class StepReader:
                 break
             if ends is not None:
                 pieces.append(sequence.stop.flush())
-                read.reason = FinishReason.STOP if ends == "stop" else FinishReason.LENGTH
+                stopped = ends == "stop" and not _grammar_failed(sequence)  # a grammar that failed ended it: a cut
+                read.reason = FinishReason.STOP if stopped else FinishReason.LENGTH
         read.text = "".join(pieces)
         return read
 
@@ -163,6 +165,12 @@ def _finished(sequence: RunningSequence, reason: FinishReason, *, deadline: bool
         forced_tokens=sequence.forced,
         deadline=deadline,
     )
+
+
+def _grammar_failed(sequence: RunningSequence) -> bool:
+    """Whether its grammar could not go on (`engine/constrained.py`): its reply ended short of what the grammar
+    asks, so it is reported as cut, never as a stop with partial text."""
+    return sequence.constrained is not None and bool(sequence.constrained.failure)
 
 
 def _step_tokens(response: Any) -> tuple[list[int], list[mx.array]]:

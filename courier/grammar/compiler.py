@@ -1,9 +1,11 @@
 """Compiling constraints against the served model's vocabulary, with a bounded cache of compiled grammars.
 
 Compiling (grammar plus tokenizer into a matcher) takes about a millisecond for a typical schema and is bounded by
-`constraint.LIMITS`; the compiled matcher is kept, least recently used first out, under the constraint's key, and
-each generation gets a copy (microseconds). The HTTP layer compiles a request's constraint in a worker thread
-before admitting it, so a grammar that does not compile is a 400 and the engine, on the MLX thread, finds it cached.
+`constraint.LIMITS`; a grammar that fails on its first steps (`probe.py`: past a limit llguidance meets only while
+parsing, or with no finite output) is refused like one that does not compile. The compiled matcher is kept, least
+recently used first out, under the constraint's key, and each generation gets a copy (microseconds). The HTTP
+layer compiles a request's constraint in a worker thread before admitting it, so a grammar that does not compile
+is a 400 and the engine, on the MLX thread, finds it cached.
 Thread-safe: compiled in worker threads, copied on the MLX thread.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 from llguidance import LLMatcher, LLTokenizer
 
 from courier.grammar.constraint import LIMITS, Constraint, GrammarError
+from courier.grammar.probe import first_steps_failure, opener_tokens
 
 DEFAULT_CAPACITY = 256
 
@@ -35,6 +38,7 @@ class CompilerStats:
 class GrammarCompiler:
     def __init__(self, tokenizer: LLTokenizer, *, capacity: int = DEFAULT_CAPACITY) -> None:
         self.tokenizer = tokenizer
+        self._openers = opener_tokens(tokenizer)
         self._capacity = max(1, capacity)
         self._compiled: OrderedDict[str, LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
@@ -64,6 +68,13 @@ class GrammarCompiler:
         elapsed = time.perf_counter() - started
         if compiled.is_error():
             raise GrammarError(f"{param or constraint.label} cannot be compiled: {compiled.get_error()}", param)
+        if failure := first_steps_failure(compiled, self._openers):
+            raise GrammarError(
+                f"{param or constraint.label} cannot be followed: generation would fail at its first steps "
+                f"({failure}). A schema with no finite instance (a required property that refers back to its own "
+                "object) or too many alternatives at one point (properties, anyOf branches) cannot be generated",
+                param,
+            )
         with self._lock:
             self._compile_seconds += elapsed
             self._compiled[constraint.key] = compiled

@@ -362,6 +362,40 @@ def test_a_token_the_grammar_refuses_ends_the_output(
     first = drive.next()
     assert first != hello and loaded[1].decode([first]).startswith("{")
     assert drive.next(hello) == EOS  # what no mask allowed (a replay gone wrong): end, never loop
+    assert drive.sequence.failure.startswith(f"token {hello} refused")  # and the reply is reported cut
+
+
+# After four items, an object of 2,000 properties: a row past llguidance's limit, met only while parsing.
+FAILS_MID_REPLY = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "array", "items": {"enum": [1, 2]}, "minItems": 4, "maxItems": 4},
+        "b": {"type": "object", "properties": {f"p{index}": {} for index in range(2000)}},
+    },
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+
+
+def test_a_grammar_that_cannot_go_on_ends_the_output_marked_failed(
+    loaded: tuple[Any, Any], compiler: GrammarCompiler, tokenize: Callable[[str], list[int]]
+) -> None:
+    hello = tokenize(" Hello")[0]
+    drive, _ = driver(loaded, compiler, schema_constraint("deep", FAILS_MID_REPLY), hello)
+    assert EOS not in drive.feed(tokenize('{"a": [1, 2, 1, 2')) and not drive.sequence.failure
+    # The token closing the array makes llguidance predict the 2,000 properties: refused although the mask allowed it.
+    assert set(drive.feed(tokenize('], "b": {'))) == {EOS} and "max is 2000" in drive.sequence.failure
+
+
+def test_an_engine_reply_whose_grammar_fails_finishes_as_a_length_cut(
+    loaded: tuple[Any, Any], compiler: GrammarCompiler
+) -> None:
+    deep = schema_constraint("deep", FAILS_MID_REPLY)
+    outputs = run(engine_for(loaded, compiler), [request(f"deep{seed}", deep, seed=seed) for seed in range(2)])
+    for seed in range(2):
+        finished = ends(outputs)[f"deep{seed}"]
+        assert isinstance(finished, GenerationFinished) and finished.reason is FinishReason.LENGTH
+        assert finished.completion_tokens < 64 and texts(outputs)[f"deep{seed}"].startswith('{"a": [')
 
 
 def test_a_marker_completed_inside_a_token_still_triggers_the_call(
