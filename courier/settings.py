@@ -239,7 +239,11 @@ class Settings:
         metavar="MODEL",
     )
     served_model_name: str | None = setting(
-        None, _optional_text, "model id clients use (default: derived from --model)", metavar="NAME"
+        None,
+        _optional_text,
+        "model id clients use (default: derived from --model); several comma-separated: the first is the id, the "
+        "others aliases a request may name instead (one ending in * matches any name it begins, e.g. claude-*)",
+        metavar="NAME[,ALIAS...]",
     )
     cache_dir: Path = setting(  # noqa: RUF009
         Path(platformdirs.user_cache_dir("courier")), _path, "where converted models are kept", metavar="DIR"
@@ -342,6 +346,13 @@ class Settings:
         parse_positive_float,
         "deadline in seconds for one generation request, queueing included: a reply still running then ends as a "
         "length cut with what it wrote; one not started is a 504",
+        metavar="SECONDS",
+    )
+    stream_keepalive: float = setting(
+        5.0,
+        parse_positive_float,
+        "seconds a stream may stay silent (queued, or prefilling a long prompt) before a keep-alive is sent "
+        "(Anthropic's ping event), so clients and proxies do not give up on it",
         metavar="SECONDS",
     )
     default_max_tokens: int = setting(

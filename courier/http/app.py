@@ -1,4 +1,4 @@
-"""The Quart application: routes per API family, OpenAI error envelopes, request spans."""
+"""The Quart application: routes per API family, each family's error envelope, request spans."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from werkzeug.exceptions import HTTPException
 from courier.core.failure_codes import FailureCode
 from courier.http.context import AppContext
 from courier.http.cors import CorsMiddleware, CorsPolicy
-from courier.http.errors import ApiError
+from courier.http.anthropic import routes as anthropic_routes
+from courier.http.errors import ApiError, Envelope
 from courier.http.routes import (
     cache,
     chat,
@@ -51,6 +52,7 @@ def create_quart_app(context: AppContext) -> Quart:
     app.config["BODY_TIMEOUT"] = context.settings.body_timeout
     for module in (health, models, tokenize, chat, completions, responses, conversations, cache, metrics, openapi):
         app.register_blueprint(module.blueprint(context), url_prefix=context.settings.api_prefix or None)
+    app.register_blueprint(anthropic_routes.blueprint(context), url_prefix=context.settings.api_prefix or None)
 
     open_routes = {f"{context.settings.api_prefix}/health"}
     if context.settings.public_metrics:
@@ -62,7 +64,9 @@ def create_quart_app(context: AppContext) -> Quart:
         if rule is not None:
             name_request_span(request.method, rule)
         if rule not in open_routes:  # an unknown route too: no probing for routes without a key
-            g.caller = context.api_keys.caller(request.headers.get("Authorization"))
+            # Anthropic's clients send their key as `x-api-key`: taken on the Messages API's routes.
+            api_key = request.headers.get("x-api-key") if _envelope() is Envelope.ANTHROPIC else None
+            g.caller = context.api_keys.caller(request.headers.get("Authorization"), api_key)
 
     replica = context.settings.replica_id
     if replica is not None:
@@ -75,15 +79,15 @@ def create_quart_app(context: AppContext) -> Quart:
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
-        return error.response()
+        return error.response(_envelope())
 
     @app.errorhandler(Refused)
     async def refused(error: Refused) -> Response:
-        return ApiError.from_failure(error.failure).response()
+        return ApiError.from_failure(error.failure).response(_envelope())
 
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
-        response = _from_http_exception(error, context).response()
+        response = _from_http_exception(error, context).response(_envelope())
         if error.code in (408, 413):
             # The rest of the body is never read, so this connection cannot carry another request: say so, or a
             # keep-alive client would send its next request into a closed connection.
@@ -95,9 +99,14 @@ def create_quart_app(context: AppContext) -> Quart:
         logger.exception("unhandled error in %s %s", request.method, request.path)
         return ApiError(
             500, f"internal server error: {type(error).__name__}", code=FailureCode.INTERNAL_ERROR
-        ).response()
+        ).response(_envelope())
 
     return app
+
+
+def _envelope() -> Envelope:
+    """Anthropic's error envelope on the Messages API's routes, OpenAI's on every other."""
+    return Envelope.ANTHROPIC if request.blueprint == anthropic_routes.BLUEPRINT else Envelope.OPENAI
 
 
 def _from_http_exception(error: HTTPException, context: AppContext) -> ApiError:

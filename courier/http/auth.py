@@ -1,5 +1,8 @@
 """API keys: who is calling, checked on every route but `/health` (and `/metrics` with `--public-metrics`).
 
+A key arrives as `Authorization: Bearer KEY` (OpenAI's clients; Anthropic's too with a bearer token), or on the
+Messages API's routes as `x-api-key: KEY` (Anthropic's clients).
+
 Keys come from `--api-key`, `--api-key-file` and `--admin-api-key`. Only their
 SHA-256 digests are kept; a presented key is hashed and compared with every stored
 digest in constant time (`hmac.compare_digest`, no early exit), so the answer's
@@ -46,15 +49,21 @@ class ApiKeys:
     def __len__(self) -> int:
         return len(self._known)
 
-    def caller(self, authorization: str | None) -> Caller:
-        """The caller `Authorization: Bearer KEY` names; a missing or unknown key raises a 401 ApiError."""
+    def caller(self, authorization: str | None, api_key: str | None = None) -> Caller:
+        """The caller `Authorization: Bearer KEY` names, else the one `x-api-key: KEY` names (how Anthropic's clients
+        send it; Claude Code sends Bearer only with ANTHROPIC_AUTH_TOKEN); a missing or unknown key raises a 401."""
         if not self.enabled:
             return ANYONE
-        if authorization is None or not authorization.lower().startswith(BEARER):
+        if authorization is not None and authorization.lower().startswith(BEARER):
+            key = authorization[len(BEARER) :].strip()
+        elif api_key is not None:
+            key = api_key.strip()
+        else:
             raise _unauthorized(
-                "You didn't provide an API key. Send it in the Authorization header: `Authorization: Bearer KEY`."
+                "You didn't provide an API key. Send it in the Authorization header (`Authorization: Bearer KEY`) "
+                "or in `x-api-key: KEY`."
             )
-        presented = _digest(authorization[len(BEARER) :].strip())
+        presented = _digest(key)
         found: Caller | None = None
         for digest, admin in self._known:  # every digest compared: the time taken says nothing of a near match
             if hmac.compare_digest(digest, presented):

@@ -12,6 +12,7 @@ from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
 from courier.conversation.turn import TurnServices
 from courier.core.failure_codes import FailureCode
+from courier.core.model_names import ServedNames
 from courier.core.snapshot_store import StoreStats
 from courier.http.auth import ANYONE, ApiKeys, Caller
 from courier.http.errors import ApiError
@@ -73,9 +74,15 @@ class AppContext:
         """The most samples one request may ask for: `--max-n`, and never more than a batch holds."""
         return min(self.settings.max_n, self.settings.max_batch)
 
+    @property
+    def served_names(self) -> ServedNames:
+        """The served model's id and its aliases (`--served-model-name ID,ALIAS,...`)."""
+        names = ServedNames.parse(self.settings.served_model_name, self.state.model_id)
+        return ServedNames((self.state.model_id, *names.names[1:]))
+
     def require_model(self, requested: str | None) -> None:
-        """A request that names a model must name the served one."""
-        if requested is not None and requested != self.state.model_id:
+        """A request that names a model must name the served one, or one of its aliases."""
+        if requested is not None and not self.served_names.matches(requested):
             raise ApiError(
                 404,
                 f"The model '{requested}' does not exist; this server serves '{self.state.model_id}'",

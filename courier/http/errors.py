@@ -1,11 +1,16 @@
-"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status.
+"""Errors with the right status, in the envelope of the API the route speaks.
 
-This is the only place that chooses HTTP status codes for failures.
+OpenAI's `{"error": {"message", "type", "param", "code"}}` on its routes; Anthropic's
+`{"type": "error", "error": {"type", "message"}}` on the Messages API (`/v1/messages`), where the `type` follows
+the status as Anthropic's does (and Courier's `code` and `param` ride along, for clients that read them). The
+status is the same in either envelope: this is the only place that chooses HTTP status codes for failures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import Enum
+from typing import Any
 
 import orjson
 from quart import Response
@@ -36,8 +41,32 @@ _TYPE_BY_STATUS = {
 }
 
 
+# Anthropic's error types by status (docs.anthropic.com, "Errors"); another 4xx is invalid_request_error, another
+# 5xx api_error. Anthropic answers an overload 529; Courier keeps its 503, the standard status proxies know.
+_ANTHROPIC_TYPE_BY_STATUS = {
+    400: INVALID_REQUEST,
+    401: "authentication_error",
+    403: "permission_error",
+    404: NOT_FOUND,
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+# Anthropic's wording for a prompt past the window; agents look for it (Claude Code offers to compact).
+PROMPT_TOO_LONG = "prompt is too long"
+
+
+class Envelope(Enum):
+    """Whose error shape a route answers in."""
+
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+
 class ApiError(Exception):
-    """Raised anywhere in a route; the app answers it with the OpenAI envelope."""
+    """Raised anywhere in a route; the app answers it in the envelope of the route's API."""
 
     def __init__(
         self,
@@ -74,9 +103,23 @@ class ApiError(Exception):
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
 
-    def response(self) -> Response:
+    def anthropic_body(self) -> dict[str, Any]:
+        fallback = "api_error" if self.status >= 500 else INVALID_REQUEST
+        message = self.message
+        if self.code is FailureCode.CONTEXT_LENGTH_EXCEEDED:
+            message = f"{PROMPT_TOO_LONG}: {message}"
+        error = {
+            "type": _ANTHROPIC_TYPE_BY_STATUS.get(self.status, fallback),
+            "message": message,
+            "code": self.code,
+            "param": self.param,
+        }
+        return {"type": "error", "error": error, "request_id": None}
+
+    def response(self, envelope: Envelope = Envelope.OPENAI) -> Response:
+        body = self.anthropic_body() if envelope is Envelope.ANTHROPIC else self.body()
         return Response(
-            orjson.dumps(self.body()),
+            orjson.dumps(body),
             status=self.status,
             headers=self.headers,
             content_type="application/json",

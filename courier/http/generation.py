@@ -42,6 +42,7 @@ async def admit(context: AppContext, request: GenerationRequest, request_id: Req
             tenant=context.caller().tenant,
             n=request.n,
             deadline=time.monotonic() + context.settings.request_timeout,
+            fit_to_context=request.fit_to_context,
         ),
     )
 

@@ -53,6 +53,9 @@ class GenerationRequest:
     session: str = ""
     cache_prompt: bool = True
     n: int = 1  # samples of the prompt, each a choice
+    # Cap `max_tokens` at what the context leaves instead of refusing (the Messages API: agents ask for more output
+    # than a small model's window holds, on every call).
+    fit_to_context: bool = False
 
 
 def parse_chat_request(body: dict[str, Any], defaults: SamplingDefaults = OPENAI, max_n: int = 1) -> GenerationRequest:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from courier.core.template_options import REASONING_EFFORTS
+from courier.http.anthropic import schema as anthropic
 from courier.http.listing import MAX_LIMIT
 from courier.http.openai_requests import (
     MAX_LOGIT_BIAS,
@@ -27,6 +28,7 @@ Schema = dict[str, Any]
 
 OPENAPI_VERSION = "3.1.0"
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
 _OBJECT: Schema = {"type": "object"}
 _TEXT: Schema = {"type": "string"}
 _ID: Schema = {"type": "string", "minLength": 1}
@@ -419,6 +421,7 @@ def _operation(
     parameters: list[Schema] | None = None,
     content_types: tuple[str, ...] = ("application/json",),
     errors: tuple[int, ...] = (400,),
+    anthropic_errors: bool = False,
 ) -> Schema:
     operation: Schema = {
         "operationId": operation_id,
@@ -427,8 +430,8 @@ def _operation(
             "200": {"description": "OK", "content": {content: {"schema": _OBJECT} for content in content_types}},
             **{
                 str(status): {
-                    "description": "An OpenAI error envelope",
-                    "content": {"application/json": {"schema": _ERROR}},
+                    "description": "An Anthropic error envelope" if anthropic_errors else "An OpenAI error envelope",
+                    "content": {"application/json": {"schema": _ANTHROPIC_ERROR if anthropic_errors else _ERROR}},
                 }
                 for status in errors
             },
@@ -555,6 +558,25 @@ def openapi_document(prefix: str = "") -> Schema:
             "get": _operation("retrieveConversationItem", "One item", parameters=item, errors=(404,)),
             "delete": _operation("deleteConversationItem", "Delete one item", parameters=item, errors=(404,)),
         },
+        "/v1/messages": {
+            "post": _operation(
+                "createMessage",
+                "Anthropic Messages API (also with ?beta=true)",
+                body=anthropic.MESSAGES_REQUEST,
+                content_types=_STREAMED,
+                errors=(400, 401, 404, 413, 429, 500, 503, 504),
+                anthropic_errors=True,
+            )
+        },
+        "/v1/messages/count_tokens": {
+            "post": _operation(
+                "countMessageTokens",
+                "The prompt tokens a message would prefill",
+                body=anthropic.COUNT_TOKENS_REQUEST,
+                errors=(400, 401, 404),
+                anthropic_errors=True,
+            )
+        },
         "/v1/cache/stats": {"get": _operation("cacheStats", "Prompt cache statistics", errors=())},
         "/v1/cache/reset": {"post": _operation("cacheReset", "Drop every prompt cache snapshot", errors=())},
     }
@@ -563,12 +585,13 @@ def openapi_document(prefix: str = "") -> Schema:
         "info": {
             "title": "Courier",
             "version": "1",
-            "description": "An OpenAI-compatible inference server for MLX models. Every /v1 path is also served "
-            "without the /v1 prefix.",
+            "description": "An OpenAI-compatible inference server for MLX models, which speaks Anthropic's Messages "
+            "API too. Every OpenAI /v1 path is also served without the /v1 prefix.",
         },
         "paths": {prefix + path: item_schema for path, item_schema in paths.items()},
         "components": {
             "schemas": {
+                "AnthropicError": anthropic.ERROR,
                 "Error": {
                     "type": "object",
                     "required": ["error"],
@@ -584,7 +607,7 @@ def openapi_document(prefix: str = "") -> Schema:
                             },
                         }
                     },
-                }
+                },
             }
         },
     }

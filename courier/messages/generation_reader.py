@@ -1,7 +1,8 @@
 """Reading one admitted generation's events: the deadline, cancellation, and every way it can end.
 
 `generated_events` yields text events until the terminal `GenerationFinished`,
-honouring a `Cancellation`; a failure is `Refused` with its typed failure (504 when
+honouring a `Cancellation` (`events_or_idle` also says when none came for a while, for a stream's keep-alives);
+a failure is `Refused` with its typed failure (504 when
 the deadline came before the first token, 503 when the server cut it while shutting
 down, else 500), a cancellation `GenerationCancelled`. The scheduler ends a
 generation at its deadline (`AdmitGeneration.deadline`), keeping what it wrote as a
@@ -15,7 +16,8 @@ every route that generates and by the compactor's summary alike.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import anyio
@@ -75,6 +77,14 @@ class Collected:
     finished: GenerationFinished
 
 
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """No event came for the `idle_s` asked for (the request is queued, or prefilling a long prompt): a stream's cue
+    to send a keep-alive."""
+
+    seconds: float
+
+
 async def generated_events(
     admitted: Admitted,
     timeout_s: float,
@@ -85,8 +95,24 @@ async def generated_events(
     """Events until `GenerationFinished` (the last of them, for a request of several samples); a failure, or no
     finish by `timeout_s` + `grace_s`, raises `Refused`, a cancellation `GenerationCancelled`. A caller that keeps
     nothing of a reply cut at its deadline (the compactor's summary) waits no grace."""
+    async with aclosing(events_or_idle(admitted, timeout_s, cancellation, grace_s=grace_s)) as events:
+        async for event in events:
+            assert not isinstance(event, Idle), "asked for no idle_s"
+            yield event
+
+
+async def events_or_idle(
+    admitted: Admitted,
+    timeout_s: float,
+    cancellation: Cancellation | None = None,
+    *,
+    grace_s: float = ENGINE_GRACE_S,
+    idle_s: float | None = None,
+) -> AsyncGenerator[TokensGenerated | GenerationFinished | Idle, None]:
+    """`generated_events`, with an `Idle` each time `idle_s` seconds pass without an event (None: never)."""
     deadline = time.monotonic() + timeout_s + grace_s
     unfinished = admitted.choices
+    last_event = time.monotonic()
     with admitted.events as events:
         while True:
             if cancellation is not None and cancellation.requested:
@@ -95,6 +121,8 @@ async def generated_events(
             wait = max(0.0, deadline - time.monotonic())
             if cancellation is not None and cancellation.polled:
                 wait = min(wait, ABANDON_POLL_S)
+            if idle_s is not None:
+                wait = min(wait, idle_s)
             with anyio.move_on_after(wait) as scope:
                 if cancellation is not None:
                     cancellation.watch(scope)
@@ -104,6 +132,10 @@ async def generated_events(
                 if event is None and cancellation.requested:
                     raise GenerationCancelled
             if event is None and time.monotonic() < deadline:
+                idle = time.monotonic() - last_event
+                if idle_s is not None and idle >= idle_s:
+                    last_event = time.monotonic()
+                    yield Idle(idle)
                 continue  # a poll for abandonment, not the deadline
             if event is None:
                 message = f"the request did not finish within {timeout_s:g} s"
@@ -112,6 +144,7 @@ async def generated_events(
                 )
             if isinstance(event, GenerationFailed):
                 raise Refused(_failure(event))
+            last_event = time.monotonic()
             yield event
             if isinstance(event, GenerationFinished):
                 unfinished -= 1

@@ -39,6 +39,7 @@ from courier.actors.storage import StorageActor
 from courier.actors.token_counter import TokenCounterActor
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
+from courier.core.model_names import ServedNames
 from courier.core.prompt_lookup import LookupLimits
 from courier.core.sampling_defaults import resolve
 from courier.engine.batch_engine import BatchEngine
@@ -138,7 +139,7 @@ class Supervisor:
         stats = SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue)
         self._state = ServiceState(
             blas=blas,
-            model_id=settings.served_model_name or source.default_id,
+            model_id=ServedNames.parse(settings.served_model_name, source.default_id).model_id,
             scheduler=stats,
             connections=ConnectionStats(limit=cap_for_open_files(settings.max_connections)),
         )
@@ -224,7 +225,7 @@ class Supervisor:
         load = partial(
             load_model,
             self._source,
-            served_model_name=self._settings.served_model_name,
+            served_model_name=ServedNames.parse(self._settings.served_model_name, self._source.default_id).model_id,
             cache_dir=self._settings.cache_dir,
             weight_format=self._settings.weight_format,
             warmup=self._settings.warmup,

@@ -82,7 +82,9 @@ async def test_every_route_but_health_needs_a_key(app: tuple[QuartClient, list[t
     for method, path in routes:
         if path == "/health":
             continue
-        for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": KEY}, {"X-Api-Key": KEY}):
+        messages_api = path.startswith("/v1/messages")  # Anthropic's clients send x-api-key
+        wrong = {"X-Api-Key": "sk-wrong"} if messages_api else {"X-Api-Key": KEY}
+        for headers in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": KEY}, wrong):
             reply = await client.open(path, method=method, headers=headers, json={})
             assert reply.status_code == 401, (method, path, headers)
             body = await reply.get_json()
@@ -90,6 +92,9 @@ async def test_every_route_but_health_needs_a_key(app: tuple[QuartClient, list[t
             assert reply.headers["WWW-Authenticate"] == "Bearer"
         accepted = await client.open(path, method=method, headers={"Authorization": f"Bearer {KEY}"}, json={})
         assert accepted.status_code != 401, (method, path)  # a 503 (loading), a 400, ...: the key was accepted
+        if messages_api:
+            accepted = await client.open(path, method=method, headers={"X-Api-Key": KEY}, json={})
+            assert accepted.status_code != 401, (method, path)
     assert (await client.get("/health")).status_code == 503  # loading: its answer, without a key
     assert (await client.get("/no/such/route")).status_code == 401  # no probing for routes without a key
 

@@ -1,0 +1,42 @@
+"""The names a server answers to: `--served-model-name ID[,ALIAS...]`.
+
+The first name is the model's id (what replies and `/v1/models` report first); the others are aliases a request
+may send in `model` instead. Agents name models of their own: Claude Code asks for `claude-opus-4-8` (or whatever
+its settings say), so an operator maps those names onto the served model. An alias ending in `*` matches every name
+that starts with what comes before it (`claude-*`); the other characters, brackets included, match only
+themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WILDCARD = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class ServedNames:
+    names: tuple[str, ...]  # the id first, then the aliases, as given
+
+    @classmethod
+    def parse(cls, text: str | None, default: str) -> ServedNames:
+        """`"id,alias,claude-*"` -> the names, spaces around each dropped; none given: `default` alone."""
+        names = tuple(dict.fromkeys(name.strip() for name in (text or "").split(",") if name.strip()))
+        return cls(names or (default,))
+
+    @property
+    def model_id(self) -> str:
+        return self.names[0]
+
+    @property
+    def listed(self) -> tuple[str, ...]:
+        """The names a model list shows: the id and the exact aliases (a pattern names no one model)."""
+        return tuple(name for name in self.names if not name.endswith(WILDCARD))
+
+    def matches(self, requested: str) -> bool:
+        for name in self.names:
+            if name.endswith(WILDCARD) and requested.startswith(name[: -len(WILDCARD)]):
+                return True
+            if requested == name:
+                return True
+        return False

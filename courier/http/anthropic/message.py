@@ -1,0 +1,97 @@
+"""The Messages API's reply shapes: the message object, its content blocks, `stop_reason` and `usage`.
+
+Usage splits the prompt as Anthropic's does: `input_tokens` are those neither read from the prompt cache
+(`cache_read_input_tokens`, the snapshot store's `cached_tokens`) nor written to it (`cache_creation_input_tokens`,
+its `cache_write_tokens`), so the three add up to the prompt `count_tokens` reports.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from courier.core.json_text import json_object
+from courier.core.tool_calls import ToolCall
+from courier.storage.records import JsonObject
+
+TOOL_USE_PREFIX = "toolu_"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    thinking_tokens: int = 0
+
+    def as_dict(self) -> JsonObject:
+        cached = min(self.cached_tokens, self.prompt_tokens)
+        written = min(self.cache_write_tokens, self.prompt_tokens - cached)
+        return {
+            "input_tokens": self.prompt_tokens - cached - written,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": cached,
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"thinking_tokens": self.thinking_tokens},
+            "service_tier": "standard",
+        }
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def stop_reason(*, cut: bool, calls: Sequence[ToolCall], stop_sequence: str | None) -> str:
+    """`max_tokens` whenever the limit cut the reply (a call may have been cut with it), as chat says `length`."""
+    if cut:
+        return "max_tokens"
+    if calls:
+        return "tool_use"
+    return "stop_sequence" if stop_sequence is not None else "end_turn"
+
+
+def thinking_block(thinking: str) -> JsonObject:
+    # Nothing here signs reasoning: a client sends the block back as it came, and it is rendered as it says.
+    return {"type": "thinking", "thinking": thinking, "signature": ""}
+
+
+def text_block(text: str) -> JsonObject:
+    return {"type": "text", "text": text}
+
+
+def tool_use_block(call: ToolCall) -> JsonObject:
+    """A call as a `tool_use` block: its arguments as the `input` object ({} when they are not a JSON object)."""
+    call_id = call.id if call.id.startswith(TOOL_USE_PREFIX) else TOOL_USE_PREFIX + call.id.removeprefix("call_")
+    return {"type": "tool_use", "id": call_id, "name": call.name, "input": json_object(call.arguments) or {}}
+
+
+def content_blocks(reasoning: str, text: str, calls: Sequence[ToolCall]) -> list[JsonObject]:
+    """Thinking first, then the text (none when it is only whitespace), then each call."""
+    blocks = [thinking_block(reasoning)] if reasoning else []
+    if text.strip():
+        blocks.append(text_block(text))
+    return [*blocks, *(tool_use_block(call) for call in calls)]
+
+
+def message_object(
+    *,
+    message_id: str,
+    model: str,
+    content: Sequence[JsonObject],
+    stop: str | None,
+    stop_sequence: str | None,
+    usage: Usage,
+) -> JsonObject:
+    """The whole message (a stream's `message_start` carries it with no content and `stop` None)."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": list(content),
+        "stop_reason": stop,
+        "stop_sequence": stop_sequence,
+        "usage": usage.as_dict(),
+    }

@@ -1,0 +1,140 @@
+"""POST /v1/messages (whole or streamed; `?beta=true` as Claude Code sends it) and POST /v1/messages/count_tokens.
+
+The same admission, engine, grammar, prompt cache, auth and tracing as the OpenAI routes: the body becomes the one
+internal request (`request.py`), the engine's events become Anthropic's message or stream (`run.py`, `message.py`,
+`events.py`). Nothing is stored. Failures answer in Anthropic's error envelope (`http/errors.py`, chosen by this
+blueprint's name in `http/app.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Blueprint, Response
+
+from courier.conversation.chat_render import assistant_message, template_tool_call
+from courier.conversation.warm_up import warm_up_next_turn
+from courier.http.anthropic import thinking_budget
+from courier.http.anthropic.events import MessageEvents, error_event, ping
+from courier.http.anthropic.message import (
+    Usage,
+    content_blocks,
+    message_object,
+    new_message_id,
+    tool_use_block,
+)
+from courier.http.anthropic.request import MessagesRequest, parse_messages_request
+from courier.http.anthropic.run import MessageRun
+from courier.http.context import AppContext
+from courier.http.generation import admit, new_request_id
+from courier.http.json_body import read_json_object
+from courier.http.streaming import event_stream_response
+from courier.messages.asking import call
+from courier.messages.generation_reader import Idle
+from courier.messages.ingress import ChatPrompt
+from courier.messages.media import FetchMemo
+from courier.messages.token_counter import TokenizeChat
+from courier.storage.records import JsonObject
+
+BLUEPRINT = "anthropic"
+
+
+def blueprint(context: AppContext) -> Blueprint:
+    routes = Blueprint(BLUEPRINT, __name__)
+
+    @routes.post("/v1/messages")
+    async def create_message() -> Response | JsonObject:
+        request = parse_messages_request(await read_json_object(), context.state.sampling_defaults)
+        context.require_ready()
+        context.require_model(request.model)
+        if thinking_budget.enforced(context, request):
+            request = await thinking_budget.prerendered(context, request)
+        admitted = await admit(context, request.generation, new_request_id())
+        run = MessageRun(context, request, admitted)
+        tenant = context.caller().tenant  # read now: a stream runs after this view has returned
+        if request.generation.stream:
+            return event_stream_response(_stream(context, request, run, tenant), done=None, error_event=error_event)
+        async for _ in run.parts():
+            pass
+        outcome = run.outcome
+        _warm_up_next_turn(context, request, run, tenant)
+        reply = run.reply
+        return message_object(
+            message_id=new_message_id(),
+            model=request.model,
+            content=content_blocks(reply.reasoning, reply.content, outcome.calls),
+            stop=outcome.stop_reason,
+            stop_sequence=outcome.stop_sequence,
+            usage=outcome.usage,
+        )
+
+    @routes.post("/v1/messages/count_tokens")
+    async def count_tokens() -> dict[str, Any]:
+        """The tokens the same body's message would prefill (its images counted as the tokens they expand to)."""
+        request = parse_messages_request(await read_json_object(), context.state.sampling_defaults, counting=True)
+        context.require_ready()
+        context.require_model(request.model)
+        prompt = request.generation.prompt
+        assert isinstance(prompt, ChatPrompt)
+        images = await context.image_admission().admit_for_count(prompt.images, FetchMemo())
+        result = await call(
+            context.outboxes.token_counter,
+            lambda reply: TokenizeChat(
+                messages=prompt.messages,
+                tools=prompt.tools,
+                add_generation_prompt=True,
+                reply=reply,
+                thinking=prompt.thinking,
+                options=prompt.options,
+                images=images,
+                max_tokens=context.context_length,
+            ),
+        )
+        return {"input_tokens": len(result.tokens)}
+
+    return routes
+
+
+async def _stream(context: AppContext, request: MessagesRequest, run: MessageRun, tenant: str) -> AsyncIterator[bytes]:
+    """Anthropic's events; a `ping` whenever the generation is silent for `--stream-keepalive` seconds (queued, or
+    prefilling a long prompt), so the client keeps waiting. `message_start` reports the whole prompt as
+    `input_tokens`; how much of it the cache served is known at the end, and `message_delta` carries it."""
+    writer = MessageEvents()
+    started = Usage(prompt_tokens=run.prompt_tokens, output_tokens=0)
+    yield writer.start(
+        message_object(
+            message_id=new_message_id(), model=request.model, content=[], stop=None, stop_sequence=None, usage=started
+        )
+    )
+    async for part in run.parts(context.settings.stream_keepalive):
+        if isinstance(part, Idle):
+            yield ping()
+            continue
+        for chunk in (*writer.thinking(part.reasoning), *writer.text(part.content)):
+            yield chunk
+    outcome = run.outcome
+    for call_made in outcome.calls:
+        for chunk in writer.tool_use(tool_use_block(call_made)):
+            yield chunk
+    _warm_up_next_turn(context, request, run, tenant)
+    for chunk in writer.finish(outcome.stop_reason, outcome.stop_sequence, outcome.usage.as_dict()):
+        yield chunk
+
+
+def _warm_up_next_turn(context: AppContext, request: MessagesRequest, run: MessageRun, tenant: str) -> None:
+    """Ask for the conversation, this reply included, to be prefilled while the server is idle, the reply rendered
+    as the client will send it back (its text, its thinking, its calls under their `toolu_` ids)."""
+    prompt = request.generation.prompt
+    if not context.settings.prompt_cache or not isinstance(prompt, ChatPrompt):
+        return
+    reply = run.reply
+    calls = [tool_use_block(call_made) for call_made in run.outcome.calls]
+    message = assistant_message(
+        reply.content if reply.content.strip() else "",
+        [template_tool_call(block["id"], block["name"], block["input"]) for block in calls],
+    )
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    messages = [*prompt.messages, message]
+    warm_up_next_turn(context.outboxes.ingress, request.generation.session, messages, prompt.tools, tenant)

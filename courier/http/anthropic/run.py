@@ -1,0 +1,158 @@
+"""Reading one message's generation: the reply's parts as they come (through `http/reply.py`, the reasoning split
+and tool-call parsing chat and the Responses API share), its thinking budget, and how it ended.
+
+`MessageRun.parts` yields each piece of reasoning and text as it is read (and an `Idle` whenever the stream would
+be silent for `idle_s`, the cue for a keep-alive); once it is exhausted, `outcome` says what ended the reply: the
+calls it made, its `stop_reason` and `stop_sequence`, and its usage.
+
+Which stop sequence ended a reply is not among the engine's events (it reports a stop, the string taken out), so
+when a request has stop sequences and its reply stopped, the reply's tokens are detokenized once more and the stop
+sequence found after the text it sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from courier.core.tool_calls import ToolCall
+from courier.engine.generation import FinishReason, GenerationFinished, TokensGenerated
+from courier.http.anthropic import thinking_budget
+from courier.http.anthropic.message import Usage, stop_reason
+from courier.http.anthropic.request import MessagesRequest
+from courier.http.context import AppContext
+from courier.http.reply import ReplyAssembler, ReplyDelta, reply_parsing
+from courier.messages.asking import Refused, call
+from courier.messages.generation_reader import Idle, ended_without_result, events_or_idle
+from courier.messages.ingress import Admitted
+from courier.messages.token_counter import Detokenize
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    calls: list[ToolCall]
+    stop_reason: str
+    stop_sequence: str | None
+    usage: Usage
+
+
+@dataclass(slots=True)
+class _Generation:
+    """What one generation wrote: its tokens (end-of-sequence tokens aside) and its raw text."""
+
+    admitted: Admitted
+    token_ids: list[int]
+    texts: list[str]
+    finished: GenerationFinished | None = None
+
+
+class MessageRun:
+    def __init__(self, context: AppContext, request: MessagesRequest, admitted: Admitted) -> None:
+        self._context = context
+        self._request = request
+        generation = request.generation
+        self.reply = ReplyAssembler(reply_parsing(context.state, admitted, generation.tools, generation.output))
+        self._first = _Generation(admitted, [], [])
+        self._closing: tuple[int, ...] = ()  # the tokens that closed a reasoning block over its budget
+        self._outcome: Outcome | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._first.admitted.prompt_tokens
+
+    @property
+    def outcome(self) -> Outcome:
+        assert self._outcome is not None, "read `parts` to the end first"
+        return self._outcome
+
+    async def parts(self, idle_s: float | None = None) -> AsyncIterator[ReplyDelta | Idle]:
+        first = self._first
+        last = first
+        async for part in self._read(first, idle_s, budget=self._budget()):
+            yield part
+        if first.finished is None:  # its reasoning reached the budget: the block is closed, the answer follows
+            text, self._closing = await thinking_budget.closing_tokens(self._context)
+            yield self.reply.feed(TokensGenerated(text=text, token_ids=self._closing))
+            written = (*first.token_ids, *self._closing)
+            admitted = await thinking_budget.continuation(
+                self._context, self._request, written, first.admitted.max_tokens - len(written)
+            )
+            if admitted is not None:
+                last = _Generation(admitted, [], [])
+                async for part in self._read(last, idle_s, budget=None):
+                    yield part
+        rest, calls = self.reply.finish(cut=last.finished is None or last.finished.reason is FinishReason.LENGTH)
+        if rest.reasoning or rest.content:
+            yield rest
+        stop_sequence = await self._stop_sequence(last, calls)
+        self._outcome = Outcome(
+            calls=calls,
+            stop_reason=stop_reason(cut=self._cut(last), calls=calls, stop_sequence=stop_sequence),
+            stop_sequence=stop_sequence,
+            usage=self._usage(last),
+        )
+
+    def _budget(self) -> int | None:
+        budget = self._request.thinking.budget_tokens
+        if budget is None or not thinking_budget.enforced(self._context, self._request):
+            return None
+        return budget
+
+    async def _read(
+        self, generation: _Generation, idle_s: float | None, *, budget: int | None
+    ) -> AsyncIterator[ReplyDelta | Idle]:
+        """Feed one generation's events into the reply; with a `budget`, stop reading (leaving `finished` None) once
+        the reasoning block has spent it without closing."""
+        timeout = self._context.settings.request_timeout
+        events = events_or_idle(generation.admitted, timeout, idle_s=idle_s)
+        async with aclosing(events):
+            async for event in events:
+                if isinstance(event, Idle):
+                    yield event
+                    continue
+                if isinstance(event, GenerationFinished):
+                    generation.finished = event
+                    return
+                generation.token_ids.extend(event.token_ids)
+                generation.texts.append(event.text)
+                yield self.reply.feed(event)
+                if budget is not None and self.reply.reasoning_tokens >= budget and not self.reply.reasoning_closed:
+                    return
+        raise Refused(ended_without_result())  # the events ended before a finish
+
+    def _cut(self, last: _Generation) -> bool:
+        return last.finished is None or last.finished.reason is FinishReason.LENGTH
+
+    async def _stop_sequence(self, last: _Generation, calls: Sequence[ToolCall]) -> str | None:
+        stops = self._request.generation.sampling.stop
+        finished = last.finished
+        if not stops or calls or finished is None or finished.reason is not FinishReason.STOP:
+            return None
+        tokens = tuple(last.token_ids)
+        decoded = await call(self._context.outboxes.token_counter, lambda reply: Detokenize(tokens=tokens, reply=reply))
+        return reached_stop(decoded.text, "".join(last.texts), stops)
+
+    def _usage(self, last: _Generation) -> Usage:
+        first = self._first
+        finished = last.finished
+        if last is first:
+            output = finished.completion_tokens if finished is not None else len(first.token_ids)
+        else:
+            written = len(first.token_ids) + len(self._closing)
+            output = written + (finished.completion_tokens if finished is not None else 0)
+        return Usage(
+            prompt_tokens=first.admitted.prompt_tokens,
+            output_tokens=output,
+            cached_tokens=finished.cached_tokens if finished is not None else 0,
+            cache_write_tokens=finished.cache_write_tokens if finished is not None and last is first else 0,
+            thinking_tokens=self.reply.reasoning_tokens,
+        )
+
+
+def reached_stop(decoded: str, sent: str, stops: Sequence[str]) -> str | None:
+    """The stop sequence a reply stopped at: the one found earliest in its decoded tokens past the text it sent
+    (None: an end-of-sequence token ended it)."""
+    start = len(sent) if decoded.startswith(sent) else 0
+    found = [(index, stop) for stop in stops if (index := decoded.find(stop, start)) >= 0]
+    return min(found)[1] if found else None
