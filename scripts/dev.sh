@@ -64,6 +64,25 @@ ensure_haproxy() {
     apt_install haproxy "the front's tests"
 }
 
+# Claude Code, for the test that runs the real agent against a server (tests/http/anthropic/test_claude_code.py):
+# installed into .npm-agents/ (gitignored) when npm is there (~10 s; its postinstall is not needed), else that test
+# is skipped. The version is pinned: the recorded requests in tests/data/agents/ are this version's.
+CLAUDE_CODE_VERSION=2.1.197
+ensure_agents() {
+    local installed=.npm-agents/node_modules/@anthropic-ai/claude-code/package.json
+    if [ -f "$installed" ] && grep -q "\"version\": \"$CLAUDE_CODE_VERSION\"" "$installed"; then
+        return 0
+    fi
+    if ! command -v npm >/dev/null 2>&1; then
+        log "WARNING: npm not found; the Claude Code end-to-end test will be skipped"
+        return 0
+    fi
+    log "installing Claude Code $CLAUDE_CODE_VERSION into .npm-agents/"
+    npm install --prefix .npm-agents --no-audit --no-fund --loglevel=error \
+        "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >/dev/null ||
+        log "WARNING: Claude Code did not install; its end-to-end test will be skipped"
+}
+
 # $1: the pip install target ("." or ".[dev,vision]"); reinstalls when pyproject.toml changes.
 ensure_venv() {
     local target=$1 stamp
@@ -101,6 +120,7 @@ case "$command" in
         ensure_venv ".[dev,vision]"
         ensure_postgresql
         ensure_haproxy
+        ensure_agents
         log "ruff"
         "$VENV/bin/ruff" check courier tests bench traces
         "$VENV/bin/ruff" format --check courier tests bench traces

@@ -1,0 +1,295 @@
+"""POST /v1/messages and /v1/messages/count_tokens through a real server, with the official Anthropic client.
+
+On the package's 64K-window random model (conftest.py), in generic tool mode: whole and streamed messages in
+Anthropic's order, usage that adds up to the count, every tool_choice, aliases, the prompt cache on a second turn,
+an agent-sized max_tokens capped, a prompt past the window refused, keep-alives during a long prefill, and errors
+in Anthropic's envelope with either header carrying the key.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import anthropic
+import httpx
+import orjson
+import pytest
+
+from tests.http.anthropic.conftest import ALIAS, MODEL
+from tests.http.anthropic.sse import check_order, read_events
+from tests.support.agent_recorder import API_KEY, BEARER_KEY
+from tests.support.server import RunningServer
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Get the current weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+def ask(text: str = "Say hello") -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def fresh(prefix: str = "") -> str:
+    """A system prompt no other test sends, so no test starts from another's cached state."""
+    return f"{prefix}You are test {uuid.uuid4().hex}."
+
+
+def total_input(usage: Any) -> int:
+    return int(usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens)
+
+
+def test_a_message_is_answered_and_its_usage_adds_up_to_the_count(messages_client: anthropic.Anthropic) -> None:
+    system = fresh()
+    message = messages_client.messages.create(model=MODEL, max_tokens=50, system=system, messages=ask())
+    assert (message.type, message.role, message.model) == ("message", "assistant", MODEL)
+    assert message.id.startswith("msg_") and message.stop_reason in ("end_turn", "max_tokens")
+    assert all(block.type == "text" for block in message.content)
+    counted = messages_client.messages.count_tokens(model=MODEL, system=system, messages=ask()).input_tokens
+    assert total_input(message.usage) == counted
+    assert message.usage.output_tokens >= 1
+
+
+def test_aliases_name_the_model_and_the_reply_echoes_the_name(
+    messages_client: anthropic.Anthropic, server: RunningServer
+) -> None:
+    for name in (ALIAS, "claude-opus-4-8[1m]", "claude-haiku-4-5-20251001"):
+        assert messages_client.messages.create(model=name, max_tokens=5, messages=ask()).model == name
+    with pytest.raises(anthropic.NotFoundError) as unknown:
+        messages_client.messages.create(model="gpt-4o", max_tokens=5, messages=ask())
+    assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    listed = httpx.get(f"{server.base_url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert [model["id"] for model in listed["data"]] == [MODEL, ALIAS]  # a pattern names no one model
+
+
+def test_a_stream_keeps_anthropics_order_and_adds_up(keyed_http: httpx.Client) -> None:
+    body = {"model": MODEL, "max_tokens": 64, "system": fresh(), "messages": ask(), "stream": True}
+    with keyed_http.stream("POST", "/v1/messages?beta=true", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = check_order(read_events(response))
+    counted = keyed_http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    started, (_, delta), _ = events[0][1], events[-2], events[-1]
+    assert started["message"]["usage"]["input_tokens"] == counted  # before the cache split is known
+    assert started["message"]["content"] == [] and started["message"]["stop_reason"] is None
+    final = delta["usage"]
+    assert final["input_tokens"] + final["cache_read_input_tokens"] + final["cache_creation_input_tokens"] == counted
+    assert delta["delta"]["stop_reason"] in ("end_turn", "max_tokens")
+
+
+def test_the_sdks_stream_helper_gets_the_final_message(messages_client: anthropic.Anthropic) -> None:
+    with messages_client.messages.stream(model=MODEL, max_tokens=64, system=fresh(), messages=ask()) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(block.text for block in final.content if block.type == "text") == text
+    assert final.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_a_forced_call_streams_as_one_tool_use_block(keyed_http: httpx.Client) -> None:
+    body = {
+        "model": MODEL,
+        "max_tokens": 200,
+        "system": fresh(),
+        "messages": ask("Weather in Paris?"),
+        "tools": [WEATHER],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "stream": True,
+    }
+    with keyed_http.stream("POST", "/v1/messages", json=body) as response:
+        events = check_order(read_events(response))
+    assert [name for name, _ in events] == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    block = events[1][1]["content_block"]
+    assert (block["type"], block["name"], block["input"]) == ("tool_use", "get_weather", {})
+    assert block["id"].startswith("toolu_")
+    arguments = json.loads(events[2][1]["delta"]["partial_json"])
+    assert list(arguments) == ["city"] and isinstance(arguments["city"], str)
+    assert events[4][1]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+
+
+@pytest.mark.parametrize(
+    ("choice", "calls"),
+    [
+        ({"type": "tool", "name": "get_weather"}, "one"),
+        ({"type": "any", "disable_parallel_tool_use": True}, "one"),
+        ({"type": "any"}, "some"),
+        ({"type": "none"}, "none"),
+        ({"type": "auto"}, "any"),
+    ],
+)
+def test_each_tool_choice_in_generic_mode(messages_client: anthropic.Anthropic, choice: Any, calls: str) -> None:
+    system = fresh()
+    message = messages_client.messages.create(
+        model=MODEL, max_tokens=200, system=system, messages=ask("Weather?"), tools=[WEATHER], tool_choice=choice
+    )
+    used = [block for block in message.content if block.type == "tool_use"]
+    assert all(block.type in ("text", "tool_use") for block in message.content)
+    assert all(block.name == "get_weather" and isinstance(block.input.get("city"), str) for block in used)
+    if calls == "one":
+        assert len(used) == 1 and message.stop_reason == "tool_use"
+    elif calls == "some":
+        assert used and message.stop_reason == "tool_use"
+    elif calls == "none":
+        assert not used
+        count = messages_client.messages.count_tokens
+        with_none = count(model=MODEL, system=system, messages=ask("Weather?"), tools=[WEATHER], tool_choice=choice)
+        assert with_none.input_tokens == count(model=MODEL, system=system, messages=ask("Weather?")).input_tokens
+
+
+def test_a_tool_result_turn_is_answered(messages_client: anthropic.Anthropic) -> None:
+    system = fresh()
+    first = messages_client.messages.create(
+        model=MODEL,
+        max_tokens=200,
+        system=system,
+        messages=ask("Weather?"),
+        tools=[WEATHER],
+        tool_choice={"type": "any"},
+    )
+    call = next(block for block in first.content if block.type == "tool_use")
+    results = [
+        {"type": "tool_result", "tool_use_id": call.id, "content": [{"type": "text", "text": "18 C"}]},
+        {"type": "tool_result", "tool_use_id": "toolu_other", "content": "timed out", "is_error": True},
+    ]
+    history: list[Any] = [
+        *ask("Weather?"),
+        {"role": "assistant", "content": first.content},
+        {"role": "user", "content": results},
+    ]
+    second = messages_client.messages.create(
+        model=MODEL, max_tokens=50, system=system, messages=history, tools=[WEATHER]
+    )
+    assert second.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert second.usage.cache_read_input_tokens > 0  # the first turn's prompt, and its reply warmed up after it
+
+
+def test_a_second_turn_reads_the_prompt_cache(messages_client: anthropic.Anthropic) -> None:
+    system = fresh("Answer briefly. " * 20)
+    session = {"user_id": f"session-{uuid.uuid4().hex}"}
+    first = messages_client.messages.create(model=MODEL, max_tokens=20, system=system, messages=ask(), metadata=session)
+    assert first.usage.cache_read_input_tokens == 0
+    history: list[Any] = [*ask(), {"role": "assistant", "content": first.content or "..."}, *ask("And again?")]
+    second = messages_client.messages.create(
+        model=MODEL, max_tokens=20, system=system, messages=history, metadata=session
+    )
+    assert second.usage.cache_read_input_tokens >= total_input(first.usage) // 2
+
+
+def test_a_json_schema_answer_is_json(messages_client: anthropic.Anthropic) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string"}},
+        "required": ["title"],
+        "additionalProperties": False,
+    }
+    message = messages_client.messages.create(
+        model=MODEL,
+        max_tokens=300,
+        system=fresh(),
+        messages=ask(),
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    assert message.stop_reason == "end_turn"
+    assert list(json.loads("".join(b.text for b in message.content if b.type == "text"))) == ["title"]
+
+
+def test_max_tokens_past_the_window_is_capped(keyed_http: httpx.Client) -> None:
+    """Agents ask for 32,000-128,000 output tokens on every call: more than the window holds, served anyway."""
+    body = {"model": MODEL, "max_tokens": 1_000_000, "system": fresh(), "messages": ask()}
+    assert keyed_http.post("/v1/messages", json=body).status_code == 200
+    with keyed_http.stream("POST", "/v1/messages", json={**body, "stream": True}) as response:
+        check_order(read_events(response))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_past_the_window_is_refused_before_any_prefill(keyed_http: httpx.Client, stream: bool) -> None:
+    body = {"model": MODEL, "max_tokens": 100, "messages": ask("hello " * 70_000), "stream": stream}
+    reply = keyed_http.post("/v1/messages", json=body)
+    assert reply.status_code == 400
+    error = reply.json()
+    assert (error["type"], error["error"]["type"]) == ("error", "invalid_request_error")
+    assert error["error"]["message"].startswith("prompt is too long: ")
+    assert error["error"]["code"] == "context_length_exceeded"
+
+
+def test_keep_alives_while_a_long_prompt_prefills(keyed_http: httpx.Client) -> None:
+    body = {"model": MODEL, "max_tokens": 8, "system": fresh(), "messages": ask("hello " * 40_000), "stream": True}
+    with keyed_http.stream("POST", "/v1/messages", json=body) as response:
+        names = [name for name, _ in read_events(response)]
+    before_reply = names[: next(i for i, name in enumerate(names) if name in ("content_block_start", "message_delta"))]
+    assert before_reply[0] == "message_start" and before_reply.count("ping") >= 1, names
+
+
+def test_errors_answer_in_anthropics_envelope(keyed_http: httpx.Client, server: RunningServer) -> None:
+    refusals = [
+        (keyed_http.post("/v1/messages", content=b"{not json"), 400, "invalid_request_error", None),
+        (
+            keyed_http.post("/v1/messages", json={"model": MODEL, "messages": ask()}),
+            400,
+            "invalid_request_error",
+            "max_tokens",
+        ),
+        (
+            keyed_http.post(
+                "/v1/messages", json={"model": MODEL, "max_tokens": 5, "messages": ask(), "temperature": 2}
+            ),
+            400,
+            "invalid_request_error",
+            "temperature",
+        ),
+        (httpx.post(f"{server.base_url}/v1/messages", json={}), 401, "authentication_error", None),
+        (
+            httpx.post(f"{server.base_url}/v1/messages/count_tokens", json={}, headers={"x-api-key": "sk-wrong"}),
+            401,
+            "authentication_error",
+            None,
+        ),
+        (
+            keyed_http.post("/v1/messages", json={"model": "nope", "max_tokens": 5, "messages": ask()}),
+            404,
+            "not_found_error",
+            "model",
+        ),
+    ]
+    for reply, status, kind, param in refusals:
+        assert reply.status_code == status, reply.text
+        body = reply.json()
+        assert (body["type"], body["error"]["type"], body["error"]["param"]) == ("error", kind, param), body
+        assert body["error"]["message"]
+    openai_route = keyed_http.post("/v1/chat/completions", json={}, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert set(openai_route.json()) == {"error"}  # the OpenAI routes keep OpenAI's envelope
+
+
+def test_both_headers_carry_the_key(server: RunningServer) -> None:
+    request: Any = {"model": MODEL, "max_tokens": 5, "messages": ask()}
+    with anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0) as by_api_key:
+        assert by_api_key.messages.create(**request).type == "message"  # x-api-key
+    with anthropic.Anthropic(base_url=server.base_url, auth_token=BEARER_KEY, max_retries=0) as by_token:
+        assert by_token.messages.create(**request).type == "message"  # Authorization: Bearer
+    wrong = anthropic.Anthropic(base_url=server.base_url, api_key="sk-wrong", max_retries=0)
+    with wrong, pytest.raises(anthropic.AuthenticationError) as refused:
+        wrong.messages.create(**request)
+    assert refused.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+
+
+def test_the_beta_headers_claude_code_sends_are_accepted(keyed_http: httpx.Client) -> None:
+    headers = {
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
+    }
+    body = {"model": "claude-opus-4-8", "max_tokens": 5, "messages": ask()}
+    reply = keyed_http.post("/v1/messages?beta=true", json=body, headers=headers)
+    assert reply.status_code == 200 and orjson.loads(reply.content)["type"] == "message"
