@@ -1,0 +1,42 @@
+"""bench/'s one door to tests/support: the fixtures tests and benches share (tiny models, crafted images).
+
+The imports are late: the tiny models import MLX, which must come after the bench has loaded its BLAS.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def build_tiny(kind: str, tokenizer_dir: Path, target: Path) -> Path:
+    """The tiny random-weight `llama` (float32, trimmable cache) or `qwen3_next` (hybrid) in `target`."""
+    from tests.support.tiny_models import build_llama, build_qwen3_next
+
+    return (
+        build_llama(tokenizer_dir, target, quantized=False)
+        if kind == "llama"
+        else build_qwen3_next(tokenizer_dir, target)
+    )
+
+
+def build_tiny_vision(target: Path) -> Path | None:
+    """The tiny random-weight SmolVLM, or None without mlx-vlm (the `vision` extra)."""
+    try:
+        from tests.support.tiny_vision_model import build_tiny_vision_model
+    except ImportError:
+        return None
+    return build_tiny_vision_model(target)
+
+
+def crafted_images() -> dict[str, bytes]:
+    """Images made to break decoders: a DDS Pillow fails on, a TIFF it raises TypeError on."""
+    from tests.support.media_server import crafted_dds, crafted_tiff
+
+    return {"dds": crafted_dds(), "tiff": crafted_tiff()}
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A valid PNG header claiming `width` x `height`, and no pixels."""
+    from tests.support.media_server import png_header as header
+
+    return header(width, height)
