@@ -1,11 +1,5 @@
-"""Side-by-side CPU throughput of the embedded SmolLM2 in each weight format and BLAS.
-
-Each configuration runs in its own process (a BLAS, once loaded, stays loaded), one
-after another in the same run, so the figures are comparable on a noisy machine.
-The peer is what plain mlx-lm does here: the 4-bit weights on MLX's bundled BLAS.
-
-    .venv/bin/python -m bench.cpu_weight_formats [--prompt-tokens 512] [--decode-tokens 64] [--repeats 3]
-"""
+"""CPU throughput of the embedded SmolLM2 in each weight format and BLAS, each configuration loaded through
+Courier's own loader in a process of its own, side by side with plain mlx-lm's (4-bit, bundled BLAS)."""
 
 from __future__ import annotations
 
@@ -16,6 +10,9 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+
+from bench.harness import cli
+from bench.harness.report import table
 
 CONFIGS: tuple[tuple[str, str, str], ...] = (
     # label, --weight-format, --blas
@@ -64,17 +61,8 @@ class Result:
 
 
 def measure(label: str, weight_format: str, blas: str, cache_dir: str, args: argparse.Namespace) -> Result:
-    command = [
-        sys.executable,
-        "-c",
-        WORKER,
-        weight_format,
-        blas,
-        cache_dir,
-        str(args.prompt_tokens),
-        str(args.decode_tokens),
-        str(args.repeats),
-    ]
+    sizes = (args.prompt_tokens, args.decode_tokens, args.repeats)
+    command = [sys.executable, "-c", WORKER, weight_format, blas, cache_dir, *map(str, sizes)]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     data = json.loads(output.strip().splitlines()[-1])
     runs = data["runs"]
@@ -90,22 +78,23 @@ def measure(label: str, weight_format: str, blas: str, cache_dir: str, args: arg
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompt-tokens", type=int, default=512)
-    parser.add_argument("--decode-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = cli.parser(__doc__)
+    parser.add_argument("--prompt-tokens", type=int, default=512, help="tokens of the prompt prefilled (512)")
+    parser.add_argument("--decode-tokens", type=int, default=64, help="tokens decoded (64)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration, the table shows medians (3)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache_dir:
         results = [measure(label, fmt, blas, cache_dir, args) for label, fmt, blas in CONFIGS]
     peer = results[0]
     print(f"SmolLM2-135M, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens}, median of {args.repeats}")
-    print("| configuration | BLAS | weights | load s | prefill tok/s | decode tok/s | vs peer prefill | peak GB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(
-            f"| {r.label} | {r.blas} | {r.weights} | {r.load_s:.1f} | {r.prefill_tps:.1f} | {r.decode_tps:.1f} "
-            f"| {r.prefill_tps / peer.prefill_tps:.1f}x | {r.peak_gb:.2f} |"
-        )
+    table(
+        "configuration | BLAS | weights | load s | prefill tok/s | decode tok/s | vs peer prefill | peak GB",
+        (
+            f"{r.label} | {r.blas} | {r.weights} | {r.load_s:.1f} | {r.prefill_tps:.1f} | {r.decode_tps:.1f} "
+            f"| {r.prefill_tps / peer.prefill_tps:.1f}x | {r.peak_gb:.2f}"
+            for r in results
+        ),
+    )
 
 
 if __name__ == "__main__":
