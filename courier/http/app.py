@@ -9,9 +9,9 @@ from quart import Quart, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from courier.core.failure_codes import FailureCode
+from courier.http.anthropic import routes as anthropic_routes
 from courier.http.context import AppContext
 from courier.http.cors import CorsMiddleware, CorsPolicy
-from courier.http.anthropic import routes as anthropic_routes
 from courier.http.errors import ApiError, Envelope
 from courier.http.routes import (
     cache,

@@ -26,7 +26,10 @@ def new_request_id() -> RequestId:
     return RequestId(uuid.uuid4().hex)
 
 
-async def admit(context: AppContext, request: GenerationRequest, request_id: RequestId) -> Admitted:
+async def admit(
+    context: AppContext, request: GenerationRequest, request_id: RequestId, tenant: str | None = None
+) -> Admitted:
+    """`tenant`: the caller's, read before a stream began (after the view returned, the request is gone)."""
     context.require_ready()
     context.require_model(request.model)
     sampling = await constrain(context, request.sampling, request.output)
@@ -39,7 +42,7 @@ async def admit(context: AppContext, request: GenerationRequest, request_id: Req
             reply=reply,
             session=request.session,
             cache_prompt=request.cache_prompt,
-            tenant=context.caller().tenant,
+            tenant=context.caller().tenant if tenant is None else tenant,
             n=request.n,
             deadline=time.monotonic() + context.settings.request_timeout,
             fit_to_context=request.fit_to_context,

@@ -133,10 +133,13 @@ def _tools(value: Any) -> tuple[Mapping[str, Any], ...] | None:
         if tool.get("defer_loading") not in (None, False):
             where = f"{param}.defer_loading"
             raise ApiError.invalid(f"{where}: tool search is not supported; send the tools themselves", param=where)
-        function: dict[str, Any] = {"name": name, "parameters": schema}
-        for key in ("description", "strict"):
-            if tool.get(key) is not None:
-                function[key] = tool[key]
+        # In chat's order (name, description, parameters): templates render a tool as JSON, keys in order.
+        function: dict[str, Any] = {"name": name}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        function["parameters"] = schema
+        if tool.get("strict") is not None:
+            function["strict"] = tool["strict"]
         tools.append({"type": "function", "function": function})
     return tuple(tools) or None
 

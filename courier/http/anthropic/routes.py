@@ -50,9 +50,9 @@ def blueprint(context: AppContext) -> Blueprint:
         context.require_model(request.model)
         if thinking_budget.enforced(context, request):
             request = await thinking_budget.prerendered(context, request)
-        admitted = await admit(context, request.generation, new_request_id())
-        run = MessageRun(context, request, admitted)
         tenant = context.caller().tenant  # read now: a stream runs after this view has returned
+        admitted = await admit(context, request.generation, new_request_id(), tenant)
+        run = MessageRun(context, request, admitted, tenant)
         if request.generation.stream:
             return event_stream_response(_stream(context, request, run, tenant), done=None, error_event=error_event)
         async for _ in run.parts():

@@ -48,9 +48,10 @@ class _Generation:
 
 
 class MessageRun:
-    def __init__(self, context: AppContext, request: MessagesRequest, admitted: Admitted) -> None:
+    def __init__(self, context: AppContext, request: MessagesRequest, admitted: Admitted, tenant: str) -> None:
         self._context = context
         self._request = request
+        self._tenant = tenant  # read before a stream begins: a continuation is admitted for it
         generation = request.generation
         self.reply = ReplyAssembler(reply_parsing(context.state, admitted, generation.tools, generation.output))
         self._first = _Generation(admitted, [], [])
@@ -75,9 +76,8 @@ class MessageRun:
             text, self._closing = await thinking_budget.closing_tokens(self._context)
             yield self.reply.feed(TokensGenerated(text=text, token_ids=self._closing))
             written = (*first.token_ids, *self._closing)
-            admitted = await thinking_budget.continuation(
-                self._context, self._request, written, first.admitted.max_tokens - len(written)
-            )
+            room = first.admitted.max_tokens - len(written)
+            admitted = await thinking_budget.continuation(self._context, self._request, written, room, self._tenant)
             if admitted is not None:
                 last = _Generation(admitted, [], [])
                 async for part in self._read(last, idle_s, budget=None):

@@ -24,7 +24,7 @@ def read_events(response: httpx.Response) -> list[Event]:
             name = line.removeprefix("event: ")
         elif line.startswith("data: "):
             data = orjson.loads(line.removeprefix("data: "))
-            assert data["type"] == name, (name, data)
+            assert name is not None and data["type"] == name, (name, data)
             events.append((name, data))
     return events
 

@@ -70,12 +70,13 @@ def test_tools_become_function_tools_unless_the_choice_is_none() -> None:
             "type": "function",
             "function": {
                 "name": "get_weather",
-                "parameters": {"type": "object"},
                 "description": "Weather",
+                "parameters": {"type": "object"},
                 "strict": True,
             },
         },
     )
+    assert tools is not None and list(tools[0]["function"]) == ["name", "description", "parameters", "strict"]
     assert parse(tools=[TOOL], tool_choice={"type": "none"}).generation.tools is None
 
 
