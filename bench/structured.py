@@ -1,62 +1,5 @@
-"""Structured outputs (constrained decoding) on the embedded SmolLM2-135M-Instruct: validity, cost and the grammar's
-own work, with mlx_lm.server beside Courier on the same checkpoint.
-
-Three parts (`--parts`, all by default):
-
-- `validity`: `--requests` chat completions (50) spread over ten JSON schemas (nested objects, arrays with
-  bounds, enums, patterns, anyOf, $ref, additionalProperties false, optional and nullable fields; every string,
-  array and number bounded, so a reply can finish), each asked as `response_format: {"type": "json_schema",
-  "json_schema": {"name", "schema", "strict": true}}` at temperature 1.0 (seed `--seed` + the request's index) with
-  `max_tokens` `--max-tokens` (160), `--streams` (8) in flight at a time. The user message gives the task and
-  the schema's text, so a server that ignores `response_format` (mlx_lm.server does) still knows what is
-  asked. The same requests go to Courier and to mlx_lm.server. For each server: the share of replies whose
-  content parses as JSON (as it is; and, for the record, after stripping a Markdown code fence), the share that
-  is valid against its schema (the `jsonschema` package, the schema's own draft), and the share cut by
-  `max_tokens` (finish_reason "length"). Courier's target: 100% valid among the replies that finished. Courier's
-  log is read afterwards: a line saying the grammar refused a sampled token means a mask let it through.
-- `throughput`: on the same Courier server, `--streams` concurrent non-streaming requests (temperature 0,
-  `max_tokens` `--max-tokens`, distinct essay prompts), every one constrained by a `json_schema` (a title and
-  an array of at least max_tokens / 8 + 1 sections of a heading and a text, strings bounded to 60-300
-  characters: its shortest valid output is longer than the cap, so each
-  constrained reply runs to the cap) against the same kind of requests as free text. Rounds alternate,
-  constrained then free, `--rounds` times (3), each round with prompts of its own (no prompt cache advantage
-  for either arm), after a warm-up of each arm. A round's aggregate is its completion tokens (from `usage`:
-  there is no `ignore_eos`) / wall time (first request sent .. last answer received, the short prompts' prefill
-  included for both arms alike). The ratio constrained / free, pooled over the rounds, is the cost of the
-  grammar (target: >= 0.90, i.e. at most 10% slower). Token counts and capped replies are reported beside it:
-  a free reply that ends early shrinks its batch, which the ratio would then misread.
-- `micro`: in this process, no server. The model as Courier loads it (`courier.model.loader.load_model`), its
-  grammar tokenizer from `grammar_compiler(loaded, capacity=...)` (timed), then for each of the ten schemas:
-  the constraint's build (`grammar.constraint.json_schema`: schema to grammar, checked), the compile cold (a
-  fresh `GrammarCompiler` each time: grammar plus the 49k vocabulary into a matcher) and cached (`matcher()` on
-  a warm cache: a copy), medians of `--micro-repeats` (5). Then the mask fill per token, driving llguidance
-  matchers through real tokens: each schema has a valid instance, written as Courier's grammar writes JSON
-  (`json.dumps`' separators), tokenized by the model's tokenizer and followed by end-of-sequence; before each
-  token the mask is filled with `courier.engine.constrained.MaskFiller` (its `fill_seconds` / `fill_rows`) and
-  must allow that token. With 1 sequence, and with 8 at once (8 lanes going through the instances from
-  different starting schemas, one fill for all 8 rows a step, as in a batch of 8), `--micro-passes` (3) times
-  over the instances; p50 and p99 per fill and per token. For the record, the whole per-token path of one
-  constrained sequence (`ConstrainedSequence.process` + `.sample` on 49k logits, mask to MLX included).
-
-Servers, each on a free port, polled until ready, measured and stopped, one at a time (micro first, with no
-server running):
-
-- `courier`: `courier serve --port P --cache-dir C`, out of the box (on CPU: float32 weights, OpenBLAS).
-- `mlx-lm-f32` (validity only): `python -m mlx_lm.server --model DIR --port P --decode-concurrency S
-  --prompt-concurrency S --log-level WARNING` with `LD_PRELOAD=<OpenBLAS>`, DIR the 4-bit conversion of the
-  embedded GGUF dequantized to float32 (the weights Courier serves), exactly as `bench/throughput.py` runs it.
-  `--no-peer` leaves it out.
-
-From the repository root:
-
-    .venv/bin/python -m bench.structured [--parts validity,throughput,micro] [--requests 50] [--streams 8]
-        [--rounds 3] [--max-tokens 160] [--micro-repeats 5] [--micro-passes 3] [--seed 0] [--no-peer]
-        [--cache-dir DIR] [--openblas PATH] [--json PATH]
-
-Markdown goes to stdout, progress to stderr, server logs to CACHE/bench-logs (kept when --cache-dir is given).
-The exit code is 1 when a server failed or a micro check did not hold (a token of a valid instance refused, or
-end-of-sequence not allowed after it), else 0; targets missed are reported, not failed.
-"""
+"""Structured outputs (constrained decoding) on the embedded SmolLM2: validity beside mlx_lm.server, the cost of a
+grammar against free text, and the grammar's own work in process."""
 
 from __future__ import annotations
 
@@ -70,55 +13,54 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
-from openai.types.chat import ChatCompletionMessageParam
-from openai.types.shared_params import ResponseFormatJSONSchema
 
-from bench.throughput import (
-    COURIER,
-    COURIER_MODEL_ID,
-    HOST,
-    MLX_LM_F32,
-    MLX_LM_MODEL_ID,
-    OPENBLAS_PATH,
-    TOPICS,
-    WARMUP_PROMPT,
-    BenchmarkError,
-    cache_directory,
-    environment,
-    free_port,
-    percentile,
-    prepare_4bit_dir,
-    progress,
-    ready_path,
-    release_mlx_memory,
-    running_server,
-    save_float32_dir,
-    server_command,
-    server_env,
-    server_extra_env,
-    wait_until_ready,
+from bench.harness import cli
+from bench.harness.clients import (
+    Round,
+    async_client,
+    burst,
+    json_schema_format,
+    pooled_tps,
+    stream_chat,
+    user,
 )
-from courier.platform.blas import BlasReport, load_optimized_blas
+from bench.harness.models import (
+    WARMUP_PROMPT,
+    cache_directory,
+    float32_dir,
+    load_served_model,
+    prepare_4bit_dir,
+    release_mlx_memory,
+)
+from bench.harness.report import environment, head, inline, percent, progress, shown, table, write_json
+from bench.harness.servers import (
+    COURIER,
+    MLX_LM_F32,
+    BenchmarkError,
+    Launcher,
+    Server,
+    ServerRecord,
+    ServerSpec,
+    openblas_missing,
+    tuned_flags,
+)
+from bench.harness.stats import percentile
+from bench.throughput import TOPICS
+from courier.platform.blas import load_optimized_blas
 
 PARTS = ("validity", "throughput", "micro")
-REQUEST_TIMEOUT_S = 900.0
 TARGET_VALID_AMONG_FINISHED = 1.0
 TARGET_THROUGHPUT_RATIO = 0.90
-SHOWN_CHARS = 240
 FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
 VALIDITY_TEMPERATURE = 1.0
 THROUGHPUT_TEMPERATURE = 0.0
-RUN_ERRORS = (BenchmarkError, openai.OpenAIError, httpx.HTTPError, OSError)
 LOG_PROBLEM = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback")
 LOG_PROBLEMS_SHOWN = 5
-
-# ---------------------------------------------------------------- schemas
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -322,17 +264,11 @@ SCHEMAS: tuple[SchemaCase, ...] = (
 
 
 def essay_schema(max_tokens: int) -> dict[str, Any]:
-    """The throughput arm's schema: its shortest valid output (empty strings everywhere) is longer than
-    `max_tokens`, so a constrained reply always runs to the cap (a section is at least 8 tokens). Strings are
-    bounded, so the model must keep closing them and opening the next key: the grammar's structure is exercised,
-    not one endless string."""
+    """The throughput arm's schema: its shortest valid output is longer than `max_tokens` (a section is at least 8
+    tokens), so a constrained reply runs to the cap; bounded strings keep the grammar's structure exercised."""
     section = _object({"heading": _string(60), "text": _string(300)})
     sections = {"type": "array", "minItems": max_tokens // 8 + 1, "items": section}
     return _object({"title": _string(80), "sections": sections})
-
-
-def response_format(name: str, schema: dict[str, Any]) -> ResponseFormatJSONSchema:
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
 def validity_prompt(case: SchemaCase) -> str:
@@ -349,511 +285,282 @@ ESSAY_TASKS = (
 
 def essay_prompts(count: int, offset: int) -> list[str]:
     """`count` distinct essay prompts, starting at `offset` (each round and arm takes fresh ones)."""
-    prompts: list[str] = []
+    prompts = []
     for index in range(offset, offset + count):
-        topic = TOPICS[index % len(TOPICS)]
-        task = ESSAY_TASKS[(index // len(TOPICS)) % len(ESSAY_TASKS)]
+        task = ESSAY_TASKS[(index // len(TOPICS)) % len(ESSAY_TASKS)].format(TOPICS[index % len(TOPICS)])
         cycle = index // (len(TOPICS) * len(ESSAY_TASKS))
-        prompts.append(task.format(topic) + (f" (Part {cycle + 1}.)" if cycle else ""))
+        prompts.append(task + (f" (Part {cycle + 1}.)" if cycle else ""))
     return prompts
 
 
-# ---------------------------------------------------------------- results
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Reply:
-    """One validity request and what came back."""
-
-    index: int
-    schema: str
-    finish_reason: str | None
-    completion_tokens: int | None
-    seconds: float
-    parses: bool
-    parses_unfenced: bool  # after stripping a Markdown code fence
-    valid: bool
-    valid_unfenced: bool
-    error: str | None = None  # the request failed (HTTP error): counts as neither parsed nor valid
-    problem: str | None = None  # why it does not parse or validate
-    content: str = ""  # its start
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason == "stop"
-
-    @property
-    def cut(self) -> bool:
-        return self.finish_reason == "length"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ValiditySummary:
-    requests: int
-    errors: int
-    finished: int
-    cut_by_length: int
-    parses: int
-    valid: int
-    valid_among_finished: int
-    parses_unfenced: int
-    valid_unfenced: int
-    finish_reasons: dict[str, int]
-    completion_tokens_mean: float | None
-
-    @classmethod
-    def of(cls, replies: Sequence[Reply]) -> ValiditySummary:
-        reasons: dict[str, int] = {}
-        for reply in replies:
-            key = reply.finish_reason or ("error" if reply.error else "none")
-            reasons[key] = reasons.get(key, 0) + 1
-        tokens = [reply.completion_tokens for reply in replies if reply.completion_tokens is not None]
-        return cls(
-            requests=len(replies),
-            errors=sum(1 for reply in replies if reply.error),
-            finished=sum(1 for reply in replies if reply.finished),
-            cut_by_length=sum(1 for reply in replies if reply.cut),
-            parses=sum(1 for reply in replies if reply.parses),
-            valid=sum(1 for reply in replies if reply.valid),
-            valid_among_finished=sum(1 for reply in replies if reply.valid and reply.finished),
-            parses_unfenced=sum(1 for reply in replies if reply.parses_unfenced),
-            valid_unfenced=sum(1 for reply in replies if reply.valid_unfenced),
-            finish_reasons=reasons,
-            completion_tokens_mean=statistics.fmean(tokens) if tokens else None,
-        )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ValidityRun:
-    server: str
-    summary: ValiditySummary
-    per_schema: dict[str, ValiditySummary]
-    replies: list[Reply]
-    wall_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RoundResult:
-    """One round of one arm: `streams` requests sent together."""
-
-    arm: str  # "constrained" or "free"
-    round: int
-    streams: int
-    completion_tokens: int
-    tokens_per_stream: list[int]
-    capped: int  # replies cut by max_tokens
-    wall_s: float
-    tps: float
-    valid_json: int | None = None  # constrained arm: replies that parse and validate (cut ones never do)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ThroughputResult:
-    max_tokens: int
-    streams: int
-    min_sections: int
-    rounds: list[RoundResult]
-    constrained_tps: float  # pooled: all tokens / all wall time of the arm's rounds
-    free_tps: float
-    ratio: float  # constrained / free, pooled
-    round_ratios: list[float]  # each round's constrained / free
-    constrained_tokens_mean: float
-    free_tokens_mean: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CompileTiming:
-    schema: str
-    grammar_bytes: int
-    constraint_build_ms: float  # json_schema(): schema to grammar text, validated
-    compile_cold_ms: float  # matcher() on a fresh GrammarCompiler (median)
-    compile_cold_runs_ms: list[float]
-    matcher_cached_ms: float  # matcher() on a warm cache: a copy (median)
-    instance_tokens: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FillTiming:
-    """Mask fills before each token of the instances (their end-of-sequence included)."""
-
-    sequences: int
-    fills: int
-    tokens: int
-    fill_p50_ms: float
-    fill_p99_ms: float
-    fill_mean_ms: float
-    per_token_p50_us: float  # a fill's time over the rows it filled
-    per_token_p99_us: float
-    refused: int  # instance tokens the mask did not allow (must be 0)
-    eos_refused: int  # instances after which end-of-sequence was not allowed (must be 0)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StepTiming:
-    """One constrained sequence's whole per-token path: `process` (advance the matcher) + `sample` (fill the mask,
-    turn it into an MLX mask over the logits, sample), evaluated."""
-
-    tokens: int
-    p50_ms: float
-    p99_ms: float
-    mean_ms: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MicroResult:
-    vocab_size: int
-    eos_tokens: list[int]
-    tokenizer_build_s: float
-    compiles: list[CompileTiming]
-    fills: list[FillTiming]
-    step: StepTiming | None
-    compiler_stats: dict[str, Any]
-
-
-@dataclass(slots=True, kw_only=True)
-class ServerRun:
-    name: str
-    command: list[str]
-    extra_env: dict[str, str]
-    log_path: str = ""
-    ready_s: float | None = None
-    error: str | None = None
-    log_problems: list[str] = field(default_factory=list)  # WARNING / ERROR / traceback lines, the first few
-    grammar_refusals: int = 0  # log lines saying the grammar refused a sampled token
-
-
-@dataclass(slots=True, kw_only=True)
-class Report:
-    environment: dict[str, object]
-    settings: dict[str, object]
-    servers: list[ServerRun] = field(default_factory=list)
-    validity: list[ValidityRun] = field(default_factory=list)
-    throughput: ThroughputResult | None = None
-    micro: MicroResult | None = None
-    micro_error: str | None = None
-
-
-# ---------------------------------------------------------------- checking replies
-
-
 def check_reply(content: str, schema: dict[str, Any]) -> tuple[bool, bool, str | None]:
-    """Whether `content` parses as JSON and is valid against `schema`, and if not, why."""
+    """Whether `content` parses as JSON and is valid against `schema` (its own draft), and if not, why."""
     import jsonschema
 
     try:
         value = json.loads(content)
     except json.JSONDecodeError as error:
         return False, False, f"not JSON: {error}"
-    validator_class = jsonschema.validators.validator_for(schema)
-    failure = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(value))
+    failure = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
     if failure is not None:
         where = "/".join(str(part) for part in failure.absolute_path) or "(root)"
         return True, False, f"invalid at {where}: {failure.message}"
     return True, True, None
 
 
-def unfenced(content: str) -> str:
-    """The content of a Markdown code fence, when there is one (what a client might dig out of a free reply)."""
-    found = FENCE.search(content)
-    return found.group(1) if found else content.strip()
-
-
-def shown(text: str) -> str:
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
-
-
-def inline(text: str) -> str:
-    """`text` as Markdown inline code on one line."""
-    return "`" + text.replace("\\", "\\\\").replace("\n", "\\n").replace("`", "'") + "`"
-
-
-# ---------------------------------------------------------------- servers
-
-
-def make_client(port: int) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=f"http://{HOST}:{port}/v1", api_key="x", max_retries=0, timeout=REQUEST_TIMEOUT_S
-    )
-
-
-def model_id(server: str) -> str:
-    return COURIER_MODEL_ID if server == COURIER else MLX_LM_MODEL_ID
-
-
-def run_server(
-    server: str,
-    model_dir: Path | None,
-    cache_dir: Path,
-    args: argparse.Namespace,
-    report: Report,
-    *,
-    measure: Callable[[int], None],
-) -> None:
-    """Start `server`, wait until it is ready, `measure(port)`, stop it; then read its log for problems. A failure
-    is recorded in its `ServerRun` (what was measured before it is kept)."""
-    port = free_port()
-    command = server_command(server, port, cache_dir, model_dir, args.streams)
-    extra_env = server_extra_env(server, args.openblas, cache_dir)
-    log_path = cache_dir / "bench-logs" / f"structured-{server}.log"
-    run = ServerRun(name=server, command=command, extra_env=extra_env, log_path=str(log_path))
-    report.servers.append(run)
-    env_text = " ".join(f"{key}={value}" for key, value in extra_env.items())
-    progress(f"{server}: starting {env_text + ' ' if env_text else ''}{' '.join(command)} (log: {log_path})")
-    try:
-        with running_server(command, server_env(extra_env), log_path) as process:
-            run.ready_s = wait_until_ready(process, f"http://{HOST}:{port}{ready_path(server)}", log_path)
-            progress(f"{server}: ready after {run.ready_s:.1f} s")
-            measure(port)
-    except RUN_ERRORS as error:
-        run.error = f"{type(error).__name__}: {error}"
-        progress(f"{server}: FAILED: {run.error}")
-    run.log_problems, run.grammar_refusals = read_log(log_path)
-
-
-def read_log(log_path: Path) -> tuple[list[str], int]:
-    """A server log's WARNING / ERROR / traceback lines (the first few), and how many say a token was refused by
-    the grammar (Courier's `ConstrainedSequence` logs one whenever its mask let through a token the matcher then
-    refused: never, if masks are right)."""
-    try:
-        lines = log_path.read_text(errors="replace").splitlines()
-    except OSError:
-        return [], 0
-    problems = [line for line in lines if LOG_PROBLEM.search(line)]
-    refusals = sum(1 for line in problems if "refused by the grammar" in line)
-    return [shown(line) for line in problems[:LOG_PROBLEMS_SHOWN]], refusals
-
-
-async def warm_up(client: openai.AsyncOpenAI, model: str) -> None:
-    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": WARMUP_PROMPT}]
-    await client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
-
-
 # ---------------------------------------------------------------- (a) validity
 
 
-async def ask_validity(
-    client: openai.AsyncOpenAI, model: str, index: int, case: SchemaCase, args: argparse.Namespace
-) -> Reply:
-    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": validity_prompt(case)}]
-    started = time.perf_counter()
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reply:
+    """One validity request and what came back; `unfenced`: after stripping a Markdown code fence."""
+
+    index: int
+    schema: str
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    seconds: float = 0.0
+    parses: bool = False
+    parses_unfenced: bool = False
+    valid: bool = False
+    valid_unfenced: bool = False
+    error: str | None = None  # the request failed (an HTTP error): neither parsed nor valid
+    problem: str | None = None  # why it does not parse or validate
+    content: str = ""  # its start
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidityRun:
+    server: str
+    replies: list[Reply]
+    wall_s: float
+
+
+async def ask_validity(client: openai.AsyncOpenAI, model: str, index: int, args: argparse.Namespace) -> Reply:
+    case = SCHEMAS[index % len(SCHEMAS)]
     try:
-        completion = await client.chat.completions.create(
-            model=model,
-            messages=messages,
+        reply = await stream_chat(
+            client,
+            model,
+            user(validity_prompt(case)),
             max_tokens=args.max_tokens,
             temperature=VALIDITY_TEMPERATURE,
             seed=args.seed + index,
-            response_format=response_format(case.name, case.schema),
+            response_format=json_schema_format(case.name, case.schema),
         )
     except openai.APIStatusError as error:
-        return Reply(
-            index=index,
-            schema=case.name,
-            finish_reason=None,
-            completion_tokens=None,
-            seconds=time.perf_counter() - started,
-            parses=False,
-            parses_unfenced=False,
-            valid=False,
-            valid_unfenced=False,
-            error=f"HTTP {error.status_code}: {shown(str(error.message))}",
-        )
-    seconds = time.perf_counter() - started
-    choice = completion.choices[0]
-    content = choice.message.content or ""
-    parses, valid, problem = check_reply(content, case.schema)
-    parses_unfenced, valid_unfenced = parses, valid
-    if not valid:
-        parses_unfenced, valid_unfenced, _ = check_reply(unfenced(content), case.schema)
+        return Reply(index=index, schema=case.name, error=f"HTTP {error.status_code}: {shown(str(error.message))}")
+    parses, valid, problem = check_reply(reply.text, case.schema)
+    found = FENCE.search(reply.text)
+    parses_unfenced, valid_unfenced = (
+        (parses, valid) if valid else check_reply(found.group(1) if found else reply.text.strip(), case.schema)[:2]
+    )
     return Reply(
         index=index,
         schema=case.name,
-        finish_reason=choice.finish_reason,
-        completion_tokens=completion.usage.completion_tokens if completion.usage else None,
-        seconds=seconds,
+        finish_reason=reply.finish_reason,
+        completion_tokens=reply.completion_tokens,
+        seconds=reply.total_s,
         parses=parses,
         parses_unfenced=parses_unfenced,
         valid=valid,
         valid_unfenced=valid_unfenced,
         problem=problem,
-        content=shown(content),
+        content=shown(reply.text),
     )
 
 
-async def measure_validity(server: str, port: int, args: argparse.Namespace) -> ValidityRun:
-    model = model_id(server)
+async def measure_validity(server: Server, args: argparse.Namespace) -> ValidityRun:
     gate = asyncio.Semaphore(args.streams)
 
     async def one(client: openai.AsyncOpenAI, index: int) -> Reply:
         async with gate:
-            return await ask_validity(client, model, index, SCHEMAS[index % len(SCHEMAS)], args)
+            return await ask_validity(client, server.spec.model, index, args)
 
-    async with make_client(port) as client:
-        await warm_up(client, model)
-        progress(
-            f"{server}: validity, {args.requests} requests, {args.streams} at a time, max_tokens {args.max_tokens}"
-        )
+    async with async_client(server.base_url) as client:
+        await stream_chat(client, server.spec.model, user(WARMUP_PROMPT), max_tokens=8)
+        progress(f"{server.spec.name}: validity, {args.requests} requests, {args.streams} at a time")
         started = time.perf_counter()
         replies = list(await asyncio.gather(*(one(client, index) for index in range(args.requests))))
-        wall_s = time.perf_counter() - started
-    per_schema = {
-        case.name: ValiditySummary.of([reply for reply in replies if reply.schema == case.name])
-        for case in SCHEMAS
-        if any(reply.schema == case.name for reply in replies)
-    }
-    return ValidityRun(
-        server=server, summary=ValiditySummary.of(replies), per_schema=per_schema, replies=replies, wall_s=wall_s
+    return ValidityRun(server=server.spec.name, replies=replies, wall_s=time.perf_counter() - started)
+
+
+def validity_cells(replies: Sequence[Reply]) -> str:
+    """requests | errors | finished | cut by length | parses | valid | valid among finished | parses, unfenced |
+    valid, unfenced | mean tokens"""
+    n, finished = len(replies), [r for r in replies if r.finish_reason == "stop"]
+    cut = sum(r.finish_reason == "length" for r in replies)
+    tokens = [r.completion_tokens for r in replies if r.completion_tokens is not None]
+
+    def share(count: int, total: int) -> str:
+        return percent(count / total if total else None, 0)
+
+    return (
+        f"{n} | {sum(bool(r.error) for r in replies)} | {len(finished)} | {share(cut, n)} "
+        f"| {share(sum(r.parses for r in replies), n)} | {share(sum(r.valid for r in replies), n)} "
+        f"| {share(sum(r.valid for r in finished), len(finished))} "
+        f"| {share(sum(r.parses_unfenced for r in replies), n)} | {share(sum(r.valid_unfenced for r in replies), n)} "
+        f"| {f'{statistics.fmean(tokens):.0f}' if tokens else '-'}"
     )
+
+
+def print_validity(runs: Sequence[ValidityRun]) -> None:
+    print("### (a) Validity\n")
+    print(
+        f"Chat `response_format` json_schema (strict), temperature {VALIDITY_TEMPERATURE}, the schema also in the "
+        "prompt. Valid = parses and validates (`jsonschema`); unfenced = after stripping a Markdown code fence.\n"
+    )
+    table(
+        "server | requests | errors | finished | cut by length | parses as JSON | valid | valid among finished "
+        "| parses, unfenced | valid, unfenced | mean tokens | wall s",
+        (f"{run.server} | {validity_cells(run.replies)} | {run.wall_s:.1f}" for run in runs),
+    )
+    print("Per schema, valid / requests (cut by length):\n")
+
+    def cell(run: ValidityRun, schema: str) -> str:
+        mine = [reply for reply in run.replies if reply.schema == schema]
+        cut = sum(reply.finish_reason == "length" for reply in mine)
+        return f"{sum(reply.valid for reply in mine)}/{len(mine)} ({cut})" if mine else "-"
+
+    rows = [[case.name, *(cell(run, case.name) for run in runs)] for case in SCHEMAS]
+    table("schema | " + " | ".join(run.server for run in runs), (" | ".join(r) for r in rows if set(r[1:]) != {"-"}))
+    for run in runs:
+        if run.server == COURIER:
+            finished = [reply for reply in run.replies if reply.finish_reason == "stop"]
+            valid = sum(reply.valid for reply in finished) / len(finished) if finished else None
+            met = valid is not None and valid >= TARGET_VALID_AMONG_FINISHED
+            text = percent(valid, missing="n/a (none finished)")
+            print(f"- Courier valid among finished replies: {text} ({'meets' if met else 'misses'} target 100%)")
+            for reply in [reply for reply in finished if not reply.valid][:5]:
+                print(f"  - #{reply.index} {reply.schema}: {reply.error or reply.problem}: {inline(reply.content)}")
+    for run in runs:
+        if (sample := next((reply for reply in run.replies if reply.error is None), None)) is not None:
+            print(
+                f"- a reply from {run.server} (#{sample.index}, {sample.schema}, {sample.finish_reason}): "
+                f"{inline(sample.content)}"
+            )
+        if errors := [reply for reply in run.replies if reply.error is not None]:
+            print(f"- {run.server}: {len(errors)} requests failed, first: {errors[0].error}")
+    print()
 
 
 # ---------------------------------------------------------------- (b) throughput
 
 
-async def run_round(
-    client: openai.AsyncOpenAI,
-    prompts: Sequence[str],
-    schema: dict[str, Any] | None,
-    *,
-    arm: str,
-    round_index: int,
-    max_tokens: int,
-) -> RoundResult:
-    async def one(prompt: str) -> tuple[int, bool, bool]:
-        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
-        if schema is None:
-            completion = await client.chat.completions.create(
-                model=COURIER_MODEL_ID, messages=messages, max_tokens=max_tokens, temperature=THROUGHPUT_TEMPERATURE
-            )
-        else:
-            completion = await client.chat.completions.create(
-                model=COURIER_MODEL_ID,
-                messages=messages,
-                max_tokens=max_tokens,
+async def measure_throughput(server: Server, args: argparse.Namespace) -> list[Round]:
+    """After a warm-up of each arm, `--rounds` rounds of `--streams` requests, constrained then free, each round
+    and arm with prompts of its own."""
+    schema, prompts = essay_schema(args.max_tokens), iter(essay_prompts(args.streams * 2 * (args.rounds + 1), 0))
+    rounds: list[Round] = []
+
+    async def one(client: openai.AsyncOpenAI, arm: str, index: int) -> Round:
+        constrained = arm == "constrained"
+        asked = [next(prompts) for _ in range(args.streams)]
+        streams = [
+            stream_chat(
+                client,
+                server.spec.model,
+                user(prompt),
+                max_tokens=args.max_tokens,
                 temperature=THROUGHPUT_TEMPERATURE,
-                response_format=response_format("essay", schema),
+                response_format=json_schema_format("essay", schema) if constrained else openai.omit,
             )
-        choice = completion.choices[0]
-        tokens = completion.usage.completion_tokens if completion.usage else 0
-        valid = schema is not None and check_reply(choice.message.content or "", schema)[1]
-        return tokens, choice.finish_reason == "length", valid
+            for prompt in asked
+        ]
+        done = await burst(streams)
+        valid = sum(check_reply(s.text, schema)[1] for s in done.streams) if constrained else None
+        return Round(arm=arm, index=index, burst=done, valid_json=valid)
 
-    started = time.perf_counter()
-    answers = await asyncio.gather(*(one(prompt) for prompt in prompts))
-    wall_s = time.perf_counter() - started
-    tokens = [answer[0] for answer in answers]
-    return RoundResult(
-        arm=arm,
-        round=round_index,
-        streams=len(prompts),
-        completion_tokens=sum(tokens),
-        tokens_per_stream=tokens,
-        capped=sum(1 for answer in answers if answer[1]),
-        wall_s=wall_s,
-        tps=sum(tokens) / wall_s if wall_s > 0 else float("nan"),
-        valid_json=sum(1 for answer in answers if answer[2]) if schema is not None else None,
+    async with async_client(server.base_url) as client:
+        progress(f"courier: throughput warm-up, {args.streams} streams free then constrained")
+        await one(client, "free", 0)
+        await one(client, "constrained", 0)
+        for index in range(1, args.rounds + 1):
+            for arm in ("constrained", "free"):
+                rounds.append(await one(client, arm, index))
+                b = rounds[-1].burst
+                progress(f"courier: round {index} {arm}: {b.completion_tokens} tokens in {b.wall_s:.2f} s")
+    return rounds
+
+
+def print_throughput(rounds: Sequence[Round], args: argparse.Namespace) -> None:
+    print("### (b) Throughput, constrained against free text (Courier)\n")
+    print(
+        f"{args.streams} concurrent requests a round, temperature {THROUGHPUT_TEMPERATURE}, max_tokens "
+        f"{args.max_tokens}; constrained: json_schema with at least {args.max_tokens // 8 + 1} sections "
+        "(its shortest valid output exceeds the cap). Rounds alternate constrained, free.\n"
     )
+    table("round | arm | tokens | tokens per stream | capped | wall s | tok/s", (r.cells() for r in rounds))
+    constrained, free = pooled_tps(rounds, "constrained"), pooled_tps(rounds, "free")
+    ratio = constrained / free
+    per_round = [c.burst.tps / f.burst.tps for c, f in zip(rounds[::2], rounds[1::2], strict=True)]
 
+    def mean_tokens(arm: str) -> float:
+        return statistics.fmean(t for r in rounds if r.arm == arm for t in r.burst.tokens_per_stream)
 
-async def measure_throughput(port: int, args: argparse.Namespace) -> ThroughputResult:
-    schema = essay_schema(args.max_tokens)
-    streams, offset = args.streams, 0
-    rounds: list[RoundResult] = []
-
-    def prompts() -> list[str]:
-        nonlocal offset
-        taken = essay_prompts(streams, offset)
-        offset += streams
-        return taken
-
-    async with make_client(port) as client:
-        progress(f"courier: throughput warm-up, {streams} streams free then constrained")
-        await run_round(client, prompts(), None, arm="free", round_index=0, max_tokens=args.max_tokens)
-        await run_round(client, prompts(), schema, arm="constrained", round_index=0, max_tokens=args.max_tokens)
-        for round_index in range(1, args.rounds + 1):
-            for arm, arm_schema in (("constrained", schema), ("free", None)):
-                result = await run_round(
-                    client, prompts(), arm_schema, arm=arm, round_index=round_index, max_tokens=args.max_tokens
-                )
-                progress(
-                    f"courier: round {round_index} {arm}: {result.completion_tokens} tokens in {result.wall_s:.2f} s "
-                    f"= {result.tps:.1f} tok/s"
-                )
-                rounds.append(result)
-    constrained = [result for result in rounds if result.arm == "constrained"]
-    free = [result for result in rounds if result.arm == "free"]
-    constrained_tps = sum(r.completion_tokens for r in constrained) / sum(r.wall_s for r in constrained)
-    free_tps = sum(r.completion_tokens for r in free) / sum(r.wall_s for r in free)
-    return ThroughputResult(
-        max_tokens=args.max_tokens,
-        streams=streams,
-        min_sections=schema["properties"]["sections"]["minItems"],
-        rounds=rounds,
-        constrained_tps=constrained_tps,
-        free_tps=free_tps,
-        ratio=constrained_tps / free_tps,
-        round_ratios=[c.tps / f.tps for c, f in zip(constrained, free, strict=True)],
-        constrained_tokens_mean=statistics.fmean(t for r in constrained for t in r.tokens_per_stream),
-        free_tokens_mean=statistics.fmean(t for r in free for t in r.tokens_per_stream),
+    print(
+        f"- pooled: constrained {constrained:.1f} tok/s, free {free:.1f} tok/s; **constrained / free = {ratio:.3f}** "
+        f"({'meets' if ratio >= TARGET_THROUGHPUT_RATIO else 'misses'} target >= {TARGET_THROUGHPUT_RATIO}); "
+        f"per round: {', '.join(f'{value:.3f}' for value in per_round)}"
     )
-
-
-def run_courier(cache_dir: Path, args: argparse.Namespace, report: Report) -> None:
-    def measure(port: int) -> None:
-        if "validity" in args.parts:
-            report.validity.append(asyncio.run(measure_validity(COURIER, port, args)))
-        if "throughput" in args.parts:
-            report.throughput = asyncio.run(measure_throughput(port, args))
-
-    run_server(COURIER, None, cache_dir, args, report, measure=measure)
-
-
-def run_peer(dir_f32: Path, cache_dir: Path, args: argparse.Namespace, report: Report) -> None:
-    def measure(port: int) -> None:
-        report.validity.append(asyncio.run(measure_validity(MLX_LM_F32, port, args)))
-
-    run_server(MLX_LM_F32, dir_f32, cache_dir, args, report, measure=measure)
+    print(
+        f"- mean completion tokens per stream: constrained {mean_tokens('constrained'):.1f}, "
+        f"free {mean_tokens('free'):.1f}\n"
+    )
 
 
 # ---------------------------------------------------------------- (c) micro-benchmarks
 
 
-def median_ms(runs: Sequence[float]) -> float:
-    return statistics.median(runs) * 1000.0
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Micro:
+    """In process: the grammar tokenizer's build, per schema the constraint's build, a cold compile and a cached
+    matcher (medians, ms), mask fills before every token of the instances (ms, and us per token), and one
+    constrained sequence's whole per-token path (ms)."""
+
+    vocab_size: int
+    eos_tokens: list[int]
+    tokenizer_build_s: float
+    compiles: list[dict[str, Any]]
+    fills: list[dict[str, Any]]
+    step_ms: list[float]
+    compiler_stats: dict[str, Any]
+
+    @property
+    def failed(self) -> bool:
+        """A token of a valid instance refused, or end-of-sequence not allowed after one."""
+        return any(fill["refused"] or fill["eos_refused"] for fill in self.fills)
 
 
-def time_compiles(loaded: Any, compiler: Any, tokens: dict[str, list[int]], repeats: int) -> list[CompileTiming]:
+def timed(call: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def time_compiles(compiler: Any, tokens: dict[str, list[int]], repeats: int) -> list[dict[str, Any]]:
     from courier.grammar.compiler import GrammarCompiler
     from courier.grammar.constraint import json_schema
 
-    timings: list[CompileTiming] = []
+    rows = []
     for case in SCHEMAS:
-        builds, cold, cached = [], [], []
-        constraint = json_schema(case.schema, name=case.name, param="response_format.json_schema.schema")
-        for _ in range(repeats):
-            started = time.perf_counter()
-            constraint = json_schema(case.schema, name=case.name, param="response_format.json_schema.schema")
-            builds.append(time.perf_counter() - started)
-            fresh = GrammarCompiler(compiler.tokenizer)
-            started = time.perf_counter()
-            fresh.matcher(constraint)
-            cold.append(time.perf_counter() - started)
+        build = partial(json_schema, case.schema, name=case.name, param="response_format.json_schema.schema")
+        constraint = build()
+        builds = [timed(build) for _ in range(repeats)]
+        cold = [timed(partial(GrammarCompiler(compiler.tokenizer).matcher, constraint)) for _ in range(repeats)]
         compiler.matcher(constraint)  # now cached
-        for _ in range(repeats):
-            started = time.perf_counter()
-            compiler.matcher(constraint)
-            cached.append(time.perf_counter() - started)
-        timings.append(
-            CompileTiming(
-                schema=case.name,
-                grammar_bytes=len(constraint.grammar),
-                constraint_build_ms=median_ms(builds),
-                compile_cold_ms=median_ms(cold),
-                compile_cold_runs_ms=[run * 1000.0 for run in cold],
-                matcher_cached_ms=median_ms(cached),
-                instance_tokens=len(tokens[case.name]),
-            )
+        cached = [timed(partial(compiler.matcher, constraint)) for _ in range(repeats)]
+        rows.append(
+            {
+                "schema": case.name,
+                "grammar_bytes": len(constraint.grammar),
+                "constraint_build_ms": statistics.median(builds) * 1000,
+                "compile_cold_ms": statistics.median(cold) * 1000,
+                "matcher_cached_ms": statistics.median(cached) * 1000,
+                "instance_tokens": len(tokens[case.name]),
+            }
         )
-    return timings
+    return rows
 
 
 @dataclass(slots=True)
@@ -868,112 +575,84 @@ class Lane:
 
 
 def time_fills(
-    compiler: Any, constraints: Sequence[Any], tokens: Sequence[list[int]], lanes_count: int, passes: int
-) -> FillTiming:
-    """Fill masks before every token of every instance (plus its end-of-sequence), `lanes_count` sequences at
-    once, each lane `passes` times over the instances; stops when the first lane is done (the batch stays full)."""
+    compiler: Any, constraints: Sequence[Any], tokens: Sequence[list[int]], lanes: int, passes: int
+) -> dict[str, Any]:
+    """Fill masks before every token of every instance (and its end-of-sequence), `lanes` sequences at once, each
+    `passes` times over the instances; stops when the first lane is done (the batch stays full)."""
     from courier.engine.constrained import MaskFiller
 
-    eos = compiler.eos_tokens[0]
-    streams = [[*instance, eos] for instance in tokens]
-    filler = MaskFiller(compiler.vocab_size, lanes_count)
-    lanes = [
-        Lane(row=filler.acquire(), order=[(lane + step) % len(streams) for step in range(len(streams))] * passes)
-        for lane in range(lanes_count)
-    ]
+    streams = [[*instance, compiler.eos_tokens[0]] for instance in tokens]
+    filler = MaskFiller(compiler.vocab_size, lanes)
+    order = [[(lane + step) % len(streams) for step in range(len(streams))] * passes for lane in range(lanes)]
+    batch = [Lane(row=filler.acquire(), order=each) for each in order]
     refused = eos_refused = fed = 0
 
     def next_instance(lane: Lane) -> bool:
-        lane.instance += 1
-        lane.position = 0
+        lane.instance, lane.position = lane.instance + 1, 0
         if lane.instance >= len(lane.order):
             return False
         lane.matcher = compiler.matcher(constraints[lane.order[lane.instance]])
         return True
 
-    running = all(next_instance(lane) for lane in lanes)
+    running = all(next_instance(lane) for lane in batch)
     filler.fill_seconds.clear()
     filler.fill_rows.clear()
     while running:
-        for lane in lanes:
+        for lane in batch:
             filler.due(lane.row, lane.matcher)
-        for lane in lanes:
+        for lane in batch:
             stream = streams[lane.order[lane.instance]]
-            token = stream[lane.position]
-            mask = filler.row(lane.row)
-            allowed = bool((int(mask[token // 32]) >> (token % 32)) & 1)
-            is_eos = lane.position == len(stream) - 1
-            if not allowed:
-                if is_eos:
-                    eos_refused += 1
-                else:
-                    refused += 1
-            fed += 1
-            lane.position += 1
+            token, is_eos = stream[lane.position], lane.position == len(stream) - 1
+            allowed = bool((int(filler.row(lane.row)[token // 32]) >> (token % 32)) & 1)
+            eos_refused += is_eos and not allowed
+            refused += not is_eos and not allowed
+            fed, lane.position = fed + 1, lane.position + 1
             if is_eos or not allowed or not lane.matcher.consume_token(token):
                 running = next_instance(lane) and running
     fills = list(filler.fill_seconds)
-    rows = list(filler.fill_rows)
-    per_token = [seconds / count for seconds, count in zip(fills, rows, strict=True)]
-    return FillTiming(
-        sequences=lanes_count,
-        fills=len(fills),
-        tokens=fed,
-        fill_p50_ms=percentile(fills, 0.50) * 1000.0,
-        fill_p99_ms=percentile(fills, 0.99) * 1000.0,
-        fill_mean_ms=statistics.fmean(fills) * 1000.0,
-        per_token_p50_us=percentile(per_token, 0.50) * 1e6,
-        per_token_p99_us=percentile(per_token, 0.99) * 1e6,
-        refused=refused,
-        eos_refused=eos_refused,
-    )
+    per_token = [seconds / count for seconds, count in zip(fills, filler.fill_rows, strict=True)]
+    return {
+        **{"sequences": lanes, "fills": len(fills), "tokens": fed},
+        **{f"fill_p{q}_ms": percentile(fills, q / 100) * 1000 for q in (50, 99)},
+        "fill_mean_ms": statistics.fmean(fills) * 1000,
+        **{f"per_token_p{q}_us": percentile(per_token, q / 100) * 1e6 for q in (50, 99)},
+        **{"refused": refused, "eos_refused": eos_refused},
+    }
 
 
-def time_steps(loaded: Any, compiler: Any, constraints: Sequence[Any], tokens: Sequence[list[int]]) -> StepTiming:
+def time_steps(loaded: Any, compiler: Any, constraints: Sequence[Any], tokens: Sequence[list[int]]) -> list[float]:
     """`ConstrainedSequence.process` + `.sample` before every token of every instance (and its end-of-sequence),
-    one sequence, evaluated: the host-side cost a constrained sequence adds to each decode step."""
+    one sequence, evaluated: the host-side cost a constrained sequence adds to each decode step (ms)."""
     import mlx.core as mx
 
     from courier.engine.constrained import ConstrainedSequence, MaskFiller
 
-    width = compiler.vocab_size
-    logprobs = mx.random.normal((1, width))
+    logprobs = mx.random.normal((1, compiler.vocab_size))
     mx.eval(logprobs)
-
-    def argmax(values: mx.array) -> mx.array:
-        return mx.argmax(values, axis=-1)
-
-    seconds: list[float] = []
-    eos = compiler.eos_tokens[0]
+    milliseconds = []
     for constraint, instance in zip(constraints, tokens, strict=True):
-        filler = MaskFiller(width, 1)
         sequence = ConstrainedSequence(
             constraint,
             compiler=compiler,
-            filler=filler,
+            filler=MaskFiller(compiler.vocab_size, 1),
             decode=loaded.tokenizer.decode,
             prompt_length=0,
-            sampler=argmax,
+            sampler=lambda values: mx.argmax(values, axis=-1),
             eos_tokens=compiler.eos_tokens,
         )
-        stream = [*instance, eos]
+        stream = [*instance, compiler.eos_tokens[0]]
         for position in range(len(stream)):
             context = mx.array(stream[:position], dtype=mx.int32)
             mx.eval(context)
             started = time.perf_counter()
             sequence.process(context, logprobs)
             mx.eval(sequence.sample(logprobs))
-            seconds.append(time.perf_counter() - started)
+            milliseconds.append((time.perf_counter() - started) * 1000)
         sequence.release()
-    return StepTiming(
-        tokens=len(seconds),
-        p50_ms=percentile(seconds, 0.50) * 1000.0,
-        p99_ms=percentile(seconds, 0.99) * 1000.0,
-        mean_ms=statistics.fmean(seconds) * 1000.0,
-    )
+    return milliseconds
 
 
-def measure_micro(loaded: Any, args: argparse.Namespace) -> MicroResult:
+def measure_micro(loaded: Any, args: argparse.Namespace) -> Micro:
     from courier.grammar.compiler import DEFAULT_CAPACITY
     from courier.grammar.constraint import json_schema
     from courier.model.loader import grammar_compiler
@@ -984,12 +663,10 @@ def measure_micro(loaded: Any, args: argparse.Namespace) -> MicroResult:
     tokenizer_build_s = time.perf_counter() - started
     if compiler is None:
         raise BenchmarkError("grammar_compiler() gave no compiler for the embedded model")
-    tokens = {
-        case.name: list(loaded.tokenizer.encode(json.dumps(case.instance), add_special_tokens=False))
-        for case in SCHEMAS
-    }
+    encode = loaded.tokenizer.encode
+    tokens = {case.name: list(encode(json.dumps(case.instance), add_special_tokens=False)) for case in SCHEMAS}
     progress(f"micro: compile times, {args.micro_repeats} repeats per schema")
-    compiles = time_compiles(loaded, compiler, tokens, args.micro_repeats)
+    compiles = time_compiles(compiler, tokens, args.micro_repeats)
     constraints = [json_schema(case.schema, name=case.name, param="micro") for case in SCHEMAS]
     instances = [tokens[case.name] for case in SCHEMAS]
     fills = []
@@ -997,243 +674,104 @@ def measure_micro(loaded: Any, args: argparse.Namespace) -> MicroResult:
         progress(f"micro: mask fills, {lanes} sequence(s), {args.micro_passes} passes")
         fills.append(time_fills(compiler, constraints, instances, lanes, args.micro_passes))
     progress("micro: ConstrainedSequence per-token path, 1 sequence")
-    step = time_steps(loaded, compiler, constraints, instances)
-    return MicroResult(
+    return Micro(
         vocab_size=compiler.vocab_size,
         eos_tokens=list(compiler.eos_tokens),
         tokenizer_build_s=tokenizer_build_s,
         compiles=compiles,
         fills=fills,
-        step=step,
+        step_ms=time_steps(loaded, compiler, constraints, instances),
         compiler_stats=asdict(compiler.stats()),
     )
 
 
-def check_instances() -> None:
-    """Each schema's instance must be valid against it: the micro-benchmark's tokens are meant to be allowed."""
-    for case in SCHEMAS:
-        _, valid, problem = check_reply(json.dumps(case.instance), case.schema)
-        if not valid:
-            raise BenchmarkError(f"the instance of schema {case.name!r} is not valid against it: {problem}")
+def print_micro(micro: Micro) -> None:
+    print("### (c) Micro-benchmarks (in process, no server)\n")
+    print(
+        f"Vocabulary {micro.vocab_size}, end-of-sequence {micro.eos_tokens}; grammar tokenizer built in "
+        f"{micro.tokenizer_build_s:.2f} s (`grammar_compiler(loaded, capacity)`, once per model).\n"
+    )
+    table(
+        "schema | grammar bytes | constraint build ms | compile cold ms | matcher cached ms | instance tokens",
+        (
+            f"{c['schema']} | {c['grammar_bytes']} | {c['constraint_build_ms']:.2f} | {c['compile_cold_ms']:.2f} "
+            f"| {c['matcher_cached_ms']:.3f} | {c['instance_tokens']}"
+            for c in micro.compiles
+        ),
+    )
+    print("Mask fill before each token (`MaskFiller`, llguidance's parallel fill), end-of-sequence included:\n")
+    table(
+        "sequences | fills | tokens | fill p50 ms | fill p99 ms | fill mean ms | per token p50 us | per token p99 us "
+        "| tokens refused | EOS refused",
+        (
+            f"{f['sequences']} | {f['fills']} | {f['tokens']} | {f['fill_p50_ms']:.3f} | {f['fill_p99_ms']:.3f} "
+            f"| {f['fill_mean_ms']:.3f} | {f['per_token_p50_us']:.0f} | {f['per_token_p99_us']:.0f} | {f['refused']} "
+            f"| {f['eos_refused']}"
+            for f in micro.fills
+        ),
+    )
+    step = micro.step_ms
+    print(
+        f"- one constrained sequence's whole per-token path (`ConstrainedSequence.process` + `.sample`, mask to "
+        f"MLX, evaluated), {len(step)} tokens: p50 {percentile(step, 0.5):.3f} ms, p99 {percentile(step, 0.99):.3f} "
+        f"ms, mean {statistics.fmean(step):.3f} ms"
+    )
+    print(f"- compiler stats: {micro.compiler_stats}\n")
 
 
-# ---------------------------------------------------------------- report
+# ---------------------------------------------------------------- main
 
 
-def pct(count: int, total: int) -> str:
-    return f"{100.0 * count / total:.0f}%" if total else "n/a"
+@dataclass(slots=True, kw_only=True)
+class Report:
+    environment: dict[str, object]
+    settings: dict[str, object]
+    servers: list[ServerRecord] = field(default_factory=list)
+    validity: list[ValidityRun] = field(default_factory=list)
+    throughput: list[Round] = field(default_factory=list)
+    micro: Micro | None = None
+    micro_error: str | None = None
 
 
-def print_report(report: Report) -> None:
-    env = report.environment
-    print("## Courier structured outputs benchmark\n")
-    print(f"- python {env['python']}, mlx {env['mlx']}, mlx-lm {env['mlx-lm']}, llguidance {env['llguidance']}")
-    print(f"- machine: {env['platform']} ({env['machine']}), {env['cpu_count']} CPUs")
-    print(f"- settings: {report.settings}\n")
+def print_report(report: Report, args: argparse.Namespace) -> None:
+    head("Courier structured outputs benchmark", report.environment, report.settings, "llguidance")
     if report.servers:
         print("### Servers\n")
-        for run in report.servers:
-            env_text = " ".join(f"{key}={value}" for key, value in run.extra_env.items())
-            status = f"ready in {run.ready_s:.1f} s" if run.ready_s is not None else "not ready"
-            if run.error is not None:
-                status += f"; FAILED: {run.error}"
-            print(f"- `{run.name}`: `{(env_text + ' ') if env_text else ''}{' '.join(run.command)}` ({status})")
-            if run.name == COURIER:
-                print(f"  - tokens refused by the grammar (log): {run.grammar_refusals}")
-            for line in run.log_problems:
-                print(f"  - log: {inline(line)}")
+        for record in report.servers:
+            print(record.line())
+            log = Path(record.log_path).read_text(errors="replace").splitlines()
+            problems = [line for line in log if LOG_PROBLEM.search(line)]
+            if record.name == COURIER:  # a mask let a token through that the matcher then refused: never, if right
+                refused = sum("refused by the grammar" in line for line in problems)
+                print(f"  - tokens refused by the grammar (log): {refused}")
+            for line in problems[:LOG_PROBLEMS_SHOWN]:
+                print(f"  - log: {inline(shown(line))}")
         print()
     if report.validity:
         print_validity(report.validity)
-    if report.throughput is not None:
-        print_throughput(report.throughput)
+    if report.throughput:
+        print_throughput(report.throughput, args)
     if report.micro is not None:
         print_micro(report.micro)
     if report.micro_error is not None:
         print(f"### Micro-benchmarks\n\nFAILED: {report.micro_error}\n")
 
 
-def print_validity(runs: Sequence[ValidityRun]) -> None:
-    print("### (a) Validity\n")
-    print(
-        f"Chat `response_format` json_schema (strict), temperature {VALIDITY_TEMPERATURE}, the schema also in the "
-        "prompt. Valid = parses and validates (`jsonschema`); unfenced = after stripping a Markdown code fence.\n"
-    )
-    print(
-        "| server | requests | errors | finished | cut by length | parses as JSON | valid | valid among finished "
-        "| parses, unfenced | valid, unfenced | mean tokens | wall s |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for run in runs:
-        s = run.summary
-        tokens = f"{s.completion_tokens_mean:.0f}" if s.completion_tokens_mean is not None else "-"
-        print(
-            f"| {run.server} | {s.requests} | {s.errors} | {s.finished} | {pct(s.cut_by_length, s.requests)} "
-            f"| {pct(s.parses, s.requests)} | {pct(s.valid, s.requests)} | {pct(s.valid_among_finished, s.finished)} "
-            f"| {pct(s.parses_unfenced, s.requests)} | {pct(s.valid_unfenced, s.requests)} | {tokens} "
-            f"| {run.wall_s:.1f} |"
-        )
-    print()
-    print("Per schema, valid / requests (cut by length):\n")
-    print("| schema | " + " | ".join(run.server for run in runs) + " |")
-    print("|---|" + "---|" * len(runs))
-    for case in SCHEMAS:
-        cells = []
-        for run in runs:
-            found = run.per_schema.get(case.name)
-            cells.append(f"{found.valid}/{found.requests} ({found.cut_by_length})" if found is not None else "-")
-        if any(cell != "-" for cell in cells):
-            print(f"| {case.name} | " + " | ".join(cells) + " |")
-    print()
-    for run in runs:
-        if run.server != COURIER:
-            continue
-        s = run.summary
-        share = s.valid_among_finished / s.finished if s.finished else None
-        met = share is not None and share >= TARGET_VALID_AMONG_FINISHED
-        shown_share = f"{100.0 * share:.1f}%" if share is not None else "n/a (none finished)"
-        print(f"- Courier valid among finished replies: {shown_share} ({'meets' if met else 'misses'} target 100%)")
-        bad = [reply for reply in run.replies if reply.finished and not reply.valid]
-        for reply in bad[:5]:
-            print(f"  - #{reply.index} {reply.schema}: {reply.error or reply.problem}: {inline(reply.content)}")
-    for run in runs:
-        sample = next((reply for reply in run.replies if reply.error is None), None)
-        if sample is not None:
-            print(
-                f"- a reply from {run.server} (#{sample.index}, {sample.schema}, {sample.finish_reason}): "
-                f"{inline(sample.content)}"
-            )
-        errors = [reply for reply in run.replies if reply.error is not None]
-        if errors:
-            print(f"- {run.server}: {len(errors)} requests failed, first: {errors[0].error}")
-    print()
-
-
-def print_throughput(result: ThroughputResult) -> None:
-    print("### (b) Throughput, constrained against free text (Courier)\n")
-    print(
-        f"{result.streams} concurrent requests a round, temperature {THROUGHPUT_TEMPERATURE}, max_tokens "
-        f"{result.max_tokens}; constrained: json_schema with at least {result.min_sections} sections "
-        "(its shortest valid output exceeds the cap). Rounds alternate constrained, free.\n"
-    )
-    print("| round | arm | tokens | tokens per stream | capped | wall s | tok/s |")
-    print("|---|---|---|---|---|---|---|")
-    for r in result.rounds:
-        per_stream = f"{min(r.tokens_per_stream)}-{max(r.tokens_per_stream)}"
-        print(
-            f"| {r.round} | {r.arm} | {r.completion_tokens} | {per_stream} | {r.capped}/{r.streams} "
-            f"| {r.wall_s:.2f} | {r.tps:.1f} |"
-        )
-    print()
-    met = result.ratio >= TARGET_THROUGHPUT_RATIO
-    ratios = ", ".join(f"{ratio:.3f}" for ratio in result.round_ratios)
-    print(
-        f"- pooled: constrained {result.constrained_tps:.1f} tok/s, free {result.free_tps:.1f} tok/s; "
-        f"**constrained / free = {result.ratio:.3f}** ({'meets' if met else 'misses'} target >= "
-        f"{TARGET_THROUGHPUT_RATIO}); per round: {ratios}"
-    )
-    print(
-        f"- mean completion tokens per stream: constrained {result.constrained_tokens_mean:.1f}, "
-        f"free {result.free_tokens_mean:.1f}\n"
-    )
-
-
-def print_micro(micro: MicroResult) -> None:
-    print("### (c) Micro-benchmarks (in process, no server)\n")
-    print(
-        f"Vocabulary {micro.vocab_size}, end-of-sequence {micro.eos_tokens}; grammar tokenizer built in "
-        f"{micro.tokenizer_build_s:.2f} s (`grammar_compiler(loaded, capacity)`, once per model).\n"
-    )
-    print("| schema | grammar bytes | constraint build ms | compile cold ms | matcher cached ms | instance tokens |")
-    print("|---|---|---|---|---|---|")
-    for c in micro.compiles:
-        print(
-            f"| {c.schema} | {c.grammar_bytes} | {c.constraint_build_ms:.2f} | {c.compile_cold_ms:.2f} "
-            f"| {c.matcher_cached_ms:.3f} | {c.instance_tokens} |"
-        )
-    print()
-    print("Mask fill before each token (`MaskFiller`, llguidance's parallel fill), end-of-sequence included:\n")
-    print(
-        "| sequences | fills | tokens | fill p50 ms | fill p99 ms | fill mean ms | per token p50 us | per token p99 us "
-        "| tokens refused | EOS refused |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for f in micro.fills:
-        print(
-            f"| {f.sequences} | {f.fills} | {f.tokens} | {f.fill_p50_ms:.3f} | {f.fill_p99_ms:.3f} "
-            f"| {f.fill_mean_ms:.3f} | {f.per_token_p50_us:.0f} | {f.per_token_p99_us:.0f} | {f.refused} "
-            f"| {f.eos_refused} |"
-        )
-    print()
-    if micro.step is not None:
-        s = micro.step
-        print(
-            f"- one constrained sequence's whole per-token path (`ConstrainedSequence.process` + `.sample`, mask to "
-            f"MLX, evaluated), {s.tokens} tokens: p50 {s.p50_ms:.3f} ms, p99 {s.p99_ms:.3f} ms, "
-            f"mean {s.mean_ms:.3f} ms"
-        )
-    print(f"- compiler stats: {micro.compiler_stats}\n")
-
-
-def micro_failed(micro: MicroResult | None) -> bool:
-    return micro is not None and any(f.refused or f.eos_refused for f in micro.fills)
-
-
-def write_json(report: Report, path: Path) -> None:
-    path.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
-
-
-# ---------------------------------------------------------------- main
-
-
-def part_list(text: str) -> list[str]:
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [part for part in parts if part not in PARTS]
-    if unknown or not parts:
-        raise argparse.ArgumentTypeError(f"parts are {', '.join(PARTS)}; not {', '.join(unknown) or 'none'}")
-    return list(dict.fromkeys(parts))
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     add = parser.add_argument
-    add("--parts", type=part_list, default=list(PARTS), help="validity,throughput,micro (all)")
-    add("--requests", type=positive_int, default=50, help="validity: requests per server (50)")
-    add("--streams", type=positive_int, default=8, help="concurrent requests: validity and throughput (8)")
-    add("--rounds", type=positive_int, default=3, help="throughput: rounds of each arm (3)")
-    add("--max-tokens", type=positive_int, default=160, help="max_tokens of every request (160)")
+    add("--parts", type=cli.names(PARTS), default=list(PARTS), help="validity,throughput,micro (all)")
+    add("--requests", type=cli.positive_int, default=50, help="validity: requests per server (50)")
+    add("--streams", type=cli.positive_int, default=8, help="concurrent requests: validity and throughput (8)")
+    add("--rounds", type=cli.positive_int, default=3, help="throughput: rounds of each arm (3)")
+    add("--max-tokens", type=cli.positive_int, default=160, help="max_tokens of every request (160)")
     add("--seed", type=int, default=0, help="validity: request i gets seed SEED+i (0)")
-    add("--micro-repeats", type=positive_int, default=5, help="micro: compiles timed per schema (5)")
-    add("--micro-passes", type=positive_int, default=3, help="micro: passes over the instances per lane (3)")
-    add("--micro-sequences", type=positive_int, default=8, help="micro: sequences filled together (8; 1 always)")
+    add("--micro-repeats", type=cli.positive_int, default=5, help="micro: compiles timed per schema (5)")
+    add("--micro-passes", type=cli.positive_int, default=3, help="micro: passes over the instances per lane (3)")
+    add("--micro-sequences", type=cli.positive_int, default=8, help="micro: sequences filled together (8; 1 always)")
     add("--no-peer", dest="peer", action="store_false", help="validity: leave out mlx_lm.server")
-    add("--cache-dir", type=Path, default=None, help="model cache (default: a temporary directory)")
-    add("--openblas", default=OPENBLAS_PATH, help=f"LD_PRELOAD for {MLX_LM_F32} ({OPENBLAS_PATH})")
-    add("--json", type=Path, default=None, help="also write the raw results here")
+    cli.add_results(parser, openblas=MLX_LM_F32)
     return parser.parse_args(argv)
-
-
-def load_served_model(cache_dir: Path) -> Any:
-    """The embedded model exactly as `courier serve` loads it (on CPU: float32 weights)."""
-    from courier.model.loader import load_model
-    from courier.model.progress import Progress
-    from courier.model.source import resolve_model_source
-
-    return load_model(
-        resolve_model_source(None),
-        served_model_name=None,
-        cache_dir=cache_dir,
-        weight_format="auto",
-        warmup=False,
-        progress=Progress(enabled=False),
-    )
 
 
 def prepare(cache_dir: Path, args: argparse.Namespace, report: Report) -> Path | None:
@@ -1245,10 +783,7 @@ def prepare(cache_dir: Path, args: argparse.Namespace, report: Report) -> Path |
     progress("converting the embedded GGUF and loading it as Courier does")
     dir4 = prepare_4bit_dir(cache_dir)
     loaded = load_served_model(cache_dir)
-    dir_f32 = None
-    if peer:
-        dir_f32 = save_float32_dir(loaded.model, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
-        progress(f"float32 directory for {MLX_LM_F32}: {dir_f32}")
+    dir_f32 = float32_dir(dir4, cache_dir, loaded.model) if peer else None
     if "micro" in args.parts:
         try:
             report.micro = measure_micro(loaded, args)
@@ -1262,41 +797,41 @@ def prepare(cache_dir: Path, args: argparse.Namespace, report: Report) -> Path |
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if "validity" in args.parts and args.peer and not Path(args.openblas).is_file():
-        progress(f"OpenBLAS not found at {args.openblas}; pass --openblas PATH or --no-peer")
+    if openblas_missing(args.openblas, "validity" in args.parts and args.peer, "--no-peer"):
         return 2
-    check_instances()
+    for case in SCHEMAS:  # the micro-benchmark's tokens are meant to be allowed
+        if not check_reply(json.dumps(case.instance), case.schema)[1]:
+            raise BenchmarkError(f"the instance of schema {case.name!r} is not valid against it")
     # Before anything imports MLX, so the in-process model runs on OpenBLAS with the kernels Courier picks.
     os.environ.pop("OPENBLAS_CORETYPE", None)
     blas = load_optimized_blas()
-    report = Report(environment=bench_environment(blas), settings=settings(args))
+    keys = ["parts", "requests", "streams", "rounds", "max_tokens", "seed", "peer"]
+    keys += ["micro_repeats", "micro_passes", "micro_sequences"] if "micro" in args.parts else []
+    report = Report(
+        environment=environment(blas, "llguidance", "jsonschema"), settings={key: getattr(args, key) for key in keys}
+    )
     with cache_directory(args.cache_dir) as cache_dir:
         dir_f32 = prepare(cache_dir, args, report)
+        launcher = Launcher(
+            bench="structured", cache_dir=cache_dir, log_dir=cache_dir / "bench-logs", openblas=args.openblas
+        )
+
+        def on_courier(server: Server) -> None:
+            if "validity" in args.parts:
+                report.validity.append(asyncio.run(measure_validity(server, args)))
+            if "throughput" in args.parts:
+                report.throughput = asyncio.run(measure_throughput(server, args))
+
         if "validity" in args.parts or "throughput" in args.parts:
-            run_courier(cache_dir, args, report)
+            launcher.run(ServerSpec(name=COURIER), on_courier)
         if dir_f32 is not None:
-            run_peer(dir_f32, cache_dir, args, report)
-    print_report(report)
-    if args.json is not None:
-        write_json(report, args.json)
-        progress(f"raw results written to {args.json}")
-    failed = any(run.error for run in report.servers) or report.micro_error is not None
-    return 1 if failed or micro_failed(report.micro) else 0
-
-
-def bench_environment(blas: BlasReport) -> dict[str, object]:
-    return {
-        **environment(blas),
-        "llguidance": metadata.version("llguidance"),
-        "jsonschema": metadata.version("jsonschema"),
-    }
-
-
-def settings(args: argparse.Namespace) -> dict[str, object]:
-    keys: tuple[str, ...] = ("parts", "requests", "streams", "rounds", "max_tokens", "seed", "peer")
-    if "micro" in args.parts:
-        keys += ("micro_repeats", "micro_passes", "micro_sequences")
-    return {key: getattr(args, key) for key in keys}
+            peer = ServerSpec(name=MLX_LM_F32, model_dir=dir_f32, flags=tuned_flags(args.streams))
+            launcher.run(peer, lambda server: report.validity.append(asyncio.run(measure_validity(server, args))))
+        report.servers = launcher.records
+        print_report(report, args)
+    write_json(report, args.json)
+    failed = any(record.error for record in report.servers) or report.micro_error is not None
+    return 1 if failed or (report.micro is not None and report.micro.failed) else 0
 
 
 if __name__ == "__main__":
