@@ -1,141 +1,70 @@
-"""Multi-token decode steps ("speculation": prompt-lookup drafts verified in one forward pass, and tokens a grammar
-forces) on the embedded SmolLM2-135M-Instruct, side by side with Courier without them and with mlx-lm.
-
-Four workloads, their prompts written out below, each one user message (the same `messages` everywhere, rendered by
-each server's own chat template), greedy (temperature 0) throughout:
-
-- (a) code edit: a ~400-token Python module and "Rewrite this file with <small change>. Keep everything else the
-  same." (eight different changes; `max_tokens` 448, enough for the whole file);
-- (b) quote: a ~400-token policy document and "Quote the paragraph about <topic> from this document exactly, word
-  for word." (`max_tokens` 192);
-- (c) free chat: short stories and explanations, nothing to copy (`max_tokens` 160);
-- (d) extraction: an invoice, a contact card, an order or a booking, and "Extract the details above as a JSON
-  object with the keys ..." (`max_tokens` 224); constrained, the request also carries a `response_format` json_schema
-  (strict: every field required, no others, strings of at most 80 characters, lists of 1 to 4 items) whose fields
-  echo those values.
-
-`--max-tokens N` replaces every workload's cap (for a quick run). The model is tiny: it copies for a while and then
-wanders or loops; completion tokens and the share of reply lines found verbatim in the source are reported, so
-short or wandering answers are visible.
-
-Four parts (`--parts`, all by default):
-
-1. `single`: workloads (a), (b) and (c) (`--workloads` picks some), one stream at a time, `--repeats` (2) requests
-   each (repeat i takes the i-th change, topic or story). First, before any server starts, mlx-lm's
-   `stream_generate` in this process on the weights Courier serves on this device (`--weights auto`; on a CPU the
-   4-bit conversion of the embedded GGUF dequantized to float32, OpenBLAS loaded before MLX with the kernels
-   Courier's loader picks; on a GPU that conversion as stored); its memory is released before the servers start.
-   Then each request goes to each server in turn (the first server rotating): `courier` (speculation on, the
-   default), `courier-no-spec` (`--no-speculation`) and `mlx-lm-f32-kernels` (`mlx_lm.server` on the same float32
-   weights with `LD_PRELOAD=<OpenBLAS>` and `OPENBLAS_CORETYPE` set to the kernels Courier picks, as
-   `bench/throughput.py` runs it; `--no-peer` leaves it out). Over HTTP: streamed chat completions with the
-   `openai` client (`stream_options.include_usage`); decode tok/s = (completion tokens - 1) / (last content chunk -
-   first content chunk) (a chunk may carry several tokens); in process the same formula over mlx-lm's responses.
-   Per workload, medians: Courier / mlx-lm in process and Courier / mlx_lm.server (target >= 1.8x on (a) and (b)),
-   Courier / Courier without speculation, and whether both Courier servers returned the same text for every prompt
-   (the lossless check over HTTP).
-2. `aggregate`: workload (a), `--streams` (8) different changes at once, Courier against Courier without
-   speculation, `--rounds` (2) rounds, the order of the two servers reversed every round. A round's aggregate
-   tok/s is its completion tokens (`usage`) / wall time (first request sent .. last stream done). Target:
-   pooled ratio >= 1.3.
-3. `chat`: workload (c), the same two servers, at 1 stream and at `--streams`, rounds as in `aggregate`.
-   Target: ratio >= 0.97 at each (drafts that miss must not cost; verify steps are reported).
-4. `json`: workload (d) on Courier (speculation on), at 1 stream and at `--streams`: constrained (the
-   `response_format` json_schema) against the same messages as free text; arms alternate as above. Target:
-   constrained tok/s >= free tok/s at each. Forced (fast-forwarded) tokens per request and the constrained replies
-   valid against their schema are reported.
-
-In parts 2-4 both arms get the same requests in a round; at 1 stream each round takes the next prompt, at
-`--streams` the same prompts come round again. Before the rounds every prompt is sent once to each arm with
-`max_tokens` 1, so both arms' rounds start from a warm prompt cache (what is measured is decode, not prefill).
-
-The servers start one after another before the first part (each gets one warm-up request) and stay up until the
-last; before each measured request or round the script waits until every server process is idle (its CPU time
-flat for 0.5 s, at most 20 s), so that no server's work after a request lands in the next measurement.
-
-Acceptance rate (accepted / drafted draft tokens) and tokens per forward pass (tokens the decode steps emitted /
-decode steps of the generation batch, all sequences of the batch together: at 8 streams without speculation it is
-about 8) come from the growth of Courier's `courier_speculative_*` counters on GET /metrics over each measured
-request or round ("n/a" where the server does not export them).
-
-Courier servers run `courier serve --port P --cache-dir C` plus a private `--prompt-cache-dir` (emptied at start)
-and `--data-dir` each, so that two of them never share files. From the repository root:
-
-    .venv/bin/python -m bench.speculative [--parts single,aggregate,chat,json] [--repeats 2] [--streams 8]
-        [--rounds 2] [--max-tokens N] [--no-peer] [--cache-dir DIR] [--openblas PATH] [--json PATH]
-        [--workloads a,b,c] [--weights auto|float32|stored]
-
-Markdown goes to stdout, progress to stderr, server logs to CACHE/bench-logs (kept when --cache-dir is given). The
-exit code is 1 when a server failed (did not start, or a request to it failed), else 0; missed targets are
-reported, not failed.
-"""
+"""Multi-token decode steps (prompt-lookup drafts verified in one forward pass, and tokens a grammar forces) on the
+embedded SmolLM2, side by side with Courier without them and with mlx-lm, on four greedy workloads."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
-import shutil
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
-from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.structured import RoundResult, check_reply, inline, positive_int, response_format, shown
-from bench.throughput import (
-    COURIER,
-    COURIER_MODEL_ID,
+from bench.harness import cli
+from bench.harness.clients import (
+    Round,
+    Streamed,
+    async_client,
+    burst,
+    json_schema_format,
+    pooled_tps,
+    stream_chat,
+    user,
+)
+from bench.harness.models import (
     FLOAT32,
-    HOST,
-    MLX_LM_F32_KERNELS,
-    MLX_LM_MODEL_ID,
-    OPENBLAS_PATH,
     WARMUP_PROMPT,
     WEIGHT_LABELS,
-    BenchmarkError,
     InProcessReference,
-    StreamResult,
-    add_weights_argument,
     cache_directory,
-    environment,
-    free_port,
-    load_average,
+    float32_dir,
     load_float32,
     load_reference,
-    make_client,
-    percentile,
     prepare_4bit_dir,
-    progress,
     reference_weights,
     release_mlx_memory,
-    running_server,
-    save_float32_dir,
-    server_command,
-    server_env,
-    server_extra_env,
-    server_line,
-    stop_server,
-    wait_until_ready,
 )
-from courier.platform.blas import BlasReport, load_optimized_blas
+from bench.harness.report import environment, head, inline, num, percent, progress, shown, table, verdict, write_json
+from bench.harness.servers import (
+    COURIER,
+    MLX_LM_F32_KERNELS,
+    RUN_ERRORS,
+    Launcher,
+    Server,
+    ServerRecord,
+    ServerSpec,
+    load_average,
+    openblas_missing,
+    tuned_flags,
+)
+from bench.harness.stats import finite_median, ratio
+from bench.structured import check_reply
+from courier.platform.blas import load_optimized_blas
 
 PARTS = ("single", "aggregate", "chat", "json")
 NO_SPEC = "courier-no-spec"
 PEER = MLX_LM_F32_KERNELS
 IN_PROCESS = "mlx-lm in process"
-RUN_ERRORS = (BenchmarkError, openai.OpenAIError, httpx.HTTPError, OSError)
 
 TARGET_SINGLE_VS_MLX_LM = 1.8  # on (a) and (b)
 TARGET_AGGREGATE_VS_NO_SPEC = 1.3
@@ -473,7 +402,7 @@ def verbatim_share(reply: str, source: str) -> float | None:
     return sum(1 for line in lines if line in known) / len(lines) if lines else 0.0
 
 
-# ---------------------------------------------------------------- results
+# ---------------------------------------------------------------- measuring
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -485,40 +414,73 @@ class Counters:
     def since(self, before: Counters) -> Counters:
         return Counters(values={name: value - before.values.get(name, 0.0) for name, value in self.values.items()})
 
-    def plus(self, other: Counters) -> Counters:
-        names = self.values.keys() | other.values.keys()
-        return Counters(values={name: self.values.get(name, 0.0) + other.values.get(name, 0.0) for name in names})
-
     def get(self, name: str) -> float | None:
         return self.values.get(f"{SPECULATIVE_PREFIX}{name}_total")
 
-    def ratio(self, numerator: str, denominator: str) -> float | None:
-        top, bottom = self.get(numerator), self.get(denominator)
-        return top / bottom if top is not None and bottom else None
-
     @property
     def acceptance(self) -> float | None:
-        return self.ratio("accepted_tokens", "drafted_tokens")
+        return ratio(self.get("accepted_tokens"), self.get("drafted_tokens"))
 
     @property
     def tokens_per_pass(self) -> float | None:
-        return self.ratio("emitted_tokens", "steps")
+        return ratio(self.get("emitted_tokens"), self.get("steps"))
+
+
+def summed(counters: Sequence[Counters]) -> Counters:
+    names = {name for each in counters for name in each.values}
+    return Counters(values={name: sum(each.values.get(name, 0.0) for each in counters) for name in names})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Answer:
-    """One streamed chat completion (`stream.prompt` holds the request's label)."""
+class Link:
+    """A started server with its clients: the `openai` one, and plain HTTP for /metrics."""
 
-    server: str
-    stream: StreamResult
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int | None
-    counters: Counters = field(default_factory=Counters)
+    server: Server
+    client: openai.AsyncOpenAI
+    http: httpx.AsyncClient
 
     @property
-    def decode_tps(self) -> float:
-        return self.stream.decode_tps
+    def name(self) -> str:
+        return self.server.spec.name
+
+    async def counters(self) -> Counters:
+        """Its speculative counters now; none when it is not Courier or does not export them."""
+        if not self.server.spec.is_courier:
+            return Counters()
+        try:
+            response = await self.http.get("/metrics", timeout=30.0)
+        except httpx.HTTPError:
+            return Counters()
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(response.text if response.status_code == 200 else ""):
+            for sample in family.samples:
+                if sample.name.startswith(SPECULATIVE_PREFIX) and sample.name.endswith("_total"):
+                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
+        return Counters(values=values)
+
+    async def ask(self, request: Request, max_tokens: int, *, constrained: bool = False) -> Streamed:
+        """One streamed chat completion at temperature 0; a constrained one carries the request's json_schema."""
+        schema = json_schema_format(request.schema_name, request.schema) if constrained and request.schema else None
+        return await stream_chat(
+            self.client,
+            self.server.spec.model,
+            user(request.prompt),
+            max_tokens=max_tokens,
+            label=request.label,
+            response_format=schema or openai.omit,
+        )
+
+
+async def settle(links: Sequence[Link]) -> None:
+    """Wait until every server process is idle (CPU time flat for SETTLE_WINDOW_S, at most SETTLE_LIMIT_S), so that
+    no server's work after a request lands in the next measurement."""
+    started = time.monotonic()
+    while time.monotonic() - started < SETTLE_LIMIT_S:
+        before = [link.server.cpu_seconds() for link in links]
+        await asyncio.sleep(SETTLE_WINDOW_S)
+        grown = max(link.server.cpu_seconds() - cpu for link, cpu in zip(links, before, strict=True))
+        if grown < SETTLE_SHARE * SETTLE_WINDOW_S:
+            return
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -534,31 +496,20 @@ class InProcessRun:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SingleRun:
-    """One single-stream request to one server, for the report."""
+    """One single-stream request to one server."""
 
     server: str
     workload: str
-    label: str
-    completion_tokens: int
-    prompt_tokens: int | None
-    ttft_s: float
-    decode_tps: float
-    finish_reason: str | None
-    verbatim_share: float | None
+    reply: Streamed
     counters: Counters
-    text: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeasuredRound:
-    """One arm's requests sent together: `totals` as bench/structured.py counts a round (aggregate tok/s over the
-    round's wall time; `valid_json` for a constrained arm), plus the streams' decode rate, TTFT and the counters."""
+    """One arm's requests sent together (`round.valid_json` for a constrained arm), and the counters' growth."""
 
-    totals: RoundResult
-    decode_tps_median: float
-    ttft_p50_s: float
+    round: Round
     counters: Counters
-    texts: list[str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -572,9 +523,7 @@ class Comparison:
     rounds: list[MeasuredRound] = field(default_factory=list)
 
     def pooled_tps(self, arm: str) -> float:
-        mine = [r.totals for r in self.rounds if r.totals.arm == arm]
-        wall = sum(r.wall_s for r in mine)
-        return sum(r.completion_tokens for r in mine) / wall if wall > 0 else float("nan")
+        return pooled_tps([measured.round for measured in self.rounds], arm)
 
     @property
     def ratio(self) -> float:
@@ -582,17 +531,7 @@ class Comparison:
         return self.pooled_tps(self.arms[0]) / theirs if theirs else math.nan
 
     def counters(self, arm: str) -> Counters:
-        return summed([result.counters for result in self.rounds if result.totals.arm == arm])
-
-
-@dataclass(slots=True, kw_only=True)
-class ServerRecord:
-    name: str
-    command: list[str]
-    extra_env: dict[str, str]
-    log_path: str
-    ready_s: float | None = None
-    error: str | None = None
+        return summed([measured.counters for measured in self.rounds if measured.round.arm == arm])
 
 
 @dataclass(slots=True, kw_only=True)
@@ -607,267 +546,12 @@ class Report:
     load_at_parts: dict[str, float | None] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------- servers and clients
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Live:
-    """A running server: where to reach it and its process (whose CPU time says when it is idle)."""
-
-    name: str
-    port: int
-    model: str
-    pid: int
-
-    @property
-    def is_courier(self) -> bool:
-        return self.name != PEER
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Link:
-    """A server with its clients: the `openai` one, and plain HTTP for /metrics."""
-
-    live: Live
-    client: openai.AsyncOpenAI
-    http: httpx.AsyncClient
-
-
-def launch(name: str, port: int, cache_dir: Path, dir_f32: Path | None, args: argparse.Namespace) -> list[str]:
-    """The command that starts `name`. Each Courier server gets a prompt-cache directory (emptied) and a data
-    directory of its own: two servers never share a file."""
-    if name == PEER:
-        return server_command(PEER, port, cache_dir, dir_f32, args.streams)
-    prompt_cache = cache_dir / "bench-prompt-cache" / name
-    shutil.rmtree(prompt_cache, ignore_errors=True)
-    prompt_cache.mkdir(parents=True)
-    data_dir = cache_dir / "bench-data" / name
-    data_dir.mkdir(parents=True, exist_ok=True)
-    command = server_command(COURIER, port, cache_dir, None, args.streams)
-    command += ["--prompt-cache-dir", str(prompt_cache), "--data-dir", str(data_dir)]
-    return [*command, "--no-speculation"] if name == NO_SPEC else command
-
-
-def start_servers(
-    stack: ExitStack, names: Sequence[str], cache_dir: Path, dir_f32: Path | None, args: argparse.Namespace
-) -> tuple[list[ServerRecord], dict[str, Live]]:
-    """Start each server in turn, waiting until it is ready before the next; `stack` stops them. A server that
-    fails to start is stopped and recorded, and the others go on."""
-    records: list[ServerRecord] = []
-    live: dict[str, Live] = {}
-    for name in names:
-        port = free_port()
-        command = launch(name, port, cache_dir, dir_f32, args)
-        kind = PEER if name == PEER else COURIER
-        extra_env = server_extra_env(kind, args.openblas, cache_dir, args.kernels)
-        log_path = cache_dir / "bench-logs" / f"speculative-{name}.log"
-        record = ServerRecord(name=name, command=command, extra_env=extra_env, log_path=str(log_path))
-        records.append(record)
-        env_text = " ".join(f"{key}={value}" for key, value in extra_env.items())
-        progress(f"{name}: starting {env_text + ' ' if env_text else ''}{' '.join(command)} (log: {log_path})")
-        path = "/v1/models" if name == PEER else "/health"
-        process = None
-        try:
-            process = stack.enter_context(running_server(command, server_env(extra_env), log_path))
-            record.ready_s = wait_until_ready(process, f"http://{HOST}:{port}{path}", log_path)
-        except (BenchmarkError, OSError) as error:
-            record.error = f"{type(error).__name__}: {error}"
-            progress(f"{name}: FAILED: {record.error}")
-            if process is not None:
-                stop_server(process)
-            continue
-        progress(f"{name}: ready after {record.ready_s:.1f} s")
-        model = MLX_LM_MODEL_ID if name == PEER else COURIER_MODEL_ID
-        live[name] = Live(name=name, port=port, model=model, pid=process.pid)
-    return records, live
-
-
-@asynccontextmanager
-async def links(live: dict[str, Live]) -> AsyncIterator[dict[str, Link]]:
-    async with AsyncExitStack() as stack:
-        found: dict[str, Link] = {}
-        for name, server in live.items():
-            client = await stack.enter_async_context(make_client(server.port))
-            http = await stack.enter_async_context(httpx.AsyncClient(base_url=f"http://{HOST}:{server.port}"))
-            found[name] = Link(live=server, client=client, http=http)
-        yield found
-
-
-async def read_counters(link: Link) -> Counters:
-    """The server's speculative counters now; none when it is not Courier or does not export them."""
-    if not link.live.is_courier:
-        return Counters()
-    try:
-        response = await link.http.get("/metrics", timeout=30.0)
-    except httpx.HTTPError:
-        return Counters()
-    if response.status_code != 200:
-        return Counters()
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            if sample.name.startswith(SPECULATIVE_PREFIX) and sample.name.endswith("_total"):
-                values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return Counters(values=values)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all its threads (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def settle(servers: Sequence[Live]) -> float:
-    """Wait until every server process is idle (a server's work after a request must not land in the next
-    measurement); the seconds waited. Gives up after SETTLE_LIMIT_S."""
-    started = time.monotonic()
-    while time.monotonic() - started < SETTLE_LIMIT_S:
-        before = [cpu_seconds(server.pid) for server in servers]
-        await asyncio.sleep(SETTLE_WINDOW_S)
-        grown = max((cpu_seconds(s.pid) - b for s, b in zip(servers, before, strict=True)), default=0.0)
-        if grown < SETTLE_SHARE * SETTLE_WINDOW_S:
-            break
-    return time.monotonic() - started
-
-
-async def stream_chat(link: Link, request: Request, max_tokens: int, *, constrained: bool = False) -> Answer:
-    """One streamed chat completion at temperature 0; a constrained one carries the request's json_schema."""
-    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": request.prompt}]
-    schema_format = response_format(request.schema_name, request.schema) if constrained and request.schema else None
-    text: list[str] = []
-    stamps: list[float] = []
-    finish_reason: str | None = None
-    usage: CompletionUsage | None = None
-    sent = time.perf_counter()
-    stream = await link.client.chat.completions.create(
-        model=link.live.model,
-        messages=messages,
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        response_format=schema_format if schema_format is not None else openai.omit,
-    )
-    async for chunk in stream:
-        usage = chunk.usage or usage
-        for choice in chunk.choices:
-            finish_reason = choice.finish_reason or finish_reason
-            if choice.delta.content:
-                stamps.append(time.perf_counter())
-                text.append(choice.delta.content)
-    done = time.perf_counter()
-    timed = StreamResult(
-        prompt=request.label,
-        completion_tokens=usage.completion_tokens if usage is not None else len(stamps),
-        content_deltas=len(stamps),
-        sent=sent,
-        first_token=stamps[0] if stamps else done,
-        last_token=stamps[-1] if stamps else done,
-        done=done,
-    )
-    prompt_tokens = usage.prompt_tokens if usage is not None else None
-    return Answer(
-        server=link.live.name,
-        stream=timed,
-        text="".join(text),
-        finish_reason=finish_reason,
-        prompt_tokens=prompt_tokens,
-    )
-
-
-async def counted(link: Link, request: Request, max_tokens: int) -> Answer:
-    """`stream_chat`, with the growth of the server's speculative counters over it."""
-    before = await read_counters(link)
-    answer = await stream_chat(link, request, max_tokens)
-    return replace(answer, counters=(await read_counters(link)).since(before))
-
-
-def finite_median(values: Sequence[float]) -> float:
-    finite = [value for value in values if math.isfinite(value)]
-    return statistics.median(finite) if finite else math.nan
-
-
-# ---------------------------------------------------------------- rounds: two arms over the same requests
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Arm:
-    name: str
-    link: Link
-    constrained: bool = False
-
-
-async def run_round(arm: Arm, requests: Sequence[Request], max_tokens: int, round_index: int) -> MeasuredRound:
-    """All of `requests` at once on one arm; the counters' growth over the round."""
-    before = await read_counters(arm.link)
-    answers = await asyncio.gather(
-        *(stream_chat(arm.link, request, max_tokens, constrained=arm.constrained) for request in requests)
-    )
-    counters = (await read_counters(arm.link)).since(before)
-    wall_s = max(a.stream.done for a in answers) - min(a.stream.sent for a in answers)
-    tokens = [a.stream.completion_tokens for a in answers]
-    valid = None
-    if arm.constrained:
-        valid = sum(
-            1
-            for answer, request in zip(answers, requests, strict=True)
-            if request.schema is not None and check_reply(answer.text, request.schema)[1]
-        )
-    totals = RoundResult(
-        arm=arm.name,
-        round=round_index,
-        streams=len(requests),
-        completion_tokens=sum(tokens),
-        tokens_per_stream=tokens,
-        capped=sum(1 for answer in answers if answer.finish_reason == "length"),
-        wall_s=wall_s,
-        tps=sum(tokens) / wall_s if wall_s > 0 else math.nan,
-        valid_json=valid,
-    )
-    return MeasuredRound(
-        totals=totals,
-        decode_tps_median=finite_median([answer.decode_tps for answer in answers]),
-        ttft_p50_s=percentile([answer.stream.ttft_s for answer in answers], 0.50),
-        counters=counters,
-        texts=[answer.text for answer in answers],
-    )
-
-
-async def compare(
-    comparison: Comparison,
-    arms: tuple[Arm, Arm],
-    rounds: Sequence[Sequence[Request]],
-    servers: Sequence[Live],
-    *,
-    max_tokens: int,
-) -> None:
-    """Both arms on each round's requests, the arms' order reversed every round; the rounds go into `comparison` as
-    they end. Every distinct prompt is first sent once to each arm with max_tokens 1, so both arms' rounds start
-    from a warm prompt cache (and compiled grammars)."""
-    distinct = list({request.prompt: request for requests in rounds for request in requests}.values())
-    for arm in arms:
-        await asyncio.gather(*(stream_chat(arm.link, request, 1, constrained=arm.constrained) for request in distinct))
-    for round_index, requests in enumerate(rounds, start=1):
-        for arm in arms if round_index % 2 else arms[::-1]:
-            await settle(servers)
-            result = await run_round(arm, requests, max_tokens, round_index)
-            comparison.rounds.append(result)
-            totals = result.totals
-            progress(
-                f"{comparison.part}, {comparison.streams} stream(s), round {round_index}, {arm.name}: "
-                f"{totals.completion_tokens} tokens in {totals.wall_s:.2f} s = {totals.tps:.1f} tok/s"
-            )
-
-
-# ---------------------------------------------------------------- parts
-
-
 def cap(args: argparse.Namespace, workload: str) -> int:
     """max_tokens for a workload's requests: `--max-tokens` when given, else the workload's own."""
     return int(args.max_tokens or WORKLOADS[workload].max_tokens)
+
+
+# ---------------------------------------------------------------- parts
 
 
 def measure_in_process(dir4: Path, cache_dir: Path, args: argparse.Namespace, report: Report) -> Path | None:
@@ -878,58 +562,44 @@ def measure_in_process(dir4: Path, cache_dir: Path, args: argparse.Namespace, re
     model, tokenizer = load_reference(dir4, weights)
     dir_f32 = None
     if args.peer:
-        dense = model if weights == FLOAT32 else load_float32(dir4)[0]
-        dir_f32 = save_float32_dir(dense, dir4, cache_dir / "bench-models" / f"{COURIER_MODEL_ID}-float32")
+        dir_f32 = float32_dir(dir4, cache_dir, model if weights == FLOAT32 else load_float32(dir4)[0])
         progress(f"float32 directory for {PEER}: {dir_f32}")
     reference = InProcessReference(model, tokenizer)
     for repeat in range(args.repeats):
         for key in args.workloads:
             request = requests_for(key, 1, repeat)[0]
-            generation_tps, decode_tps, tokens = reference.run(request.prompt, cap(args, key))
+            run = reference.run(request.prompt, cap(args, key))
             report.in_process.append(
                 InProcessRun(
                     workload=key,
                     label=request.label,
-                    decode_tps=decode_tps,
-                    generation_tps=generation_tps,
-                    completion_tokens=tokens,
+                    decode_tps=run.decode_tps,
+                    generation_tps=run.generation_tps,
+                    completion_tokens=run.completion_tokens,
                 )
             )
-            progress(f"single, {IN_PROCESS}, {request.label}: {tokens} tokens, {decode_tps:.1f} tok/s")
+            progress(
+                f"single, {IN_PROCESS}, {request.label}: {run.completion_tokens} tokens, {run.decode_tps:.1f} tok/s"
+            )
     return dir_f32
 
 
-def single_run(workload: str, answer: Answer) -> SingleRun:
-    return SingleRun(
-        server=answer.server,
-        workload=workload,
-        label=answer.stream.prompt,
-        completion_tokens=answer.stream.completion_tokens,
-        prompt_tokens=answer.prompt_tokens,
-        ttft_s=answer.stream.ttft_s,
-        decode_tps=answer.decode_tps,
-        finish_reason=answer.finish_reason,
-        verbatim_share=verbatim_share(answer.text, WORKLOADS[workload].source),
-        counters=answer.counters,
-        text=answer.text,
-    )
-
-
-async def part_single(found: dict[str, Link], args: argparse.Namespace, report: Report) -> None:
+async def part_single(links: dict[str, Link], args: argparse.Namespace, report: Report) -> None:
     """Each request to each server in turn, the first server rotating, every server idle before each."""
-    names = [name for name in (COURIER, NO_SPEC, PEER) if name in found]
-    servers = [link.live for link in found.values()]
+    names = [name for name in (COURIER, NO_SPEC, PEER) if name in links]
     for repeat in range(args.repeats):
         for position, key in enumerate(args.workloads):
             request = requests_for(key, 1, repeat)[0]
             shift = (repeat * len(args.workloads) + position) % len(names)
             for name in names[shift:] + names[:shift]:
-                await settle(servers)
-                run = single_run(key, await counted(found[name], request, cap(args, key)))
-                report.single.append(run)
+                await settle(list(links.values()))
+                before = await links[name].counters()
+                reply = await links[name].ask(request, cap(args, key))
+                counters = (await links[name].counters()).since(before)
+                report.single.append(SingleRun(server=name, workload=key, reply=reply, counters=counters))
                 progress(
-                    f"single, {name}, {request.label}: {run.completion_tokens} tokens, {run.decode_tps:.1f} tok/s, "
-                    f"TTFT {run.ttft_s:.2f} s"
+                    f"single, {name}, {request.label}: {reply.completion_tokens} tokens, {reply.decode_tps:.1f} "
+                    f"tok/s, TTFT {reply.ttft_s:.2f} s"
                 )
 
 
@@ -946,105 +616,96 @@ PART_SERVERS: dict[str, tuple[str, ...]] = {
 }
 
 
-async def part_compared(part: str, found: dict[str, Link], args: argparse.Namespace, report: Report) -> None:
+async def part_compared(part: str, links: dict[str, Link], args: argparse.Namespace, report: Report) -> None:
     """`aggregate` at --streams, `chat` and `json` at 1 stream and at --streams: Courier against Courier without
-    speculation, or (json) constrained against free text on Courier; `--rounds` rounds."""
+    speculation, or (json) constrained against free text on Courier; `--rounds` rounds, the arms' order reversed
+    every round. Every distinct prompt is first sent once to each arm with max_tokens 1 (a warm prompt cache, and
+    compiled grammars)."""
     workload, target = COMPARED_PARTS[part]
     if part == "json":
-        arms = (Arm(name="constrained", link=found[COURIER], constrained=True), Arm(name="free", link=found[COURIER]))
+        arms = (("constrained", links[COURIER], True), ("free", links[COURIER], False))
     else:
-        arms = (Arm(name=COURIER, link=found[COURIER]), Arm(name=NO_SPEC, link=found[NO_SPEC]))
-    servers = [link.live for link in found.values()]
+        arms = ((COURIER, links[COURIER], False), (NO_SPEC, links[NO_SPEC], False))
     for streams in [args.streams] if part == "aggregate" else sorted({1, args.streams}):
         # Round r takes the requests after round r-1's: at 1 stream each round has another prompt; at 8 the
         # workload's prompts come round again (8 changes, 8 stories, 4 extraction cases).
         rounds = [requests_for(workload, streams, index * streams) for index in range(args.rounds)]
-        comparison = Comparison(part=part, streams=streams, arms=(arms[0].name, arms[1].name), target=target)
+        comparison = Comparison(part=part, streams=streams, arms=(arms[0][0], arms[1][0]), target=target)
         report.comparisons.append(comparison)  # kept with the rounds it has when a later one fails
-        await compare(comparison, arms, rounds, servers, max_tokens=cap(args, workload))
+        distinct = list({request.prompt: request for requests in rounds for request in requests}.values())
+        for _, link, constrained in arms:
+            await asyncio.gather(*(link.ask(request, 1, constrained=constrained) for request in distinct))
+        for index, requests in enumerate(rounds, start=1):
+            for arm, link, constrained in arms if index % 2 else arms[::-1]:
+                await settle(list(links.values()))
+                before = await link.counters()
+                done = await burst(
+                    [link.ask(request, cap(args, workload), constrained=constrained) for request in requests]
+                )
+                counters = (await link.counters()).since(before)
+                valid = None
+                if constrained:
+                    valid = sum(
+                        check_reply(s.text, r.schema)[1]
+                        for s, r in zip(done.streams, requests, strict=True)
+                        if r.schema
+                    )
+                comparison.rounds.append(
+                    MeasuredRound(round=Round(arm=arm, index=index, burst=done, valid_json=valid), counters=counters)
+                )
+                progress(
+                    f"{part}, {streams} stream(s), round {index}, {arm}: {done.completion_tokens} tokens in "
+                    f"{done.wall_s:.2f} s = {done.tps:.1f} tok/s"
+                )
 
 
-async def run_parts(live: dict[str, Live], args: argparse.Namespace, report: Report) -> None:
+async def run_parts(servers: dict[str, Server], args: argparse.Namespace, report: Report) -> None:
     """Warm each server up, then the parts in order; a part whose request fails is recorded and the next goes on."""
-    async with links(live) as found:
-        for name, link in found.items():
+    links = {
+        name: Link(
+            server=server, client=async_client(server.base_url), http=httpx.AsyncClient(base_url=server.base_url)
+        )
+        for name, server in servers.items()
+    }
+    try:
+        for name, link in links.items():
             try:
-                await stream_chat(link, Request(label="warm-up", prompt=WARMUP_PROMPT), 8)
+                await link.ask(Request(label="warm-up", prompt=WARMUP_PROMPT), 8)
             except RUN_ERRORS as error:
                 report.errors.append(f"{name}: warm-up failed: {type(error).__name__}: {error}")
         for part in args.parts:
-            missing = [name for name in PART_SERVERS[part] if name not in found]
-            if missing:
+            if missing := [name for name in PART_SERVERS[part] if name not in links]:
                 report.errors.append(f"{part}: not run, {', '.join(missing)} did not start")
                 continue
             report.load_at_parts[part] = load_average()
             progress(f"part {part} (load {report.load_at_parts[part]})")
             try:
                 if part == "single":
-                    await part_single(found, args, report)
+                    await part_single(links, args, report)
                 else:
-                    await part_compared(part, found, args, report)
+                    await part_compared(part, links, args, report)
             except RUN_ERRORS as error:
                 report.errors.append(f"{part}: {type(error).__name__}: {error}")
                 progress(f"{part}: FAILED: {report.errors[-1]}")
+    finally:
+        for link in links.values():
+            await link.client.close()
+            await link.http.aclose()
 
 
 # ---------------------------------------------------------------- report
 
 
-def num(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
-
-
-def share(value: float | None) -> str:
-    return "n/a" if value is None else f"{100.0 * value:.0f}%"
-
-
-def verdict(value: float | None, target: float) -> str:
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    return f"**{value:.2f}x** ({'meets' if value >= target else 'misses'} target >= {target}x)"
-
-
-def summed(counters: Sequence[Counters]) -> Counters:
-    total = Counters()
-    for each in counters:
-        total = total.plus(each)
-    return total
-
-
-def print_report(report: Report) -> None:
-    env = report.environment
-    print("## Courier speculative decoding benchmark\n")
-    print(f"- python {env['python']}, mlx {env['mlx']}, mlx-lm {env['mlx-lm']}, courier {env['courier']}")
-    print(f"- machine: {env['platform']} ({env['machine']}), {env['cpu_count']} CPUs")
-    print(f"- MLX device: {env['mlx_device']}")
-    print(f"- settings: {report.settings}")
-    print(f"- 1-minute load average at the start of each part: {report.load_at_parts}\n")
-    print("### Servers\n")
-    for record in report.servers:
-        status = f"ready in {record.ready_s:.1f} s" if record.ready_s is not None else "not ready"
-        failed = f"; FAILED: {record.error}" if record.error is not None else ""
-        print(server_line(record.name, record.command, record.extra_env, status + failed))
-    print()
-    if report.in_process or report.single:
-        print_single(report)
-    for index, comparison in enumerate(report.comparisons):
-        print_comparison(comparison, explain=index == 0)
-    for error in report.errors:
-        print(f"- FAILED: {error}")
-
-
 def single_rows(report: Report, workload: str) -> list[tuple[str, list[float], list[int], list[SingleRun]]]:
     """Per server (mlx-lm in process first): decode rates, completion tokens, and the HTTP runs."""
     rows: list[tuple[str, list[float], list[int], list[SingleRun]]] = []
-    own = [run for run in report.in_process if run.workload == workload]
-    if own:
+    if own := [run for run in report.in_process if run.workload == workload]:
         rows.append((IN_PROCESS, [run.decode_tps for run in own], [run.completion_tokens for run in own], []))
     for name in (COURIER, NO_SPEC, PEER):
-        runs = [run for run in report.single if run.server == name and run.workload == workload]
-        if runs:
-            rows.append((name, [run.decode_tps for run in runs], [run.completion_tokens for run in runs], runs))
+        if runs := [run for run in report.single if run.server == name and run.workload == workload]:
+            rows.append(
+                (name, [run.reply.decode_tps for run in runs], [run.reply.completion_tokens for run in runs], runs)
+            )
     return rows
 
 
@@ -1054,76 +715,67 @@ def measured_workloads(report: Report) -> list[str]:
     return [key for key in SINGLE_WORKLOADS if key in measured]
 
 
+def median_tps(report: Report, name: str, workload: str) -> float | None:
+    return next((finite_median(rates) for row, rates, _, _ in single_rows(report, workload) if row == name), None)
+
+
+def identical(report: Report, workload: str) -> str:
+    """Whether Courier with and without speculation returned the same text for every request of a workload."""
+    texts = {(run.server, run.reply.label): run.reply.text for run in report.single if run.workload == workload}
+    pairs = [
+        (text, texts[NO_SPEC, label])
+        for (name, label), text in texts.items()
+        if name == COURIER and (NO_SPEC, label) in texts
+    ]
+    if not pairs:
+        return "n/a"
+    same = sum(a == b for a, b in pairs)
+    return f"{'yes' if same == len(pairs) else 'NO'} ({same}/{len(pairs)})"
+
+
 def print_single(report: Report) -> None:
     print(f"### Single stream: {', '.join(f'({key}) {WORKLOADS[key].title}' for key in measured_workloads(report))}\n")
     print(
         "Decode tok/s = (completion tokens - 1) / (last - first content chunk), median over the requests. "
         "Acceptance and tokens per forward pass from Courier's /metrics around each request.\n"
     )
-    print(
-        "| workload | server | decode tok/s | per request | completion tokens | prompt tokens | TTFT s "
-        "| verbatim lines | acceptance | tokens per pass |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for key in measured_workloads(report):
         for name, rates, tokens, runs in single_rows(report, key):
             counters = summed([run.counters for run in runs])
-            prompt_tokens = sorted({run.prompt_tokens for run in runs if run.prompt_tokens is not None})
-            verbatim = [run.verbatim_share for run in runs if run.verbatim_share is not None]
-            print(
-                f"| ({key}) {WORKLOADS[key].title} | {name} | {num(finite_median(rates))} "
+            prompt_tokens = sorted({run.reply.prompt_tokens for run in runs if run.reply.prompt_tokens is not None})
+            verbatim = [v for run in runs if (v := verbatim_share(run.reply.text, WORKLOADS[key].source)) is not None]
+            courier = bool(runs) and name != PEER
+            rows.append(
+                f"({key}) {WORKLOADS[key].title} | {name} | {num(finite_median(rates))} "
                 f"| {', '.join(num(rate) for rate in rates)} | {tokens} | {prompt_tokens or '-'} "
-                f"| {num(finite_median([run.ttft_s for run in runs]), 2) if runs else '-'} "
-                f"| {share(statistics.fmean(verbatim)) if verbatim else '-'} "
-                f"| {share(counters.acceptance) if runs and name != PEER else '-'} "
-                f"| {num(counters.tokens_per_pass, 2) if runs and name != PEER else '-'} |"
+                f"| {num(finite_median([run.reply.ttft_s for run in runs]), 2) if runs else '-'} "
+                f"| {percent(statistics.fmean(verbatim), 0) if verbatim else '-'} "
+                f"| {percent(counters.acceptance, 0) if courier else '-'} "
+                f"| {num(counters.tokens_per_pass, 2) if courier else '-'}"
             )
-    print()
-    print_single_summary(report)
-
-
-def median_tps(report: Report, name: str, workload: str) -> float | None:
-    for row_name, rates, _, _ in single_rows(report, workload):
-        if row_name == name:
-            return finite_median(rates)
-    return None
-
-
-def identical(report: Report, workload: str) -> str:
-    """Whether Courier with and without speculation returned the same text for every request of a workload."""
-    ours = {run.label: run.text for run in report.single if run.server == COURIER and run.workload == workload}
-    theirs = {run.label: run.text for run in report.single if run.server == NO_SPEC and run.workload == workload}
-    pairs = [(text, theirs[label]) for label, text in ours.items() if label in theirs]
-    if not pairs:
-        return "n/a"
-    same = sum(1 for a, b in pairs if a == b)
-    return f"{'yes' if same == len(pairs) else 'NO'} ({same}/{len(pairs)})"
-
-
-def over(top: float | None, bottom: float | None) -> float | None:
-    return top / bottom if top is not None and bottom else None
-
-
-def print_single_summary(report: Report) -> None:
-    print(
-        "| workload | Courier tok/s | / mlx-lm in process | / mlx_lm.server | / Courier without speculation "
-        "| identical text with and without |"
+    table(
+        "workload | server | decode tok/s | per request | completion tokens | prompt tokens | TTFT s | verbatim lines "
+        "| acceptance | tokens per pass",
+        rows,
     )
-    print("|---|---|---|---|---|---|")
+    rows = []
     for key in measured_workloads(report):
         ours = median_tps(report, COURIER, key)
-        ratios = [num(over(ours, median_tps(report, name, key)), 2) for name in (IN_PROCESS, PEER, NO_SPEC)]
-        print(f"| ({key}) {WORKLOADS[key].title} | {num(ours)} | {' | '.join(ratios)} | {identical(report, key)} |")
-    print()
+        ratios = [num(ratio(ours, median_tps(report, name, key)), 2) for name in (IN_PROCESS, PEER, NO_SPEC)]
+        rows.append(f"({key}) {WORKLOADS[key].title} | {num(ours)} | {' | '.join(ratios)} | {identical(report, key)}")
+    table(
+        "workload | Courier tok/s | / mlx-lm in process | / mlx_lm.server | / Courier without speculation "
+        "| identical text with and without",
+        rows,
+    )
     for key in ("a", "b"):
         ours = median_tps(report, COURIER, key)
         for name, label in ((IN_PROCESS, "mlx-lm `stream_generate` in process"), (PEER, "mlx_lm.server")):
-            ratio = over(ours, median_tps(report, name, key))
-            if ratio is not None:
-                print(f"- ({key}) Courier / {label}: {verdict(ratio, TARGET_SINGLE_VS_MLX_LM)}")
+            if (value := ratio(ours, median_tps(report, name, key))) is not None:
+                print(f"- ({key}) Courier / {label}: {verdict(value, TARGET_SINGLE_VS_MLX_LM)}")
     for key in measured_workloads(report):
-        sample = next((run for run in report.single if run.server == COURIER and run.workload == key), None)
-        if sample is not None:
+        if sample := next((run.reply for run in report.single if run.server == COURIER and run.workload == key), None):
             print(f"- a Courier reply, {sample.label} ({sample.finish_reason}): {inline(shown(sample.text))}")
     print()
 
@@ -1135,17 +787,22 @@ COMPARISON_TITLES = {
 }
 
 
-def round_counters_cells(result: MeasuredRound) -> str:
-    """Acceptance, tokens per pass, verify steps / steps and forced tokens per request, from /metrics."""
-    counters = result.counters
+def round_row(measured: MeasuredRound) -> str:
+    """A round's row: its totals, decode tok/s (median over its streams), TTFT p50, then from /metrics acceptance,
+    tokens per pass, verify steps / steps and forced tokens per request."""
+    done, counters = measured.round.burst, measured.counters
     steps, verify, forced = counters.get("steps"), counters.get("verify_steps"), counters.get("forced_tokens")
     steps_text = f"{verify:.0f} / {steps:.0f}" if steps is not None and verify is not None else "n/a"
-    forced_text = num(forced / result.totals.streams, 1) if forced is not None else "n/a"
-    return f"{share(counters.acceptance)} | {num(counters.tokens_per_pass, 2)} | {steps_text} | {forced_text}"
+    forced_text = num(forced / len(done.streams), 1) if forced is not None else "n/a"
+    valid = measured.round.valid_json
+    return (
+        f"{measured.round.cells()} | {num(finite_median([s.decode_tps for s in done.streams]))} | {done.ttft(0.5):.2f} "
+        f"| {percent(counters.acceptance, 0)} | {num(counters.tokens_per_pass, 2)} | {steps_text} | {forced_text} "
+        f"| {f'{valid}/{len(done.streams)}' if valid is not None else '-'}"
+    )
 
 
 def print_comparison(comparison: Comparison, *, explain: bool) -> None:
-    first, second = comparison.arms
     print(f"### {COMPARISON_TITLES[comparison.part]}, {comparison.streams} stream(s)\n")
     if explain:
         print(
@@ -1153,122 +810,104 @@ def print_comparison(comparison: Comparison, *, explain: bool) -> None:
             "median over its streams. Counters from Courier's /metrics around the round (tokens per forward pass "
             "counts all sequences of the batch).\n"
         )
-    print(
-        "| round | arm | tokens | tokens per stream | capped | wall s | tok/s | decode tok/s | TTFT p50 s "
-        "| acceptance | tokens per pass | verify steps / steps | forced per request | valid JSON |"
+    table(
+        "round | arm | tokens | tokens per stream | capped | wall s | tok/s | decode tok/s | TTFT p50 s "
+        "| acceptance | tokens per pass | verify steps / steps | forced per request | valid JSON",
+        (round_row(measured) for measured in comparison.rounds),
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for measured in comparison.rounds:
-        r = measured.totals
-        valid = f"{r.valid_json}/{r.streams}" if r.valid_json is not None else "-"
-        print(
-            f"| {r.round} | {r.arm} | {r.completion_tokens} | {min(r.tokens_per_stream)}-{max(r.tokens_per_stream)} "
-            f"| {r.capped}/{r.streams} | {r.wall_s:.2f} | {r.tps:.1f} | {num(measured.decode_tps_median)} "
-            f"| {measured.ttft_p50_s:.2f} | {round_counters_cells(measured)} | {valid} |"
-        )
-    print()
     for arm in comparison.arms:
         counters = comparison.counters(arm)
         print(
-            f"- {arm}: pooled {num(comparison.pooled_tps(arm))} tok/s; acceptance {share(counters.acceptance)}, "
+            f"- {arm}: pooled {num(comparison.pooled_tps(arm))} tok/s; acceptance {percent(counters.acceptance, 0)}, "
             f"tokens per forward pass {num(counters.tokens_per_pass, 2)}"
         )
-    print(f"- {first} / {second}: {verdict(comparison.ratio, comparison.target)}")
+    print(f"- {comparison.arms[0]} / {comparison.arms[1]}: {verdict(comparison.ratio, comparison.target)}")
     for arm in comparison.arms:
-        sample = next((r for r in comparison.rounds if r.totals.arm == arm and r.texts), None)
-        if sample is not None:
-            print(f"- a reply of {arm}, {sample.totals.tokens_per_stream[0]} tokens: {inline(shown(sample.texts[0]))}")
+        if sample := next((m.round.burst.streams[0] for m in comparison.rounds if m.round.arm == arm), None):
+            print(f"- a reply of {arm}, {sample.completion_tokens} tokens: {inline(shown(sample.text))}")
     print()
 
 
-def write_json(report: Report, path: Path) -> None:
-    path.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")
+def print_report(report: Report) -> None:
+    head("Courier speculative decoding benchmark", report.environment, report.settings)
+    print(f"- 1-minute load average at the start of each part: {report.load_at_parts}\n")
+    print("### Servers\n")
+    print("\n".join(record.line() for record in report.servers) + "\n")
+    if report.in_process or report.single:
+        print_single(report)
+    for index, comparison in enumerate(report.comparisons):
+        print_comparison(comparison, explain=index == 0)
+    for error in report.errors:
+        print(f"- FAILED: {error}")
 
 
 # ---------------------------------------------------------------- main
 
 
-def part_list(text: str) -> list[str]:
-    parts = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if not parts or not set(parts) <= set(PARTS):
-        raise argparse.ArgumentTypeError(f"parts are {', '.join(PARTS)}, separated by commas; got {text!r}")
-    return parts
-
-
-def workload_list(text: str) -> list[str]:
-    keys = list(dict.fromkeys(key.strip() for key in text.split(",") if key.strip()))
-    if not keys or not set(keys) <= set(SINGLE_WORKLOADS):
-        raise argparse.ArgumentTypeError(
-            f"workloads are {', '.join(SINGLE_WORKLOADS)}, separated by commas; got {text!r}"
-        )
-    return [key for key in SINGLE_WORKLOADS if key in keys]
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     add = parser.add_argument
-    add("--parts", type=part_list, default=list(PARTS), help=f"{','.join(PARTS)} (all)")
-    add("--repeats", type=positive_int, default=2, help="single: requests per workload and server (2)")
-    add("--streams", type=positive_int, default=8, help="aggregate, chat, json: concurrent streams (8)")
-    add("--rounds", type=positive_int, default=2, help="aggregate, chat, json: rounds of each arm (2)")
-    add("--max-tokens", type=positive_int, default=None, help="max_tokens of every request (default: per workload)")
+    add("--parts", type=cli.names(PARTS), default=list(PARTS), help=f"{','.join(PARTS)} (all)")
+    add("--repeats", type=cli.positive_int, default=2, help="single: requests per workload and server (2)")
+    add("--streams", type=cli.positive_int, default=8, help="aggregate, chat, json: concurrent streams (8)")
+    add("--rounds", type=cli.positive_int, default=2, help="aggregate, chat, json: rounds of each arm (2)")
+    add("--max-tokens", type=cli.positive_int, default=None, help="max_tokens of every request (default: per workload)")
     add("--no-peer", dest="peer", action="store_false", help=f"single: leave out mlx_lm.server ({PEER})")
-    add("--cache-dir", type=Path, default=None, help="model cache (default: a temporary directory)")
-    add("--openblas", default=OPENBLAS_PATH, help=f"LD_PRELOAD for {PEER} ({OPENBLAS_PATH})")
-    add("--json", type=Path, default=None, help="also write the raw results here")
-    add("--workloads", type=workload_list, default=list(SINGLE_WORKLOADS), help="single: workloads, among a,b,c (all)")
-    add_weights_argument(parser)
+    add(
+        "--workloads",
+        type=cli.names(SINGLE_WORKLOADS, in_given_order=False),
+        default=list(SINGLE_WORKLOADS),
+        help="single: among a,b,c (all)",
+    )
+    cli.add_results(parser, openblas=PEER)
+    cli.add_weights(parser)
     args = parser.parse_args(argv)
     args.peer = args.peer and "single" in args.parts
     return args
 
 
-def server_names(args: argparse.Namespace) -> list[str]:
-    names = [COURIER]
-    if {"single", "aggregate", "chat"} & set(args.parts):
-        names.append(NO_SPEC)
-    if args.peer:
-        names.append(PEER)
-    return names
-
-
-def settings(args: argparse.Namespace, blas: BlasReport) -> dict[str, object]:
-    keys = ("parts", "workloads", "repeats", "streams", "rounds", "max_tokens", "peer", "weights")
-    caps = {key: cap(args, key) for key in WORKLOADS}
-    return {**{key: getattr(args, key) for key in keys}, "max_tokens_by_workload": caps, "kernels": blas.kernels}
-
-
-def prepare(cache_dir: Path, args: argparse.Namespace, report: Report) -> Path | None:
-    """The single part's in-process reference, before any server starts, its memory released afterwards; the
-    float32 directory for mlx_lm.server (None without it)."""
-    if "single" not in args.parts:
-        return None
-    progress("converting the embedded GGUF to a 4-bit MLX directory")
-    dir4 = prepare_4bit_dir(cache_dir)
-    dir_f32 = measure_in_process(dir4, cache_dir, args, report)
-    release_mlx_memory()
-    return dir_f32
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.peer and not Path(args.openblas).is_file():
-        progress(f"OpenBLAS not found at {args.openblas}; pass --openblas PATH or --no-peer")
+    if openblas_missing(args.openblas, args.peer, "--no-peer"):
         return 2
     # Before anything imports MLX, so the in-process model runs on OpenBLAS with the kernels Courier picks.
     os.environ.pop("OPENBLAS_CORETYPE", None)
     blas = load_optimized_blas()
-    args.kernels = blas.kernels
-    report = Report(environment=environment(blas), settings=settings(args, blas))
+    keys = ("parts", "workloads", "repeats", "streams", "rounds", "max_tokens", "peer", "weights")
+    settings = {key: getattr(args, key) for key in keys}
+    settings |= {"max_tokens_by_workload": {key: cap(args, key) for key in WORKLOADS}, "kernels": blas.kernels}
+    report = Report(environment=environment(blas), settings=settings)
     with cache_directory(args.cache_dir) as cache_dir:
-        dir_f32 = prepare(cache_dir, args, report)
-        with ExitStack() as stack:
-            report.servers, live = start_servers(stack, server_names(args), cache_dir, dir_f32, args)
+        dir_f32 = None
+        if "single" in args.parts:  # mlx-lm in process before any server starts, its memory released afterwards
+            progress("converting the embedded GGUF to a 4-bit MLX directory")
+            dir_f32 = measure_in_process(prepare_4bit_dir(cache_dir), cache_dir, args, report)
+            release_mlx_memory()
+        specs = [ServerSpec(name=COURIER)]
+        if {"single", "aggregate", "chat"} & set(args.parts):
+            specs.append(ServerSpec(name=NO_SPEC, kind=COURIER, flags=("--no-speculation",)))
+        if args.peer:
+            specs.append(ServerSpec(name=PEER, model_dir=dir_f32, flags=tuned_flags(args.streams)))
+        launcher = Launcher(
+            bench="speculative",
+            cache_dir=cache_dir,
+            log_dir=cache_dir / "bench-logs",
+            openblas=args.openblas,
+            kernels=blas.kernels,
+        )
+        with ExitStack() as stack:  # the servers start one after another and stay up until the last part
+            live = {}
+            for spec in specs:
+                server = launcher.server(spec)
+                try:
+                    live[spec.name] = stack.enter_context(server)
+                except RUN_ERRORS as error:
+                    server.record.error = f"{type(error).__name__}: {error}"
+                    progress(f"{spec.name}: FAILED: {server.record.error}")
             asyncio.run(run_parts(live, args, report))
+        report.servers = launcher.records
     print_report(report)
-    if args.json is not None:
-        write_json(report, args.json)
-        progress(f"raw results written to {args.json}")
+    write_json(report, args.json)
     return 1 if report.errors or any(record.error for record in report.servers) else 0
 
 
