@@ -9,6 +9,7 @@ blueprint's name in `http/app.py`).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from quart import Blueprint, Response
@@ -55,8 +56,9 @@ def blueprint(context: AppContext) -> Blueprint:
         run = MessageRun(context, request, admitted, tenant)
         if request.generation.stream:
             return event_stream_response(_stream(context, request, run, tenant), done=None, error_event=error_event)
-        async for _ in run.parts():
-            pass
+        async with aclosing(run.parts()) as parts:
+            async for _ in parts:
+                pass
         outcome = run.outcome
         _warm_up_next_turn(context, request, run, tenant)
         reply = run.reply
@@ -107,12 +109,14 @@ async def _stream(context: AppContext, request: MessagesRequest, run: MessageRun
             message_id=new_message_id(), model=request.model, content=[], stop=None, stop_sequence=None, usage=started
         )
     )
-    async for part in run.parts(context.settings.stream_keepalive):
-        if isinstance(part, Idle):
-            yield ping()
-            continue
-        for chunk in (*writer.thinking(part.reasoning), *writer.text(part.content)):
-            yield chunk
+    # Closed with the stream, so a client that leaves closes the generation's events at once (out of the batch).
+    async with aclosing(run.parts(context.settings.stream_keepalive)) as parts:
+        async for part in parts:
+            if isinstance(part, Idle):
+                yield ping()
+                continue
+            for chunk in (*writer.thinking(part.reasoning), *writer.text(part.content)):
+                yield chunk
     outcome = run.outcome
     for call_made in outcome.calls:
         for chunk in writer.tool_use(tool_use_block(call_made)):

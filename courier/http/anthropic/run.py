@@ -12,7 +12,7 @@ sequence found after the text it sent.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -67,7 +67,7 @@ class MessageRun:
         assert self._outcome is not None, "read `parts` to the end first"
         return self._outcome
 
-    async def parts(self, idle_s: float | None = None) -> AsyncIterator[ReplyDelta | Idle]:
+    async def parts(self, idle_s: float | None = None) -> AsyncGenerator[ReplyDelta | Idle, None]:
         first = self._first
         last = first
         async for part in self._read(first, idle_s, budget=self._budget()):
