@@ -322,6 +322,13 @@ class Settings:
         "prompt tokens prefilled per step; smaller keeps running streams flowing during long prefills",
         metavar="TOKENS",
     )
+    prefill_stall_ms: float = setting(
+        500.0,
+        parse_non_negative_float,
+        "while streams decode, how long a step's prefill of new prompts may hold up their next token: each "
+        "prompt's chunk is sized to fit, from the measured cost of a token (0: a whole --prefill-step-size chunk)",
+        metavar="MS",
+    )
     mlx_cache_limit: int = setting(
         1024**3,
         parse_bytes,

@@ -1,7 +1,8 @@
 """The batch engine: continuous batching over mlx-lm's `BatchGenerator`, on the MLX thread only.
 
 Each `step` ends the requests past their deadline, admits new requests into the running batch (`admission.py`),
-drops cancelled ones, advances every sequence by one decode step (and new ones by one prefill chunk), and turns the
+drops cancelled ones, advances every sequence by one decode step (and new ones by one prefill chunk, sized so that
+a long prompt does not stall the running streams: `core/prefill_budget.py`), and turns the
 raw tokens into events (`step_reader.py`): detokenized text with stop strings and end-of-sequence tokens removed,
 optional logprobs, and a finish when a sequence ends, with the snapshots the store keeps (`step_snapshots.py`). A
 failure inside the batched forward pass starts a fresh generator and isolates the culprit (`recovery.py`).
@@ -18,6 +19,7 @@ prompt's state instead of ending a prefill segment there, which saves a forward 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +28,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from courier.core.prefill_budget import PrefillBudget
 from courier.engine.admission import Admission
 from courier.engine.constrained import MaskFiller
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest
@@ -79,6 +82,9 @@ class BatchEngine:
         )
         self._reader = StepReader(tokenizer, self._eos, self._sequences)
         self._recovery = Recovery(model, self._sequences, self._admission, stream=self._stream)
+        self._prefill = PrefillBudget(
+            stall_s=limits.prefill_stall_s, largest=limits.prefill_step_size, costs=limits.prefill_costs()
+        )
         self._generator = self._new_generator()
 
     @property
@@ -112,12 +118,21 @@ class BatchEngine:
         self._cancel(cancelled)
         if not self._sequences:
             return outputs
+        decoding = sum(1 for sequence in self._sequences if sequence.prompt_done or sequence.generated > 0)
+        prefilling = min(len(self._sequences) - decoding, self._limits.prefill_batch)
+        self._generator.prefill_step_size = self._prefill.chunk(decoding=decoding, prefilling=prefilling)
+        started = time.perf_counter()
         try:
-            prompt_responses, responses = self._generator.next()
+            with self._generator.stats() as done:
+                prompt_responses, responses = self._generator.next()
         except Exception as error:  # a fault in the batched forward pass: isolate the culprit, keep serving
             self._generator = self._new_generator()
             self._admission.shared.clear()
             return outputs + self._recovery.recover(error, self._generator)
+        self._prefill.observe(positions=decoding + done.prompt_tokens, seconds=time.perf_counter() - started)
+        for response in prompt_responses:
+            if response.end_of_prompt and (sequence := self._sequences.get(response.uid)) is not None:
+                sequence.prompt_done = True
         self._recovery.step_succeeded()
         if responses and not self.speculating:  # a speculative generator counts its own steps
             self.speculation.steps += 1

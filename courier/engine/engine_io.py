@@ -62,3 +62,7 @@ class BatchLimits:
     speculation: LookupLimits | None = None
     # How a verify pass is costed when choosing its width: fitted to timed passes (tests pin a line).
     step_costs: Callable[[], StepCosts] = StepCosts
+    # While sequences decode, what a step's prefill may add to it, in seconds (`core/prefill_budget.py`; 0: none),
+    # and how a step is costed for that (fitted to timed steps; tests pin a line).
+    prefill_stall_s: float = 0.0
+    prefill_costs: Callable[[], StepCosts] = StepCosts

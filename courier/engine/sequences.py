@@ -30,6 +30,7 @@ class RunningSequence:
     stop: StopTextMatcher
     cached_tokens: int = 0
     generated: int = 0
+    prompt_done: bool = False  # its prompt is prefilled: it decodes (its first token may not be out yet)
     # A dense cache prefills its history and generation prompt in one segment; its boundary snapshot is then cut
     # from the state at the end of the prompt (0: none to cut).
     cut_boundary: int = 0

@@ -309,6 +309,7 @@ class Supervisor:
             max_batch=settings.max_batch,
             prefill_batch=min(settings.max_batch, PREFILL_BATCH),
             prefill_step_size=settings.prefill_step_size,
+            prefill_stall_s=settings.prefill_stall_ms / 1000,
             speculation=LookupLimits(settings.speculative_ngram, settings.speculative_tokens)
             if settings.speculation
             else None,

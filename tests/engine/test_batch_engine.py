@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx_lm
 import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from courier.core.failure_codes import FailureCode
+from courier.core.verify_width import FixedCosts
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (
@@ -24,6 +24,7 @@ from courier.engine.generation import (
     TokensGenerated,
 )
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill
+from tests.support import tiny_models
 from tests.support.faulty_model import FailingModel
 
 LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
@@ -31,8 +32,7 @@ LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
 
 @pytest.fixture(scope="module")
 def loaded(tiny_llama_dir: Path) -> tuple[Any, Any]:
-    model, tokenizer = mlx_lm.load(str(tiny_llama_dir))
-    return model, tokenizer
+    return tiny_models.load_float32(tiny_llama_dir)
 
 
 def request(name: str, max_tokens: int, prompt: tuple[int, ...] = (1, 2, 3, 4)) -> EngineRequest:
@@ -204,8 +204,7 @@ def shared_and_unshared(model: Any, tokenizer: Any, requests: list[EngineRequest
 
 @pytest.fixture(scope="module", params=["dense", "hybrid"])
 def family(request: pytest.FixtureRequest, tiny_llama_dir: Path, tiny_qwen3_next_dir: Path) -> tuple[Any, Any]:
-    model, tokenizer = mlx_lm.load(str(tiny_llama_dir if request.param == "dense" else tiny_qwen3_next_dir))
-    return model, tokenizer
+    return tiny_models.load_float32(tiny_llama_dir if request.param == "dense" else tiny_qwen3_next_dir)
 
 
 def test_a_burst_sharing_a_system_prompt_generates_what_it_would_alone(family: tuple[Any, Any]) -> None:
@@ -452,3 +451,40 @@ def test_a_request_past_its_deadline_before_its_first_token_fails_as_timed_out(l
     failed = finished(outputs)["long"]
     assert isinstance(failed, GenerationFailed) and failed.code is FailureCode.DEADLINE_EXCEEDED
     assert engine.active == 0
+
+
+def steps_to_first_token(engine: BatchEngine, name: str) -> tuple[int, list[EngineOutput]]:
+    outputs: list[EngineOutput] = []
+    for step in range(1, 100):
+        outputs += engine.step([], [])
+        if any(o.request_id == name and isinstance(o.event, TokensGenerated) for o in outputs):
+            return step, outputs
+    raise AssertionError("no first token")
+
+
+def test_a_long_prompt_beside_decoding_streams_is_prefilled_in_budgeted_chunks(loaded: tuple[Any, Any]) -> None:
+    """A budget too small for any chunk holds each step's prefill to the smallest chunk while streams decode; with
+    nothing decoding (or no budget) a prompt takes whole --prefill-step-size chunks. The text is the same."""
+    model, tokenizer = loaded
+    long_prompt = tuple(range(10, 310))  # 300 tokens: a budgeted step prefills 32 of them
+    texts_by_budget, steps_by_budget = [], []
+    for stall_s in (0.0, 1e-9):
+        limits = BatchLimits(
+            max_batch=4,
+            prefill_batch=4,
+            prefill_step_size=512,
+            prefill_stall_s=stall_s,
+            prefill_costs=lambda: FixedCosts(0.1, 0.01),  # a pinned machine: the budget holds no token
+        )
+        engine = BatchEngine(model, tokenizer, limits)
+        outputs = engine.step([request("a", 200), request("b", 200, (5, 6, 7))], [])
+        outputs += engine.step([], [])  # both decode now
+        outputs += engine.step([request("long", 4, long_prompt)], [])
+        steps, later = steps_to_first_token(engine, "long")
+        steps_by_budget.append(steps)
+        run_until_done(engine, outputs := outputs + later)
+        texts_by_budget.append(texts(outputs))
+        assert all(isinstance(event, GenerationFinished) for event in finished(outputs).values())
+    assert texts_by_budget[0] == texts_by_budget[1]
+    unbudgeted, budgeted = steps_by_budget
+    assert budgeted - unbudgeted == 9  # 299 tokens before the first: one chunk of 512, or ten of 32
