@@ -118,12 +118,7 @@ async def events_or_idle(
             if cancellation is not None and cancellation.requested:
                 raise GenerationCancelled
             event = None
-            wait = max(0.0, deadline - time.monotonic())
-            if cancellation is not None and cancellation.polled:
-                wait = min(wait, ABANDON_POLL_S)
-            if idle_s is not None:
-                wait = min(wait, idle_s)
-            with anyio.move_on_after(wait) as scope:
+            with anyio.move_on_after(_wait(deadline, cancellation, idle_s)) as scope:
                 if cancellation is not None:
                     cancellation.watch(scope)
                 event = await _next_event(events)
@@ -162,6 +157,14 @@ async def collect(admitted: Admitted, timeout_s: float, cancellation: Cancellati
         else:
             return Collected(text="".join(texts), logprobs=logprobs, finished=event)
     raise Refused(ended_without_result())
+
+
+def _wait(deadline: float, cancellation: Cancellation | None, idle_s: float | None) -> float:
+    """How long to wait for the next event: until the deadline, or the next poll for abandonment or idleness."""
+    wait = max(0.0, deadline - time.monotonic())
+    if cancellation is not None and cancellation.polled:
+        wait = min(wait, ABANDON_POLL_S)
+    return wait if idle_s is None else min(wait, idle_s)
 
 
 def ended_without_result() -> RequestFailed:
