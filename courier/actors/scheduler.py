@@ -199,6 +199,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             snapshots=caching,
             vision=message.vision,
             n=message.n,
+            tenant=message.tenant,
         )
         queued = _Queued(
             request=request,

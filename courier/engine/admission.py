@@ -321,8 +321,10 @@ def _candidate(request: EngineRequest) -> shared_prefix.Candidate:
     length = len(request.prompt_tokens)
     prefix = request.prefix
     start = prefix.matched if prefix is not None and 0 < prefix.matched < length else 0
-    # Requests share only when they start from the same state: the same stored snapshot, trimmed alike, or none.
-    origin = (id(prefix.state), prefix.length) if start > 0 and prefix is not None else None
+    # Requests share only when they start from the same state (the same stored snapshot, trimmed alike, or none) and
+    # are the same tenant's: a prefix prefilled for one API key is never another's to start from.
+    state = (id(prefix.state), prefix.length) if start > 0 and prefix is not None else None
+    origin = (request.tenant, state)
     # A prompt with images shares nothing: its image tokens stand for pixels other prompts do not have.
     limit = 0 if request.vision is not None else shared_prefix.limit_for(length, start, request.boundary)
     return shared_prefix.Candidate(tokens=request.prompt_tokens, start=start, origin=origin, limit=limit)

@@ -31,6 +31,9 @@ class EngineRequest:
     # `n` samples of one prompt: it is prefilled once and each sample starts from a copy of its state.
     n: int = 1
     choice: int = 0  # which sample this sequence is (set by the engine)
+    # Whose request it is (an API key's; "" without keys): state computed for one tenant is never reused for
+    # another, an in-batch shared prefix included, so no tenant can infer another's prompt from timing.
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

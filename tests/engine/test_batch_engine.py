@@ -490,3 +490,23 @@ def test_a_long_prompt_beside_decoding_streams_is_prefilled_in_budgeted_chunks(l
     assert texts_by_budget[0] == texts_by_budget[1]
     unbudgeted, budgeted = steps_by_budget
     assert budgeted - unbudgeted == 9  # 299 tokens before the first: one chunk of 512, or ten of 32
+
+
+def test_requests_of_different_tenants_never_share_a_prefix_prefilled_in_the_batch(family: tuple[Any, Any]) -> None:
+    """The same system prompt sent under two API keys is prefilled once per key: a prefix shared across keys would
+    let one key learn, from its first token's time, what another key is sending."""
+    model, tokenizer = family
+    system = tuple(range(100, 180))
+    requests = [
+        replace(request(name, 3, (*system, 7, index)), tenant=tenant)
+        for index, (name, tenant) in enumerate((("a1", "key-a"), ("a2", "key-a"), ("b1", "key-b")))
+    ]
+    engine = BatchEngine(model, tokenizer, LIMITS)
+    outputs = engine.step(requests[:2], [])  # one key's two requests: their common prefix prefilled once
+    shared = list(engine._admission.shared)
+    assert len(shared) == 1 and shared[0].key.origin[0] == "key-a"
+    outputs += engine.step(requests[2:], [])  # another key's request: it starts on its own, from nothing shared
+    assert [state.key.origin[0] for state in engine._admission.shared] == ["key-a"]
+    assert all(sequence.shared is None for sequence in engine._sequences if sequence.request.tenant == "key-b")
+    run_until_done(engine, outputs)
+    assert set(finished(outputs)) == {"a1", "a2", "b1"}
