@@ -12,7 +12,7 @@ sequence found after the text it sent.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -70,8 +70,9 @@ class MessageRun:
     async def parts(self, idle_s: float | None = None) -> AsyncGenerator[ReplyDelta | Idle, None]:
         first = self._first
         last = first
-        async for part in self._read(first, idle_s, budget=self._budget()):
-            yield part
+        async with aclosing(self._read(first, idle_s, budget=self._budget())) as reading:
+            async for part in reading:
+                yield part
         if first.finished is None:  # its reasoning reached the budget: the block is closed, the answer follows
             text, self._closing = await thinking_budget.closing_tokens(self._context)
             yield self.reply.feed(TokensGenerated(text=text, token_ids=self._closing))
@@ -80,9 +81,10 @@ class MessageRun:
             admitted = await thinking_budget.continuation(self._context, self._request, written, room, self._tenant)
             if admitted is not None:
                 last = _Generation(admitted, [], [])
-                async for part in self._read(last, idle_s, budget=None):
-                    yield part
-        rest, calls = self.reply.finish(cut=last.finished is None or last.finished.reason is FinishReason.LENGTH)
+                async with aclosing(self._read(last, idle_s, budget=None)) as reading:
+                    async for part in reading:
+                        yield part
+        rest, calls = self.reply.finish(cut=self._cut(last))
         if rest.reasoning or rest.content:
             yield rest
         stop_sequence = await self._stop_sequence(last, calls)
@@ -101,7 +103,7 @@ class MessageRun:
 
     async def _read(
         self, generation: _Generation, idle_s: float | None, *, budget: int | None
-    ) -> AsyncIterator[ReplyDelta | Idle]:
+    ) -> AsyncGenerator[ReplyDelta | Idle, None]:
         """Feed one generation's events into the reply; with a `budget`, stop reading (leaving `finished` None) once
         the reasoning block has spent it without closing."""
         timeout = self._context.settings.request_timeout
