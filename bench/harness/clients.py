@@ -12,6 +12,7 @@ from typing import Any
 
 import openai
 from openai.types.chat import ChatCompletionMessageParam
+from openai.types.shared_params import ResponseFormatJSONSchema
 
 from bench.harness.stats import percentile
 
@@ -127,13 +128,22 @@ async def stream_chat(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Burst:
-    """Streams sent together: all completion tokens / (first sent .. last done), and TTFT percentiles."""
+    """Streams sent together: all completion tokens / (first sent .. last done), TTFT percentiles, replies cut."""
 
     streams: list[Streamed]
 
     @property
     def completion_tokens(self) -> int:
-        return sum(stream.completion_tokens for stream in self.streams)
+        return sum(self.tokens_per_stream)
+
+    @property
+    def tokens_per_stream(self) -> list[int]:
+        return [stream.completion_tokens for stream in self.streams]
+
+    @property
+    def capped(self) -> int:
+        """Streams cut by max_tokens."""
+        return sum(stream.finish_reason == "length" for stream in self.streams)
 
     @property
     def wall_s(self) -> float:
@@ -149,3 +159,34 @@ class Burst:
 
 async def burst(streams: Sequence[Awaitable[Streamed]]) -> Burst:
     return Burst(streams=list(await asyncio.gather(*streams)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Round:
+    """One arm's burst in round `index` of a comparison of two arms over the same requests."""
+
+    arm: str
+    index: int
+    burst: Burst
+    valid_json: int | None = None  # a constrained arm's replies that parse and validate
+
+    def cells(self) -> str:
+        """round | arm | tokens | tokens per stream | capped | wall s | tok/s, as a table row's start."""
+        b = self.burst
+        per_stream = f"{min(b.tokens_per_stream)}-{max(b.tokens_per_stream)}"
+        return (
+            f"{self.index} | {self.arm} | {b.completion_tokens} | {per_stream} | {b.capped}/{len(b.streams)} "
+            f"| {b.wall_s:.2f} | {b.tps:.1f}"
+        )
+
+
+def pooled_tps(rounds: Sequence[Round], arm: str) -> float:
+    """An arm's completion tokens over its rounds' wall time, all rounds pooled."""
+    mine = [r.burst for r in rounds if r.arm == arm]
+    wall = sum(b.wall_s for b in mine)
+    return sum(b.completion_tokens for b in mine) / wall if wall > 0 else math.nan
+
+
+def json_schema_format(name: str, schema: dict[str, Any]) -> ResponseFormatJSONSchema:
+    """A strict `response_format` json_schema."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}

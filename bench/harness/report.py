@@ -41,10 +41,11 @@ def environment(blas: BlasReport, *packages: str) -> dict[str, object]:
     }
 
 
-def head(title: str, env: dict[str, object], settings: object, *, device: bool = True) -> None:
-    """The report's title and its environment lines."""
+def head(title: str, env: dict[str, object], settings: object, *packages: str, device: bool = True) -> None:
+    """The report's title and its environment lines (`packages`: more versions than MLX's and Courier's)."""
     print(f"## {title}\n")
-    print(f"- python {env['python']}, mlx {env['mlx']}, mlx-lm {env['mlx-lm']}, courier {env['courier']}")
+    versions = ", ".join(f"{name} {env[name]}" for name in ("mlx", "mlx-lm", "courier", *packages))
+    print(f"- python {env['python']}, {versions}")
     print(f"- machine: {env['platform']} ({env['machine']}, {env['processor']}), {env['cpu_count']} CPUs")
     if device:
         print(f"- MLX device: {env['mlx_device']}")

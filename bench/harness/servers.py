@@ -108,10 +108,12 @@ class ServerRecord:
     exit_code: int | None = None
 
     def command_text(self) -> str:
-        """The environment it got on top of ours and its command, its port written as PORT."""
+        """The environment it got on top of ours and its command, its port and prompt-cache directory written as
+        PORT and DIR (so that runs differing only there print alike)."""
         words = list(self.command)
-        if "--port" in words:
-            words[words.index("--port") + 1] = "PORT"
+        for flag, stand_in in (("--port", "PORT"), ("--prompt-cache-dir", "DIR")):
+            if flag in words:
+                words[words.index(flag) + 1] = stand_in
         env = " ".join(f"{key}={value}" for key, value in self.extra_env.items())
         return (env + " " if env else "") + shlex.join(words)
 
@@ -229,6 +231,13 @@ class Server:
             raise BenchmarkError(f"{self.spec.name}: still running {timeout:.0f} s after {sig.name}") from expired
         self.record.stop_signal, self.record.stop_s, self.record.exit_code = sig.name, time.monotonic() - started, code
         progress(f"{self.spec.name}: {sig.name}: exited with {code} after {self.record.stop_s:.2f} s")
+        self._join()
+        return code
+
+    def wait_exit(self, timeout: float = STOP_TIMEOUT_S) -> int:
+        """The exit status of a server already told to stop (a second signal could force it)."""
+        assert self.process is not None, "the server is not started"
+        code = self.process.wait(timeout=timeout)
         self._join()
         return code
 
