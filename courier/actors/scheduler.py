@@ -9,7 +9,8 @@ task of its own once the request could join next: the batch steps on while it is
 out, and a request waits for its answer at most the lookup timeout) and tells it
 the snapshots the engine takes (`InsertSnapshot`). Receives
 `QueueWarmUp` (no reply): run when idle, it extends a conversation's snapshot
-over the reply just given, and stops as soon as live requests arrive.
+over the reply just given, and pauses as soon as live requests arrive (it keeps its
+place and its progress, and resumes at the next idle moment).
 
 Invariants: at most `max_batch` sequences run and at most `max_queue` wait; every
 queued request ends with exactly one `GenerationFinished` or `GenerationFailed`
@@ -145,6 +146,8 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._wake = anyio.Event()
         self._engine: BatchEngine | None = None
         self._warm_ups: OrderedDict[str, QueueWarmUp] = OrderedDict()
+        # The warm-up live work interrupted, with what it had prefilled: resumed when it is next in line.
+        self._paused: tuple[QueueWarmUp, WarmUp] | None = None
         self._lookups: TaskGroup | None = None
 
     async def setup(self) -> None:
@@ -177,6 +180,8 @@ class SchedulerActor(Actor[SchedulerMessage]):
         while len(self._warm_ups) > WARM_UP_QUEUE:
             self._warm_ups.popitem(last=False)
             self._stats.warmups_skipped += 1
+        if self._paused is not None and self._warm_ups.get(self._paused[0].session) is not self._paused[0]:
+            self._paused = None  # its warm-up was superseded or dropped: let go of its state
         self._stats.warmups_pending = len(self._warm_ups)
         self._wake.set()
 
@@ -221,7 +226,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         while True:
             if not self._running and not self._waiting and not self._cancelled:
                 if self._warm_ups:
-                    _, warm_up = self._warm_ups.popitem(last=True)
+                    warm_up = self._next_warm_up()
                     try:
                         await self._warm_up(engine, warm_up)
                     finally:
@@ -355,6 +360,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         """Extend the session's snapshot over `message.tokens`, yielding to live requests between chunks."""
         tokens = message.tokens
         bucket = self._bucket("", message.tenant)
+        paused, self._paused = self._paused, None  # `_next_warm_up` handed out the paused one first
         found = await self._ask_store(
             message.session,
             tokens,
@@ -365,18 +371,43 @@ class SchedulerActor(Actor[SchedulerMessage]):
         )
         prefix = _cached_prefix(found)
         already = isinstance(found, PrefixMissed) and found.extended
-        if already or (prefix is not None and prefix.matched >= len(tokens) - 1):
+        # A store that did not answer (busy, or late under load) is no reason to prefill the whole history cold:
+        # that adds the load that made it late. The next turn starts from what the store holds.
+        if found is None or already or (prefix is not None and prefix.matched >= len(tokens) - 1):
             self._stats.warmups_skipped += 1  # the conversation has moved on, or this is covered already
             return
-        job = await self._mlx.call(partial(WarmUp, engine.model, tokens, prefix))
+        if paused is not None and paused[0] is message:
+            job = paused[1]  # resumed where live work interrupted it
+        else:
+            job = await self._mlx.call(partial(WarmUp, engine.model, tokens, prefix))
         while not job.finished:
             if self._running or self._waiting:
-                self._stats.warmups_skipped += 1  # live work first, always
+                self._pause(message, job)  # live work first, always; this one keeps its place
                 return
             await self._mlx.call(job.advance)
         snapshot = await self._mlx.call(job.snapshot)
         self._insert(message.session, snapshot, message.trace, bucket)
         self._stats.warmups_run += 1
+
+    def _next_warm_up(self) -> QueueWarmUp:
+        """The paused warm-up first (it was next when live work came, and keeps what it prefilled), else the newest."""
+        if self._paused is not None:
+            return self._warm_ups.pop(self._paused[0].session)
+        return self._warm_ups.popitem(last=True)[1]
+
+    def _pause(self, message: QueueWarmUp, job: WarmUp) -> None:
+        """Live work arrived: the warm-up goes back in line as the next one (unless a newer warm-up of its conversation
+        came meanwhile), keeping what it prefilled. Dropped, the conversation's next turn would prefill its reply."""
+        if message.session in self._warm_ups:
+            self._stats.warmups_skipped += 1  # superseded by the newer one
+            return
+        self._stats.warmups_paused += 1
+        self._warm_ups[message.session] = message
+        self._paused = (message, job)
+        while len(self._warm_ups) > WARM_UP_QUEUE:
+            self._warm_ups.popitem(last=False)
+            self._stats.warmups_skipped += 1
+        self._stats.warmups_pending = len(self._warm_ups)
 
     def _drop_abandoned(self) -> None:
         """Consumers that closed their end: queued ones are dropped, running ones leave the batch."""

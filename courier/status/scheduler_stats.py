@@ -54,6 +54,7 @@ class SchedulerStats:
     lookups_timed_out: int = 0  # prefix lookups the store did not answer in time: served as misses
     warmups_run: int = 0
     warmups_skipped: int = 0
+    warmups_paused: int = 0  # interrupted by live requests: kept in line with their progress, resumed when idle
     warmups_pending: int = 0
     warmups_queued: int = 0
     speculation: SpeculationStats = field(default_factory=SpeculationStats)

@@ -9,6 +9,7 @@ events, the store's messages and the engine's steps, in order. Nothing sleeps: t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import replace
@@ -19,7 +20,13 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from courier.actors.scheduler import DEADLINE_MESSAGE, SHUTDOWN_MESSAGE, PromptCaching, SchedulerActor
+from courier.actors.scheduler import (
+    DEADLINE_MESSAGE,
+    SHUTDOWN_MESSAGE,
+    STORE_LOOKUP_TIMEOUT_S,
+    PromptCaching,
+    SchedulerActor,
+)
 from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_store import Bucket, Origin
 from courier.engine.batch_engine import BatchEngine
@@ -88,11 +95,19 @@ async def running_scheduler(
     stats: SchedulerStats,
     store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None,
     clock: FakeClock | None = None,
+    lookup_timeout_s: float = STORE_LOOKUP_TIMEOUT_S,
 ) -> AsyncIterator[Inbox]:
     """The scheduler on a real MLX thread, caching into `store` when given; leaving stops it like the server does."""
     caching = PromptCaching(store=store, bucket=BUCKET) if store is not None else None
     mlx = MlxThread()
-    actor = SchedulerActor(mlx, lambda: cast(BatchEngine, engine), stats, caching=caching, clock=clock or FakeClock())
+    actor = SchedulerActor(
+        mlx,
+        lambda: cast(BatchEngine, engine),
+        stats,
+        caching=caching,
+        clock=clock or FakeClock(),
+        lookup_timeout_s=lookup_timeout_s,
+    )
     try:
         with anyio.fail_after(TIMEOUT_S):
             async with run_actor(actor) as inbox:
@@ -445,13 +460,161 @@ async def test_a_warm_up_the_store_already_extended_is_skipped_without_the_model
         await inbox.send(QueueWarmUp(session="s1", tokens=history))
         await store.wait_for(1)
         await anyio.wait_all_tasks_blocked()  # the scheduler has taken the answer and gone idle
-        warm_ups = {name: count for name, count in stats.as_dict().items() if name.startswith("warmups_")}
-        assert warm_ups == {"warmups_queued": 1, "warmups_skipped": 1, "warmups_run": 0, "warmups_pending": 0}
+        assert warm_up_counts(stats) == {"queued": 1, "skipped": 1, "run": 0, "paused": 0, "pending": 0}
     lookup = store.received[0]
     assert isinstance(lookup, LookupPrefix)
     assert (lookup.bucket, lookup.session, lookup.tokens, lookup.check_extended) == (BUCKET, "s1", history, True)
     assert store.kinds == ["LookupPrefix"]  # nothing inserted
     assert (engine.model_reads, engine.steps) == (0, [])
+
+
+def warm_up_counts(stats: SchedulerStats) -> dict[str, int]:
+    return {name.removeprefix("warmups_"): n for name, n in stats.as_dict().items() if name.startswith("warmups_")}
+
+
+class ScriptedWarmUp:
+    """Stands in for `engine.warm_up.WarmUp`: `CHUNKS` chunks to prefill on the MLX thread, the first held there
+    until the test lets it go (a long chunk, during which live work arrives)."""
+
+    CHUNKS = 2
+
+    def __init__(self, jobs: WarmUpJobs, tokens: tuple[int, ...], prefix: CachedPrefix | None) -> None:
+        self.tokens, self.prefix, self.done = tokens, prefix, 0
+        self.release_first_chunk = threading.Event()
+        self._jobs = jobs
+
+    @property
+    def finished(self) -> bool:
+        return self.done >= self.CHUNKS
+
+    def advance(self) -> None:
+        if self.done == 0:
+            self._jobs.chunk_started()
+            self.release_first_chunk.wait(TIMEOUT_S)
+        self.done += 1
+
+    def snapshot(self) -> SnapshotTaken:
+        return SnapshotTaken(origin=Origin.BOUNDARY, tokens=self.tokens, state="warm-state", nbytes=500)
+
+
+class WarmUpJobs:
+    """The warm-up jobs the scheduler made, in order (`make` replaces `WarmUp`)."""
+
+    def __init__(self) -> None:
+        self.made: list[ScriptedWarmUp] = []
+        self._started = 0
+        self._condition = threading.Condition()
+
+    def make(self, model: object, tokens: tuple[int, ...], prefix: CachedPrefix | None, *_: object) -> ScriptedWarmUp:
+        job = ScriptedWarmUp(self, tokens, prefix)
+        self.made.append(job)
+        return job
+
+    def chunk_started(self) -> None:
+        with self._condition:
+            self._started += 1
+            self._condition.notify_all()
+
+    async def first_chunk_started(self, count: int) -> ScriptedWarmUp:
+        """The `count`-th job, once it has begun its first chunk on the MLX thread (waited for on a worker thread)."""
+
+        def wait() -> None:
+            with self._condition:
+                self._condition.wait_for(lambda: self._started >= count, TIMEOUT_S)
+
+        await anyio.to_thread.run_sync(wait)
+        return self.made[count - 1]
+
+
+@pytest.fixture
+def warm_up_jobs(monkeypatch: pytest.MonkeyPatch) -> WarmUpJobs:
+    """Every warm-up job the scheduler makes is a `ScriptedWarmUp`."""
+    jobs = WarmUpJobs()
+    monkeypatch.setattr("courier.actors.scheduler.WarmUp", jobs.make)
+    return jobs
+
+
+@pytest.mark.anyio
+async def test_a_warm_up_live_work_interrupts_keeps_its_place_and_its_progress(warm_up_jobs: WarmUpJobs) -> None:
+    """Dropped, the conversation's next turn prefills its whole last reply again (issue 30: on a busy machine the
+    next request often arrives while a warm-up runs, and 8 interleaved conversations fell from 97.1% cached to 95%)."""
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    history = (*PROMPT, 7, 8)
+    async with caching_scheduler(engine, stats, lookups_answered(HISTORY_FOUND)) as (store, inbox):
+        await inbox.send(QueueWarmUp(session="s1", tokens=history))
+        job = await warm_up_jobs.first_chunk_started(1)
+        send, receive = event_stream()  # a live request arrives during the warm-up's first chunk
+        assert isinstance(await submit(inbox, "r1", send), GenerationQueued)
+        job.release_first_chunk.set()
+        engine.then(out("r1", finished(1)))
+        assert await read_all(receive) == [finished(1)]  # it ran first, the warm-up waiting
+        await store.wait_for(3)  # idle again: the warm-up asks once more and finishes
+        assert warm_up_counts(stats) == {"queued": 1, "skipped": 0, "run": 1, "paused": 1, "pending": 0}
+    assert warm_up_jobs.made == [job]  # resumed, not begun again: its first chunk is not prefilled twice
+    assert job.done == ScriptedWarmUp.CHUNKS
+    assert job.prefix == CachedPrefix(state="history-state", length=3, matched=3, continues=41)
+    assert store.kinds == ["LookupPrefix", "LookupPrefix", "InsertSnapshot"]
+    insert = store.received[2]
+    assert isinstance(insert, InsertSnapshot)
+    assert (insert.origin, insert.tokens, insert.state) == (Origin.BOUNDARY, history, "warm-state")
+    assert added_ids(engine) == [["r1"]]
+
+
+@pytest.mark.anyio
+async def test_a_newer_warm_up_of_the_conversation_replaces_a_paused_one(warm_up_jobs: WarmUpJobs) -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    older, newer = (*PROMPT, 7, 8), (*PROMPT, 7, 8, 9, 10)
+    async with caching_scheduler(engine, stats, lookups_answered(HISTORY_FOUND)) as (store, inbox):
+        await inbox.send(QueueWarmUp(session="s1", tokens=older))
+        first = await warm_up_jobs.first_chunk_started(1)
+        send, receive = event_stream()
+        assert isinstance(await submit(inbox, "r1", send), GenerationQueued)
+        first.release_first_chunk.set()
+        await engine.wait_for_steps(1)  # the warm-up is paused, the request runs
+        await inbox.send(QueueWarmUp(session="s1", tokens=newer))  # the conversation moved on meanwhile
+        engine.then(out("r1", finished(1)))
+        assert await read_all(receive) == [finished(1)]
+        second = await warm_up_jobs.first_chunk_started(2)
+        second.release_first_chunk.set()
+        await store.wait_for(3)
+        assert warm_up_counts(stats) == {"queued": 2, "skipped": 1, "run": 1, "paused": 1, "pending": 0}
+    assert [job.tokens for job in warm_up_jobs.made] == [older, newer]
+    insert = store.received[2]
+    assert isinstance(insert, InsertSnapshot)
+    assert insert.tokens == newer
+
+
+@pytest.mark.parametrize("unanswered", ["busy", "late"])
+@pytest.mark.anyio
+async def test_a_warm_up_whose_lookup_goes_unanswered_is_skipped_not_prefilled_cold(unanswered: str) -> None:
+    """A store late under load is no reason to prefill a whole conversation again: that adds to the load."""
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    never = anyio.Event()
+
+    async def silent(message: SnapshotStoreMessage) -> None:
+        await never.wait()
+
+    if unanswered == "busy":
+        with busy_inbox() as store_send:
+            async with running_scheduler(engine, stats, store_send) as inbox:
+                await inbox.send(QueueWarmUp(session="s1", tokens=(*PROMPT, 7, 8)))
+                await anyio.wait_all_tasks_blocked()
+                counts = warm_up_counts(stats)
+    else:
+        async with store_neighbour(silent) as store:
+            # A deadline of 0 has passed by the time the lookup waits: late, without waiting on a real clock.
+            async with running_scheduler(engine, stats, store.send, lookup_timeout_s=0.0) as inbox:
+                await inbox.send(QueueWarmUp(session="s1", tokens=(*PROMPT, 7, 8)))
+                await store.wait_for(1)
+                await anyio.wait_all_tasks_blocked()
+                counts = warm_up_counts(stats)
+                assert stats.lookups_timed_out == 1
+            never.set()
+    assert counts == {"queued": 1, "skipped": 1, "run": 0, "paused": 0, "pending": 0}
+    assert (engine.model_reads, engine.steps) == (0, [])  # no cold prefill of the history
 
 
 @pytest.mark.anyio

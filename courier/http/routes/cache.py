@@ -52,6 +52,7 @@ def blueprint(context: AppContext) -> Blueprint:
             "tokens_reused": counters.tokens_reused,
             "snapshot_warmups_run": scheduler.warmups_run,
             "snapshot_warmups_skipped": scheduler.warmups_skipped,
+            "snapshot_warmups_paused": scheduler.warmups_paused,
             "snapshot_warmups_pending": scheduler.warmups_pending,
             "snapshot_warmups_queued": scheduler.warmups_queued,
             "snapshot_lookups_timed_out": scheduler.lookups_timed_out,
