@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -326,11 +325,10 @@ class Launcher:
 
     def command(self, spec: ServerSpec, port: int) -> list[str]:
         if spec.is_courier:
-            # courier-baseline: our Python with -P, so the working directory (this tree's `courier`) is not first on
-            # sys.path and the baseline tree on PYTHONPATH is where `courier` comes from.
-            launcher = (
-                [sys.executable, "-P", "-m", "courier"] if spec.how == COURIER_BASELINE else [venv_script("courier")]
-            )
+            # Our Python, from the working directory: the tree the bench runs from is the tree it measures. For
+            # courier-baseline with -P, so the working directory is not first on sys.path and the baseline tree on
+            # PYTHONPATH is where `courier` comes from.
+            launcher = [sys.executable, *(["-P"] if spec.how == COURIER_BASELINE else []), "-m", "courier"]
             command = [*launcher, "serve", "--port", str(port), "--cache-dir", str(self.cache_dir)]
             if spec.model_dir is not None:
                 command += ["--model", str(spec.model_dir), "--served-model-name", spec.model]
@@ -369,16 +367,6 @@ def free_port() -> int:
         probe.bind((HOST, 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-def venv_script(name: str) -> str:
-    beside_python = Path(sys.executable).parent / name
-    if beside_python.is_file():
-        return str(beside_python)
-    found = shutil.which(name)
-    if found is None:
-        raise BenchmarkError(f"cannot find the {name!r} command next to {sys.executable} or on PATH")
-    return found
 
 
 def check_baseline_tree(tree: Path) -> None:
