@@ -1,34 +1,5 @@
-"""Fuzz every route of a real server, in two phases, checking that nothing answers 5xx, hangs or stops the server.
-
-A server on a tiny random-weight llama (built on the fly, tokenizer from the embedded SmolLM2) is started on a
-free port. Phases (`--phases`, both by default):
-
-- `schema`: schemathesis generates requests from the server's own `/openapi.json` for every operation (valid and
-  invalid bodies, query and path parameters, stateful sequences along the document's links) and checks that none
-  is answered with a 5xx (`not_a_server_error`), that every response stays within its documented status codes,
-  content types and headers, and that nothing hangs past `--request-timeout`.
-- `hostile`: the hand-made generators of `bench/hostile.py` send what no schema describes, through the real HTTP
-  API of the same server: JSON inside every string field, compaction capsules, image URLs, and bodies of hostile
-  shapes (deep nesting, huge strings, numbers out of range, a wrong type in every field, unknown roles, empty
-  arrays, duplicate keys, bodies that are not UTF-8, hostile ids). Then, on a second server with a tiny
-  random-weight SmolVLM (`tests/support/tiny_vision_model.py`; skipped without mlx-vlm or with `--no-vision`),
-  image URLs again, now past admission, and image bytes. At most `--hostile-cases` cases per family, chosen
-  with `--seed`. Each answer must be a 4xx in OpenAI's error envelope (`{"error": {"message", "type", "param",
-  "code"}}`) or a 2xx where the input is legitimately acceptable; a 2xx stream must carry no error event; a
-  stored response or conversation that was accepted is replayed by a next turn and read back. Never a 5xx, never
-  a request past
-  `--request-timeout` (client side), never an ERROR line in the server's log. A 2xx where a 4xx was expected,
-  or the reverse, is reported as a surprise, not a failure.
-
-After each hostile family, and after the schema phase, the server must be alive, `/health` must answer 200
-with nothing running or waiting, and a normal chat request must succeed; at the end each server must stop with
-exit code 0. The report is Markdown on stdout (`--json PATH` for all of it, `--log PATH` for schemathesis's
-output, with the servers' logs beside it). The exit code is 0 only if every check held. From the repository
-root:
-
-    .venv/bin/python -m bench.fuzz [--phases schema,hostile] [--max-examples 25] [--time-limit 900] [--seed 1]
-        [--hostile-cases 300] [--families sampling,...] [--no-vision] [--json PATH] [--log PATH]
-"""
+"""Fuzz every route of a real server on a tiny random-weight model: schemathesis from its /openapi.json, then the
+hostile cases of bench/hostile.py; nothing may answer 5xx, hang, log an error or stop the server."""
 
 from __future__ import annotations
 
@@ -48,17 +19,13 @@ from typing import Any
 
 import httpx
 
+from bench import hostile
+from bench.harness import cli
+from bench.harness.models import prepare_4bit_dir, tiny_model, tiny_vision_model
+from bench.harness.report import progress, table
+from bench.harness.servers import COURIER, Launcher, Server, ServerSpec
+from bench.hostile import Case, Expect, FollowUp
 from courier.platform.blas import load_optimized_blas
-
-load_optimized_blas()
-
-from bench import hostile  # noqa: E402
-from bench.hostile import Case, Expect, FollowUp  # noqa: E402
-from courier.model.gguf_convert import ensure_converted  # noqa: E402
-from courier.model.progress import Progress  # noqa: E402
-from courier.model.source import embedded_gguf_path  # noqa: E402
-from tests.support.server import RunningServer, running_server  # noqa: E402
-from tests.support.tiny_models import build_llama  # noqa: E402
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance"
 PHASES = ("schema", "hostile")
@@ -161,9 +128,11 @@ def is_5xx(answer: Answer) -> bool:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     add = parser.add_argument
-    add("--phases", type=phase_list, default=list(PHASES), help="phases to run, comma-separated (schema,hostile)")
+    add(
+        "--phases", type=cli.names(PHASES), default=list(PHASES), help="phases to run, comma-separated (schema,hostile)"
+    )
     add("--max-examples", type=int, default=25, help="schema: examples per operation (25)")
     add("--time-limit", type=float, default=900.0, help="schema: seconds the whole schemathesis run may take (900)")
     add("--request-timeout", type=float, default=60.0, help="seconds one request may take, server and client (60)")
@@ -177,65 +146,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def phase_list(text: str) -> list[str]:
-    phases = [phase.strip() for phase in text.split(",") if phase.strip()]
-    unknown = [phase for phase in phases if phase not in PHASES]
-    if unknown or not phases:
-        raise argparse.ArgumentTypeError(f"phases are {', '.join(PHASES)}; not {', '.join(unknown) or 'none'}")
-    return phases
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    load_optimized_blas()  # before MLX is imported
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="courier-fuzz-") as scratch:
         cache_dir = args.cache_dir or Path(scratch) / "cache"
-        smollm2 = ensure_converted(embedded_gguf_path(), cache_dir, Progress(enabled=False))
-        model = build_llama(smollm2, Path(scratch) / "tiny-llama", quantized=False)
-        servers = [run_server("text", TEXT_MODEL, model, cache_dir=cache_dir, args=args, phases=args.phases)]
+        log_dir = args.log.parent if args.log is not None else cache_dir / "bench-logs"
+        launcher = Launcher(bench="fuzz", cache_dir=cache_dir, log_dir=log_dir)
+        model = tiny_model("llama", prepare_4bit_dir(cache_dir), cache_dir)
+        servers = [run_server(launcher, "text", TEXT_MODEL, model, args, phases=args.phases)]
         if "hostile" in args.phases and args.vision:
-            vision_model = build_vision_model(Path(scratch) / "tiny-vision")
-            if vision_model is not None:
-                servers.append(
-                    run_server("vision", VISION_MODEL, vision_model, cache_dir=cache_dir, args=args, phases=["hostile"])
-                )
-    report = {
-        "phases": args.phases,
-        "seed": args.seed,
-        "hostile_cases_per_family": args.hostile_cases,
-        "request_timeout_s": args.request_timeout,
-        "seconds": round(time.monotonic() - started, 1),
-        "passed": passed(servers),
-        "servers": [asdict(server) for server in servers],
-    }
-    print_report(servers, args, report["seconds"])
+            if (vision := tiny_vision_model(Path(scratch) / "tiny-vision")) is None:
+                progress("mlx-vlm is not installed: no vision server")
+            else:
+                servers.append(run_server(launcher, "vision", VISION_MODEL, vision, args, phases=["hostile"]))
+    seconds = round(time.monotonic() - started, 1)
+    print_report(servers, args, seconds)
     if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if report["passed"] else 1
-
-
-def build_vision_model(directory: Path) -> Path | None:
-    """The tiny SmolVLM, or None when mlx-vlm (the `vision` extra) is not installed."""
-    try:
-        from tests.support.tiny_vision_model import build_tiny_vision_model
-    except ImportError:
-        print("mlx-vlm is not installed: no vision server", file=sys.stderr)
-        return None
-    return build_tiny_vision_model(directory)
-
-
-def server_flags(name: str, model: Path, cache_dir: Path, args: argparse.Namespace) -> list[str]:
-    flags = ["--model", str(model), "--cache-dir", str(cache_dir), "--served-model-name", name]
-    return [*flags, "--request-timeout", str(args.request_timeout)]
+        report = {"phases": args.phases, "seed": args.seed, "hostile_cases_per_family": args.hostile_cases}
+        report |= {"request_timeout_s": args.request_timeout, "seconds": seconds, "passed": passed(servers)}
+        args.json.write_text(json.dumps(report | {"servers": [asdict(server) for server in servers]}, indent=2) + "\n")
+    return 0 if passed(servers) else 1
 
 
 def run_server(
-    name: str, served: str, model: Path, *, cache_dir: Path, args: argparse.Namespace, phases: Sequence[str]
+    launcher: Launcher, name: str, served: str, model: Path, args: argparse.Namespace, *, phases: Sequence[str]
 ) -> ServerRun:
     """Start a server for `model`, run `phases` against it, check its health, and stop it."""
-    flags = server_flags(served, model, cache_dir, args)
-    run = ServerRun(name=name, command="courier serve --port 0 " + " ".join(flags))
-    with running_server(flags) as server:
+    flags = ("--request-timeout", str(args.request_timeout))
+    server = launcher.server(ServerSpec(name=name, kind=COURIER, model_dir=model, served_name=served, flags=flags))
+    run = ServerRun(name=name, command=server.record.command_text(), log_path=server.record.log_path)
+    with server:
         prober = Prober(server, served, args.request_timeout, vision=name == "vision")
         if "schema" in phases:
             run.schema = schema_phase(server.base_url, args)
@@ -244,18 +186,9 @@ def run_server(
             run.families = prober.run_families(name, args)
         run.health_after = prober.health()
         prober.close()
-        run.exit_code = server.stop() if server.process.poll() is None else server.process.returncode
+        run.exit_code = server.stop() if server.poll() is None else server.poll()
         run.log_errors = [record[0] for record in log_records(server.lines) if is_error(record)]
-        run.log_path = write_server_log(server, name, args.log)
     return run
-
-
-def write_server_log(server: RunningServer, name: str, log: Path | None) -> str | None:
-    if log is None:
-        return None
-    path = log.with_name(f"{log.stem}.server-{name}.log")
-    path.write_text(server.log())
-    return str(path)
 
 
 def passed(servers: Sequence[ServerRun]) -> bool:
@@ -277,32 +210,10 @@ def healthy(health: Health | None) -> bool:
 
 
 def schema_phase(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        "-m",
-        "schemathesis.cli",
-        "run",
-        f"{base_url}/openapi.json",
-        "--url",
-        base_url,
-        "--checks",
-        CHECKS,
-        "--max-examples",
-        str(args.max_examples),
-        "--request-timeout",
-        str(args.request_timeout),
-        "--workers",
-        "2",
-        "--max-time",
-        str(int(args.time_limit)),
-        "--seed",
-        str(args.seed),
-        "--generation-database",
-        "none",
-        "--no-color",
-        "--suppress-health-check",
-        "all",
-    ]
+    options = f"--checks {CHECKS} --max-examples {args.max_examples} --request-timeout {args.request_timeout} "
+    options += f"--workers 2 --max-time {int(args.time_limit)} --seed {args.seed} --generation-database none "
+    command = [sys.executable, "-m", "schemathesis.cli", "run", f"{base_url}/openapi.json", "--url", base_url]
+    command += (options + "--no-color --suppress-health-check all").split()
     started = time.monotonic()
     try:
         # schemathesis stops itself at --max-time; the process gets a grace period beyond it before it counts as hung.
@@ -364,7 +275,7 @@ class Hung(Exception):
 class Prober:
     """Sends hostile cases to one server and judges each answer; keeps the ids of the records cases refer to."""
 
-    def __init__(self, server: RunningServer, model: str, timeout: float, *, vision: bool) -> None:
+    def __init__(self, server: Server, model: str, timeout: float, *, vision: bool) -> None:
         self.server = server
         self.model = model
         self.timeout = timeout
@@ -386,7 +297,7 @@ class Prober:
             run = FamilyRun(server=server_name, family=family, generated=len(generated), selected=len(chosen))
             runs.append(run)
             self.run_family(run, chosen)
-            print(family_line(run), file=sys.stderr, flush=True)
+            progress(family_line(run))
             if not run.health_after or not run.health_after.alive:
                 break  # a dead server answers nothing more
         return runs
@@ -405,7 +316,7 @@ class Prober:
         answers: list[Answer] = []
         for case in cases:
             answers += self.send(case)
-            if self.server.process.poll() is not None:
+            if self.server.poll() is not None:
                 break
         run.faults_counted = self.faults() - faults_before
         run.health_after = self.health()  # which also gives the last answers' log lines time to arrive
@@ -516,8 +427,8 @@ class Prober:
         """A failed request keeps the server's log lines written while it ran (its errors come later, by trace)."""
         if answer.problem is not None:
             answer.log = [line.rstrip() for line in self.server.lines[start:]][-60:]
-        if self.server.process.poll() is not None:
-            answer.problem = f"the server exited with code {self.server.process.returncode}: " + (answer.problem or "")
+        if self.server.poll() is not None:
+            answer.problem = f"the server exited with code {self.server.poll()}: " + (answer.problem or "")
 
     def faults(self) -> int:
         """courier_request_faults_total, all actors: unexpected exceptions, each failing one request."""
@@ -530,16 +441,16 @@ class Prober:
 
     def health(self) -> Health:
         """Alive, /health 200 with nothing running or waiting (given time to settle), and a plain chat served."""
-        if self.server.process.poll() is not None:
-            return Health(alive=False, detail=f"exited with code {self.server.process.returncode}")
+        if self.server.poll() is not None:
+            return Health(alive=False, detail=f"exited with code {self.server.poll()}")
         try:
             status, scheduler = self.settled_health()
             chat = self.http.post("/v1/chat/completions", json=hostile.chat_body(self.model, [hostile.user("Hi.")]))
             image_status = self.image_chat() if self.vision else None
         except httpx.HTTPError as error:
-            return Health(alive=self.server.process.poll() is None, detail=f"{type(error).__name__}: {error}")
+            return Health(alive=self.server.poll() is None, detail=f"{type(error).__name__}: {error}")
         return Health(
-            alive=self.server.process.poll() is None,
+            alive=self.server.poll() is None,
             status=status,
             running=scheduler.get("running"),
             waiting=scheduler.get("waiting"),
@@ -742,60 +653,53 @@ def print_schema(server: ServerRun) -> None:
     assert schema is not None
     figures = schema["figures"]
     print(f"### Phase 1: schema (schemathesis, {server.name} server)\n")
-    print("| figure | value |")
-    print("|---|---|")
-    print(f"| operations | {figures['operations']} tested (phases: {figures['phases']}) |")
-    print(f"| test cases | {figures['test_cases']} |")
-    print(f"| 5xx (ST101 server errors) | {figures['server_errors']} |")
-    print(f"| failures | {figures['failures']} |")
-    print(f"| time | {schema['seconds']:g} s; exit code {schema['exit_code']}, timed out: {schema['timed_out']} |")
-    print(f"| after | {health_text(server.schema_health)} |\n")
+    rows = [
+        f"operations | {figures['operations']} tested (phases: {figures['phases']})",
+        f"test cases | {figures['test_cases']}",
+        f"5xx (ST101 server errors) | {figures['server_errors']}",
+        f"failures | {figures['failures']}",
+        f"time | {schema['seconds']:g} s; exit code {schema['exit_code']}, timed out: {schema['timed_out']}",
+        f"after | {health_text(server.schema_health)}",
+    ]
+    table("figure | value", rows)
     if schema["failures"]:
         print("Failures (schemathesis's words, with the curl to reproduce each):\n")
-        print("```")
-        print("\n".join(shorten(line, 2000) for line in schema["failures"]))
-        print("```\n")
+        print("```\n" + "\n".join(shorten(line, 2000) for line in schema["failures"]) + "\n```\n")
+
+
+def family_row(run: FamilyRun) -> str:
+    other = len(run.problems) - run.count("5xx") - run.count("timeout") - run.count("connection error")
+    other += len([line for line in run.unattributed_log_errors if LOG_HEAD.match(line)])
+    documented = f" (422 compaction_failed x{run.documented_failures}: documented)" if run.documented_failures else ""
+    return (
+        f"{run.server} | {run.family} | {run.selected} ({run.generated}) | {run.sent} | "
+        f"{statuses_text(run.statuses)}{documented} | {run.count('5xx')} | {run.count('timeout')} | "
+        f"{run.count('connection error')} | {other} | {len(run.surprises)} | {run.faults_counted} | "
+        f"{health_text(run.health_after)}"
+    )
 
 
 def print_hostile(servers: Sequence[ServerRun], args: argparse.Namespace) -> None:
     print(f"### Phase 2: hostile (seed {args.seed}, at most {args.hostile_cases} cases per family)\n")
-    print(
-        "| server | family | cases (generated) | sent | statuses | 5xx | timeouts | connection errors | "
-        "other problems | surprises | faults | health after |"
+    table(
+        "server | family | cases (generated) | sent | statuses | 5xx | timeouts | connection errors | other problems "
+        "| surprises | faults | health after",
+        (family_row(run) for server in servers for run in server.families),
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for server in servers:
-        for run in server.families:
-            other = len(run.problems) - run.count("5xx") - run.count("timeout") - run.count("connection error")
-            other += len([line for line in run.unattributed_log_errors if LOG_HEAD.match(line)])
-            documented = (
-                f" (422 compaction_failed x{run.documented_failures}: documented)" if run.documented_failures else ""
-            )
-            print(
-                f"| {run.server} | {run.family} | {run.selected} ({run.generated}) | {run.sent} | "
-                f"{statuses_text(run.statuses)}{documented} | {run.count('5xx')} | {run.count('timeout')} | "
-                f"{run.count('connection error')} | {other} | {len(run.surprises)} | {run.faults_counted} | "
-                f"{health_text(run.health_after)} |"
-            )
-    print()
-    problems = [answer for server in servers for run in server.families for answer in run.problems]
-    print_answers("Problems", problems, with_log=True)
-    for server in servers:
-        for run in server.families:
-            if run.unattributed_log_errors:
-                print(f"Errors in the {run.server} server's log during {run.family}, naming no request's trace:\n")
-                print("```\n" + "\n".join(shorten(line, 400) for line in run.unattributed_log_errors[:80]) + "\n```\n")
-    surprises = [(run, answer) for server in servers for run in server.families for answer in run.surprises]
-    print_surprises(surprises)
+    print_answers("Problems", [answer for server in servers for run in server.families for answer in run.problems])
+    for run in (run for server in servers for run in server.families if run.unattributed_log_errors):
+        print(f"Errors in the {run.server} server's log during {run.family}, naming no request's trace:\n")
+        print("```\n" + "\n".join(shorten(line, 400) for line in run.unattributed_log_errors[:80]) + "\n```\n")
+    print_surprises([(run, answer) for server in servers for run in server.families for answer in run.surprises])
 
 
-def print_answers(title: str, answers: Sequence[Answer], *, with_log: bool) -> None:
+def print_answers(title: str, answers: Sequence[Answer]) -> None:
     print(f"#### {title}: {len(answers)}\n")
     for index, answer in enumerate(answers, 1):
         print(f"{index}. `{answer.case}`: {answer.method} {answer.path} -> **{answer.problem}** ({answer.seconds} s)")
         print(f"   - request ({answer.request_bytes} bytes): `{answer.request}`")
         print(f"   - response: `{answer.response}`")
-        if with_log and answer.log:
+        if answer.log:
             print("   - server log:\n\n```")
             print("\n".join(shorten(line, 400) for line in answer.log[-30:]))
             print("```")
@@ -820,19 +724,18 @@ def print_surprises(surprises: Sequence[tuple[FamilyRun, Answer]]) -> None:
 
 def print_servers(servers: Sequence[ServerRun]) -> None:
     print("### Servers\n")
-    print("| server | health at the end | exit code | ERROR lines in its log | log |")
-    print("|---|---|---|---|---|")
-    for server in servers:
-        print(
-            f"| {server.name} | {health_text(server.health_after)} | {server.exit_code} | "
-            f"{len(server.log_errors)} | {server.log_path or '-'} |"
-        )
-    print()
+    table(
+        "server | health at the end | exit code | ERROR lines in its log | log",
+        (
+            f"{server.name} | {health_text(server.health_after)} | {server.exit_code} | {len(server.log_errors)} "
+            f"| {server.log_path or '-'}"
+            for server in servers
+        ),
+    )
     for server in servers:
         if server.log_errors:
             print(f"ERROR lines in the {server.name} server's log (first 20):\n\n```")
-            print("\n".join(shorten(line, 400) for line in server.log_errors[:20]))
-            print("```\n")
+            print("\n".join(shorten(line, 400) for line in server.log_errors[:20]) + "\n```\n")
 
 
 if __name__ == "__main__":

@@ -1,38 +1,5 @@
-"""Hand-made hostile requests for the fuzz bench's second phase: the input no OpenAPI document describes.
-
-schemathesis (the first phase) generates bodies from the server's own document, so it only tries shapes the
-document names. An attacker, or a buggy client, sends what it does not: JSON hidden inside strings, URLs that
-parsers disagree about, image bytes that lie about themselves, bodies nested past any parser's comfort, numbers
-no double holds. Each generator here builds `Case`s: one request each, with the answer it may get (`Expect`).
-They are seeded (`random.Random(f"{seed}:{family}")`), so a run is reproducible; `bench/fuzz.py` sends them
-through the real HTTP API and checks the answers. Families:
-
-- `json-strings`: JSON text (valid, truncated, nested 10 / 100 / 5000 levels, of the wrong type, huge numbers,
-  escaped lone surrogates, NUL, template syntax, special tokens, random documents) in every place a string is
-  taken: chat content, assistant tool-call arguments, tool results, names, completions prompts, Responses
-  `function_call.arguments` / `function_call_output.output`, `instructions`, `metadata` keys and values,
-  `prompt_cache_key` / `user` / `safety_identifier`, `stop`, conversation items, /tokenize messages.
-- `capsules`: compaction `encrypted_content`: base64url of JSON objects with wrong fields, `v` as
-  true / 1.0 / "1" / 2, deep nesting, nested capsules, broken base64, invalid UTF-8; as a Responses input, a
-  count, a compaction and a stored conversation item (checked only when it is replayed).
-- `urls`: image URLs (chat `image_url.url`, chat `image_url` as a bare string, Responses `input_image`, counts,
-  compactions, conversation items): malformed IPv6 literals, IDNA-invalid and over-long hosts, credentials,
-  control characters, NUL, `file://` with NUL and traversal, `data:` URIs that are not images / not base64 /
-  huge, other schemes, private, loopback and link-local addresses, and random mutations.
-- `image-bytes` (a vision model only): `data:` images that are truncated PNG / JPEG, PNG headers claiming
-  7000x7000 or 100000x1, garbage behind a PNG / GIF / TIFF / BMP / DDS / JPEG / WebP magic, zero bytes, and
-  valid small images (those must be answered 2xx).
-- `sampling` (`bench/hostile_sampling.py`): every sampling field at its edges on chat, completions and
-  Responses, each accepted case followed by another client's ordinary requests.
-- `shapes`: the body itself: nesting 63 / 64 / 65 / 1000 / 5000 levels, huge strings and arrays under the body
-  limit, numbers out of range (NaN, 1e309, -0, 2**64, 5000 digits) in every numeric field, a wrong type in every
-  field of the chat / completions / Responses / compaction / Conversations / tokenize bodies, unknown roles, empty
-  arrays, duplicate keys, bodies that are not UTF-8, hostile ids and query strings.
-
-`Expect.OK` is input a client may legitimately send (a tool-argument string that is not JSON is still a string);
-`Expect.REFUSED` is input that must be a 4xx; `Expect.EITHER` is input whose answer depends on things the
-generator does not model (whether a long text fits the tiny model's 2048-token context, a field the server
-ignores by design). Never a 5xx, whatever the expectation.
+"""Hand-made hostile requests for the fuzz bench's second phase: the input no OpenAPI document describes, as
+seeded `Case`s, each one request and the answer it may get (`Expect`). Families and expectations: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -52,7 +19,11 @@ from urllib.parse import quote
 import orjson
 from PIL import Image
 
-from tests.support.media_server import crafted_dds, crafted_tiff, png_header
+from bench.harness.support import crafted_images, png_header
+
+CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
+COMPACT, INPUT_TOKENS, CONVERSATIONS = "/v1/responses/compact", "/v1/responses/input_tokens", "/v1/conversations"
+TOKENIZE, DETOKENIZE = "/tokenize", "/detokenize"
 
 
 class Expect(StrEnum):
@@ -295,86 +266,75 @@ class Place:
 
 def json_places(model: str) -> list[Place]:
     return [
-        Place("chat user content", "/v1/chat/completions", lambda text: chat_body(model, [user(text)])),
-        Place(
-            "chat text part",
-            "/v1/chat/completions",
-            lambda text: chat_body(model, [user([{"type": "text", "text": text}])]),
-        ),
-        Place("chat tool-call arguments", "/v1/chat/completions", lambda text: chat_body(model, tool_turns(text))),
+        Place("chat user content", CHAT, lambda text: chat_body(model, [user(text)])),
+        Place("chat text part", CHAT, lambda text: chat_body(model, [user([{"type": "text", "text": text}])])),
+        Place("chat tool-call arguments", CHAT, lambda text: chat_body(model, tool_turns(text))),
         Place(
             "chat tool result",
-            "/v1/chat/completions",
+            CHAT,
             lambda text: chat_body(model, [*tool_turns("{}")[:2], {"role": "tool", "content": text}, user("Ok?")]),
         ),
         Place(
             "chat system content + name",
-            "/v1/chat/completions",
+            CHAT,
             lambda text: chat_body(model, [{"role": "system", "content": text, "name": text}, user("Hi.")]),
         ),
         Place(
             "chat user + prompt_cache_key",
-            "/v1/chat/completions",
-            lambda text: chat_body(
-                model,
-                [user("Hi.")],
-                **{
-                    "user": text,
-                    "prompt_cache_key": text,
-                },
-            ),
+            CHAT,
+            lambda text: chat_body(model, [user("Hi.")], **{"user": text, "prompt_cache_key": text}),
         ),
-        Place("chat stop", "/v1/chat/completions", lambda text: chat_body(model, [user("Hi.")], stop=[text])),
-        Place("completions prompt", "/v1/completions", lambda text: {"model": model, "prompt": text, "max_tokens": 2}),
+        Place("chat stop", CHAT, lambda text: chat_body(model, [user("Hi.")], stop=[text])),
+        Place("completions prompt", COMPLETIONS, lambda text: {"model": model, "prompt": text, "max_tokens": 2}),
         Place(
             "responses function_call.arguments",
-            "/v1/responses",
+            RESPONSES,
             lambda text: responses_body(model, call_items(arguments=text)),
             follow_up=FollowUp.CHAIN,
         ),
         Place(
             "responses function_call_output.output",
-            "/v1/responses",
+            RESPONSES,
             lambda text: responses_body(model, call_items(output=text)),
             follow_up=FollowUp.CHAIN,
         ),
         Place(
             "responses instructions",
-            "/v1/responses",
+            RESPONSES,
             lambda text: responses_body(model, "Hi.", instructions=text),
             follow_up=FollowUp.CHAIN,
         ),
         Place(
             "responses metadata value",
-            "/v1/responses",
+            RESPONSES,
             lambda text: responses_body(model, "Hi.", metadata={"k": text}),
             longest=512,
             follow_up=FollowUp.CHAIN,
         ),
         Place(
             "responses metadata key",
-            "/v1/responses",
+            RESPONSES,
             lambda text: responses_body(model, "Hi.", metadata={text: "v"}),
             longest=64,
         ),
         Place(
             "responses prompt_cache_key + user + safety_identifier",
-            "/v1/responses",
+            RESPONSES,
             lambda text: responses_body(model, "Hi.", prompt_cache_key=text, user=text, safety_identifier=text),
         ),
         Place(
             "responses input_tokens, function_call.arguments",
-            "/v1/responses/input_tokens",
+            INPUT_TOKENS,
             lambda text: {"model": model, "input": call_items(arguments=text)},
         ),
         Place(
             "conversation items + metadata value",
-            "/v1/conversations",
+            CONVERSATIONS,
             lambda text: {"items": call_items(arguments=text, output=text), "metadata": {"k": text}},
             longest=512,
             follow_up=FollowUp.CONVERSATION,
         ),
-        Place("tokenize raw tool-call arguments", "/tokenize", lambda text: {"messages": tool_turns(text)}),
+        Place("tokenize raw tool-call arguments", TOKENIZE, lambda text: {"messages": tool_turns(text)}),
     ]
 
 
@@ -504,35 +464,25 @@ def capsule_places(model: str) -> list[Place]:
 
     return [
         Place(
-            "responses input",
-            "/v1/responses",
-            lambda text: responses_body(model, history(text)),
-            follow_up=FollowUp.CHAIN,
+            "responses input", RESPONSES, lambda text: responses_body(model, history(text)), follow_up=FollowUp.CHAIN
         ),
-        Place(
-            "responses input_tokens",
-            "/v1/responses/input_tokens",
-            lambda text: {"model": model, "input": history(text)},
-        ),
+        Place("responses input_tokens", INPUT_TOKENS, lambda text: {"model": model, "input": history(text)}),
         Place(
             "responses compact",
-            "/v1/responses/compact",
+            COMPACT,
             lambda text: compact_body(
                 model, [*history(text), {"role": "assistant", "content": "Done."}, user("More.")]
             ),
         ),
         Place(
             "responses input, capsule mid-history",
-            "/v1/responses",
+            RESPONSES,
             lambda text: responses_body(
                 model, [user("Hi."), {"role": "assistant", "content": "Hello."}, *history(text)]
             ),
         ),
         Place(
-            "conversation item",
-            "/v1/conversations",
-            lambda text: {"items": history(text)},
-            follow_up=FollowUp.CONVERSATION,
+            "conversation item", CONVERSATIONS, lambda text: {"items": history(text)}, follow_up=FollowUp.CONVERSATION
         ),
     ]
 
@@ -695,28 +645,24 @@ def url_places(model: str) -> list[Place]:
         return [user([{"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": url}])]
 
     return [
-        Place("chat image_url.url", "/v1/chat/completions", chat_image({"type": "image_url"})),
-        Place("responses input_image", "/v1/responses", lambda url: responses_body(model, responses_image(url))),
+        Place("chat image_url.url", CHAT, chat_image({"type": "image_url"})),
+        Place("responses input_image", RESPONSES, lambda url: responses_body(model, responses_image(url))),
         Place(
             "chat image_url as a string",
-            "/v1/chat/completions",
+            CHAT,
             lambda url: chat_body(model, [user([{"type": "image_url", "image_url": url}])]),
         ),
-        Place(
-            "responses input_tokens",
-            "/v1/responses/input_tokens",
-            lambda url: {"model": model, "input": responses_image(url)},
-        ),
+        Place("responses input_tokens", INPUT_TOKENS, lambda url: {"model": model, "input": responses_image(url)}),
         Place(
             "responses compact",
-            "/v1/responses/compact",
+            COMPACT,
             lambda url: compact_body(
                 model, [*responses_image(url), {"role": "assistant", "content": "Seen."}, user("And?")]
             ),
         ),
         Place(
             "conversation item",
-            "/v1/conversations",
+            CONVERSATIONS,
             lambda url: {"items": responses_image(url)},
             follow_up=FollowUp.CONVERSATION,
         ),
@@ -748,8 +694,8 @@ def url_expectation(place: Place, *, vision: bool) -> Expect:
     """No URL here can be read: a generation is a 400 (on a text model, `model_not_multimodal` at the latest). A
     count on a text model renders image parts as text and reads nothing, and a conversation stores its items
     unread, so those may be a 2xx."""
-    generation = place.path in ("/v1/chat/completions", "/v1/responses")
-    if generation or (vision and place.path == "/v1/responses/input_tokens"):
+    generation = place.path in (CHAT, RESPONSES)
+    if generation or (vision and place.path == INPUT_TOKENS):
         return Expect.REFUSED
     return Expect.EITHER
 
@@ -808,7 +754,7 @@ MAGICS = {
 
 def image_payloads(rng: random.Random) -> list[tuple[str, bytes, str, Expect]]:
     """(name, bytes, data: media type, expectation)."""
-    png, jpeg = saved_image("PNG", (40, 30)), noisy_jpeg()
+    png, jpeg, crafted = saved_image("PNG", (40, 30)), noisy_jpeg(), crafted_images()
     payloads: list[tuple[str, bytes, str, Expect]] = [
         ("valid 1x1 PNG", saved_image("PNG"), "image/png", Expect.OK),
         ("valid 1x1 JPEG", saved_image("JPEG"), "image/jpeg", Expect.OK),
@@ -835,8 +781,8 @@ def image_payloads(rng: random.Random) -> list[tuple[str, bytes, str, Expect]]:
         ("PNG cut after IHDR", png[:33], "image/png", Expect.REFUSED),
         ("PNG without IEND", png[:-12], "image/png", Expect.EITHER),
         ("JPEG SOI only", b"\xff\xd8", "image/jpeg", Expect.REFUSED),
-        ("crafted DDS", crafted_dds(), "image/vnd-ms.dds", Expect.REFUSED),
-        ("crafted TIFF", crafted_tiff(), "image/tiff", Expect.REFUSED),
+        ("crafted DDS", crafted["dds"], "image/vnd-ms.dds", Expect.REFUSED),
+        ("crafted TIFF", crafted["tiff"], "image/tiff", Expect.REFUSED),
         (
             "SVG",
             b"<svg xmlns='http://www.w3.org/2000/svg' width='9999999' height='9999999'/>",
@@ -886,13 +832,7 @@ def image_cases(model: str, rng: random.Random) -> list[Case]:
         name = f"chat: {count} valid images"
         cases.append(
             Case(
-                family="image-bytes",
-                group=name,
-                name=name,
-                method="POST",
-                path="/v1/chat/completions",
-                body=encode(body),
-                expect=expect,
+                family="image-bytes", group=name, name=name, method="POST", path=CHAT, body=encode(body), expect=expect
             )
         )
     return cases
@@ -1015,7 +955,7 @@ POSITIVE: tuple[float, float, bool] = (1, float("inf"), True)
 def fields() -> list[Field]:
     """Every field the validators read, per route, with the JSON types each takes (`ANY_TYPE`: ignored unless
     it has the right type, or passed to the chat template as is)."""
-    chat, completions, responses = "/v1/chat/completions", "/v1/completions", "/v1/responses"
+    chat, completions, responses = CHAT, COMPLETIONS, RESPONSES
     chain = FollowUp.CHAIN
     rows = [
         Field(chat, ("model",), NULL_STR, chat_base),
@@ -1127,18 +1067,18 @@ def fields() -> list[Field]:
         Field(responses, ("tools", 0, "name"), types("str"), responses_calls_base),
         Field(responses, ("tools", 0, "parameters"), NULL_OBJ, responses_calls_base),
         Field(responses, ("input", 0, "encrypted_content"), types("str"), responses_capsule_base),
-        Field("/v1/responses/input_tokens", ("input",), types("str", "list"), responses_base),
-        Field("/v1/responses/compact", ("input",), types("str", "list"), compact_base),
-        Field("/v1/responses/compact", ("keep_tokens",), NULL_INT, compact_base, numbers=POSITIVE),
-        Field("/v1/responses/compact", ("max_output_tokens",), NULL_INT, compact_base, numbers=(1, 16384, True)),
-        Field("/v1/responses/compact", ("instructions",), NULL_STR, compact_base),
-        Field("/v1/responses/compact", ("stream",), NULL_BOOL, compact_base),
-        Field("/v1/responses/compact", ("tools",), NULL_LIST, compact_base),
-        Field("/v1/conversations", ("metadata",), NULL_OBJ, conversation_base),
-        Field("/v1/conversations", ("items",), NULL_LIST, conversation_base),
-        Field("/v1/conversations", ("items", 0), types("obj"), conversation_base, follow_up=FollowUp.CONVERSATION),
+        Field(INPUT_TOKENS, ("input",), types("str", "list"), responses_base),
+        Field(COMPACT, ("input",), types("str", "list"), compact_base),
+        Field(COMPACT, ("keep_tokens",), NULL_INT, compact_base, numbers=POSITIVE),
+        Field(COMPACT, ("max_output_tokens",), NULL_INT, compact_base, numbers=(1, 16384, True)),
+        Field(COMPACT, ("instructions",), NULL_STR, compact_base),
+        Field(COMPACT, ("stream",), NULL_BOOL, compact_base),
+        Field(COMPACT, ("tools",), NULL_LIST, compact_base),
+        Field(CONVERSATIONS, ("metadata",), NULL_OBJ, conversation_base),
+        Field(CONVERSATIONS, ("items",), NULL_LIST, conversation_base),
+        Field(CONVERSATIONS, ("items", 0), types("obj"), conversation_base, follow_up=FollowUp.CONVERSATION),
         Field(
-            "/v1/conversations",
+            CONVERSATIONS,
             ("items", 0, "content"),
             types("str", "list"),
             conversation_base,
@@ -1146,19 +1086,19 @@ def fields() -> list[Field]:
         ),
         Field("/v1/conversations/{conversation}", ("metadata",), NULL_OBJ, conversation_base),
         Field("/v1/conversations/{conversation}/items", ("items",), types("list"), conversation_base),
-        Field("/tokenize", ("prompt",), NULL_STR, tokenize_base),
-        Field("/tokenize", ("add_special_tokens",), NULL_BOOL, tokenize_base),
-        Field("/tokenize", ("model",), NULL_STR, tokenize_base),
-        Field("/tokenize", ("messages",), NULL_LIST, tokenize_chat_base),
-        Field("/tokenize", ("add_generation_prompt",), NULL_BOOL, tokenize_chat_base),
-        Field("/tokenize", ("tools",), NULL_LIST, tokenize_chat_base),
-        Field("/tokenize", ("messages", 0), types("obj"), tokenize_chat_base),
-        Field("/tokenize", ("messages", 0, "role"), ANY_TYPE, tokenize_chat_base),
-        Field("/tokenize", ("messages", 0, "content"), ANY_TYPE, tokenize_chat_base),
-        Field("/tokenize", ("messages", 0, "content", 0), ANY_TYPE, tokenize_chat_base),
-        Field("/tokenize", ("messages", 0, "content", 0, "text"), ANY_TYPE, tokenize_chat_base),
-        Field("/detokenize", ("tokens",), types("list"), detokenize_base),
-        Field("/detokenize", ("tokens", 0), types("int"), detokenize_base, numbers=(0, 49151, True)),
+        Field(TOKENIZE, ("prompt",), NULL_STR, tokenize_base),
+        Field(TOKENIZE, ("add_special_tokens",), NULL_BOOL, tokenize_base),
+        Field(TOKENIZE, ("model",), NULL_STR, tokenize_base),
+        Field(TOKENIZE, ("messages",), NULL_LIST, tokenize_chat_base),
+        Field(TOKENIZE, ("add_generation_prompt",), NULL_BOOL, tokenize_chat_base),
+        Field(TOKENIZE, ("tools",), NULL_LIST, tokenize_chat_base),
+        Field(TOKENIZE, ("messages", 0), types("obj"), tokenize_chat_base),
+        Field(TOKENIZE, ("messages", 0, "role"), ANY_TYPE, tokenize_chat_base),
+        Field(TOKENIZE, ("messages", 0, "content"), ANY_TYPE, tokenize_chat_base),
+        Field(TOKENIZE, ("messages", 0, "content", 0), ANY_TYPE, tokenize_chat_base),
+        Field(TOKENIZE, ("messages", 0, "content", 0, "text"), ANY_TYPE, tokenize_chat_base),
+        Field(DETOKENIZE, ("tokens",), types("list"), detokenize_base),
+        Field(DETOKENIZE, ("tokens", 0), types("int"), detokenize_base, numbers=(0, 49151, True)),
     ]
     return rows
 
@@ -1263,37 +1203,35 @@ def nesting_cases(model: str) -> list[Case]:
             shape_case(
                 "nesting",
                 f"chat, an ignored field nested {depth}",
-                "/v1/chat/completions",
+                CHAT,
                 chat_base(model) | {"extra": Raw(nested_arrays(depth))},
                 ignored_expect,
             ),
             shape_case(
                 "nesting",
                 f"chat, content nested {depth}",
-                "/v1/chat/completions",
+                CHAT,
                 chat_body(model, [user(Raw(nested_arrays(depth)))]),
                 Expect.REFUSED,
             ),
             shape_case(
                 "nesting",
                 f"responses metadata objects nested {depth}",
-                "/v1/responses",
+                RESPONSES,
                 responses_base(model) | {"metadata": Raw(nested_objects(depth))},
                 Expect.REFUSED,
             ),
             shape_case(
                 "nesting",
                 f"tokenize messages nested {depth}",
-                "/tokenize",
+                TOKENIZE,
                 {"model": model, "messages": Raw(nested_arrays(depth))},
                 Expect.REFUSED,
             ),
         ]
     for depth in (65, 5000):
         cases.append(
-            shape_case(
-                "nesting", f"a bare array nested {depth}", "/v1/responses", Raw(nested_arrays(depth)), Expect.REFUSED
-            )
+            shape_case("nesting", f"a bare array nested {depth}", RESPONSES, Raw(nested_arrays(depth)), Expect.REFUSED)
         )
     return cases
 
@@ -1307,83 +1245,63 @@ def huge_cases(model: str) -> list[Case]:
         {"id": f"c{index}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for index in range(20_000)
     ]
     rows: list[tuple[str, str, object, Expect]] = [
-        ("chat content of 30 MB", "/v1/chat/completions", chat_body(model, [user(big)]), Expect.REFUSED),
-        ("chat content of 2.5 M emoji", "/v1/chat/completions", chat_body(model, [user(wide)]), Expect.REFUSED),
-        (
-            "chat content of 20000 characters",
-            "/v1/chat/completions",
-            chat_body(model, [user("word " * 4000)]),
-            Expect.REFUSED,
-        ),
-        ("chat user of 30 MB", "/v1/chat/completions", chat_base(model) | {"user": big}, Expect.EITHER),
-        ("chat stop of 1 MB", "/v1/chat/completions", chat_base(model) | {"stop": ["s" * 1_000_000]}, Expect.EITHER),
-        ("chat model of 1 MB", "/v1/chat/completions", chat_base(model) | {"model": big[:1_000_000]}, Expect.REFUSED),
-        ("chat 100000 messages", "/v1/chat/completions", chat_body(model, many_messages), Expect.REFUSED),
+        ("chat content of 30 MB", CHAT, chat_body(model, [user(big)]), Expect.REFUSED),
+        ("chat content of 2.5 M emoji", CHAT, chat_body(model, [user(wide)]), Expect.REFUSED),
+        ("chat content of 20000 characters", CHAT, chat_body(model, [user("word " * 4000)]), Expect.REFUSED),
+        ("chat user of 30 MB", CHAT, chat_base(model) | {"user": big}, Expect.EITHER),
+        ("chat stop of 1 MB", CHAT, chat_base(model) | {"stop": ["s" * 1_000_000]}, Expect.EITHER),
+        ("chat model of 1 MB", CHAT, chat_base(model) | {"model": big[:1_000_000]}, Expect.REFUSED),
+        ("chat 100000 messages", CHAT, chat_body(model, many_messages), Expect.REFUSED),
         (
             "chat 100000 text parts",
-            "/v1/chat/completions",
+            CHAT,
             chat_body(model, [user([{"type": "text", "text": "a"}] * 100_000)]),
             Expect.REFUSED,
         ),
-        ("chat 50000 tools", "/v1/chat/completions", chat_base(model) | {"tools": many_tools}, Expect.EITHER),
+        ("chat 50000 tools", CHAT, chat_base(model) | {"tools": many_tools}, Expect.EITHER),
         (
             "chat 20000 tool calls",
-            "/v1/chat/completions",
+            CHAT,
             chat_body(model, [user("Go."), {"role": "assistant", "content": "x", "tool_calls": many_calls}]),
             Expect.EITHER,
         ),
-        (
-            "completions prompt of 30 MB",
-            "/v1/completions",
-            {"model": model, "prompt": big, "max_tokens": 2},
-            Expect.REFUSED,
-        ),
+        ("completions prompt of 30 MB", COMPLETIONS, {"model": model, "prompt": big, "max_tokens": 2}, Expect.REFUSED),
         (
             "completions 1000000 token ids",
-            "/v1/completions",
+            COMPLETIONS,
             {"model": model, "prompt": [1] * 1_000_000, "max_tokens": 2},
             Expect.REFUSED,
         ),
-        (
-            "responses instructions of 30 MB",
-            "/v1/responses",
-            responses_base(model) | {"instructions": big},
-            Expect.REFUSED,
-        ),
+        ("responses instructions of 30 MB", RESPONSES, responses_base(model) | {"instructions": big}, Expect.REFUSED),
         (
             "responses function_call arguments of 30 MB",
-            "/v1/responses",
+            RESPONSES,
             responses_body(model, call_items(big)),
             Expect.REFUSED,
         ),
         (
             "responses previous_response_id of 30 MB",
-            "/v1/responses",
+            RESPONSES,
             {"model": model, "previous_response_id": big, "input": "Hi."},
             Expect.REFUSED,
         ),
         (
             "responses 20 items of 1.4 MB",
-            "/v1/responses",
+            RESPONSES,
             responses_body(model, [user(big[:1_400_000])] * 20),
             Expect.REFUSED,
         ),
         (
             "responses metadata value of 30 MB",
-            "/v1/responses",
+            RESPONSES,
             responses_base(model) | {"metadata": {"k": big}},
             Expect.REFUSED,
         ),
-        (
-            "conversation metadata key of 1 MB",
-            "/v1/conversations",
-            {"metadata": {big[:1_000_000]: "v"}},
-            Expect.REFUSED,
-        ),
-        ("conversation item of 30 MB", "/v1/conversations", {"items": [user(big)]}, Expect.EITHER),
-        ("tokenize prompt of 30 MB", "/tokenize", {"model": model, "prompt": big}, Expect.REFUSED),
-        ("detokenize 1000000 tokens", "/detokenize", {"model": model, "tokens": [1] * 1_000_000}, Expect.EITHER),
-        ("a body over 32 MiB", "/v1/chat/completions", chat_body(model, [user(big + "a" * 4_000_000)]), Expect.REFUSED),
+        ("conversation metadata key of 1 MB", CONVERSATIONS, {"metadata": {big[:1_000_000]: "v"}}, Expect.REFUSED),
+        ("conversation item of 30 MB", CONVERSATIONS, {"items": [user(big)]}, Expect.EITHER),
+        ("tokenize prompt of 30 MB", TOKENIZE, {"model": model, "prompt": big}, Expect.REFUSED),
+        ("detokenize 1000000 tokens", DETOKENIZE, {"model": model, "tokens": [1] * 1_000_000}, Expect.EITHER),
+        ("a body over 32 MiB", CHAT, chat_body(model, [user(big + "a" * 4_000_000)]), Expect.REFUSED),
     ]
     return [shape_case("huge", name, path, body, expect) for name, path, body, expect in rows]
 
@@ -1412,21 +1330,21 @@ def role_cases(model: str) -> list[Case]:
             shape_case(
                 "roles",
                 f"chat role {shown}",
-                "/v1/chat/completions",
+                CHAT,
                 chat_body(model, [{"role": role, "content": "Hi."}, user("Hello.")]),
                 chat_expect,
             ),
             shape_case(
                 "roles",
                 f"responses role {shown}",
-                "/v1/responses",
+                RESPONSES,
                 responses_body(model, [{"role": role, "content": "Hi."}]),
                 responses_expect,
             ),
             shape_case(
                 "roles",
                 f"conversation item role {shown}",
-                "/v1/conversations",
+                CONVERSATIONS,
                 {"items": [{"type": "message", "role": role, "content": "Hi."}]},
                 responses_expect,
                 follow_up=FollowUp.CONVERSATION,
@@ -1434,7 +1352,7 @@ def role_cases(model: str) -> list[Case]:
             shape_case(
                 "roles",
                 f"tokenize role {shown}",
-                "/tokenize",
+                TOKENIZE,
                 {"model": model, "messages": [{"role": role, "content": "Hi."}]},
                 Expect.EITHER,
             ),
@@ -1443,7 +1361,7 @@ def role_cases(model: str) -> list[Case]:
         shape_case(
             "roles",
             "chat assistant without content or calls",
-            "/v1/chat/completions",
+            CHAT,
             chat_body(model, [user("Hi."), {"role": "assistant"}, user("Hi?")]),
             Expect.REFUSED,
         )
@@ -1452,7 +1370,7 @@ def role_cases(model: str) -> list[Case]:
         shape_case(
             "roles",
             "chat tool result without a call",
-            "/v1/chat/completions",
+            CHAT,
             chat_body(model, [{"role": "tool", "content": "x", "tool_call_id": "nope"}]),
             Expect.EITHER,
         )
@@ -1462,45 +1380,40 @@ def role_cases(model: str) -> list[Case]:
 
 def empty_cases(model: str) -> list[Case]:
     rows: list[tuple[str, str, object, Expect]] = [
-        ("chat messages []", "/v1/chat/completions", chat_body(model, []), Expect.REFUSED),
-        ("chat content []", "/v1/chat/completions", chat_body(model, [user([])]), Expect.EITHER),
+        ("chat messages []", CHAT, chat_body(model, []), Expect.REFUSED),
+        ("chat content []", CHAT, chat_body(model, [user([])]), Expect.EITHER),
         (
             "chat tool_calls []",
-            "/v1/chat/completions",
+            CHAT,
             chat_body(model, [user("Hi."), {"role": "assistant", "content": "x", "tool_calls": []}, user("?")]),
             Expect.EITHER,
         ),
-        ("chat tools []", "/v1/chat/completions", chat_base(model) | {"tools": []}, Expect.EITHER),
-        ("chat stop []", "/v1/chat/completions", chat_base(model) | {"stop": []}, Expect.EITHER),
-        ("chat message {}", "/v1/chat/completions", chat_body(model, [{}]), Expect.REFUSED),
-        ("chat body {}", "/v1/chat/completions", {}, Expect.REFUSED),
-        ("completions prompt []", "/v1/completions", {"model": model, "prompt": []}, Expect.REFUSED),
-        ("completions prompt [[]]", "/v1/completions", {"model": model, "prompt": [[]]}, Expect.REFUSED),
-        (
-            'completions prompt [""]',
-            "/v1/completions",
-            {"model": model, "prompt": [""], "max_tokens": 2},
-            Expect.EITHER,
-        ),
-        ("responses input []", "/v1/responses", responses_body(model, []), Expect.REFUSED),
-        ("responses content []", "/v1/responses", responses_body(model, [user([])]), Expect.EITHER),
-        ("responses output []", "/v1/responses", responses_body(model, call_items(output=[])), Expect.EITHER),
-        ("responses tools []", "/v1/responses", responses_base(model) | {"tools": []}, Expect.EITHER),
+        ("chat tools []", CHAT, chat_base(model) | {"tools": []}, Expect.EITHER),
+        ("chat stop []", CHAT, chat_base(model) | {"stop": []}, Expect.EITHER),
+        ("chat message {}", CHAT, chat_body(model, [{}]), Expect.REFUSED),
+        ("chat body {}", CHAT, {}, Expect.REFUSED),
+        ("completions prompt []", COMPLETIONS, {"model": model, "prompt": []}, Expect.REFUSED),
+        ("completions prompt [[]]", COMPLETIONS, {"model": model, "prompt": [[]]}, Expect.REFUSED),
+        ('completions prompt [""]', COMPLETIONS, {"model": model, "prompt": [""], "max_tokens": 2}, Expect.EITHER),
+        ("responses input []", RESPONSES, responses_body(model, []), Expect.REFUSED),
+        ("responses content []", RESPONSES, responses_body(model, [user([])]), Expect.EITHER),
+        ("responses output []", RESPONSES, responses_body(model, call_items(output=[])), Expect.EITHER),
+        ("responses tools []", RESPONSES, responses_base(model) | {"tools": []}, Expect.EITHER),
         (
             "responses context_management []",
-            "/v1/responses",
+            RESPONSES,
             responses_base(model) | {"context_management": []},
             Expect.EITHER,
         ),
-        ('responses input ""', "/v1/responses", responses_body(model, ""), Expect.EITHER),
-        ("compact input []", "/v1/responses/compact", compact_body(model, []), Expect.REFUSED),
-        ("conversation items []", "/v1/conversations", {"items": []}, Expect.EITHER),
+        ('responses input ""', RESPONSES, responses_body(model, ""), Expect.EITHER),
+        ("compact input []", COMPACT, compact_body(model, []), Expect.REFUSED),
+        ("conversation items []", CONVERSATIONS, {"items": []}, Expect.EITHER),
         ("conversation append items []", "/v1/conversations/{conversation}/items", {"items": []}, Expect.EITHER),
-        ("tokenize messages []", "/tokenize", {"model": model, "messages": []}, Expect.EITHER),
-        ("tokenize messages [{}]", "/tokenize", {"model": model, "messages": [{}]}, Expect.EITHER),
-        ('tokenize content ["x"]', "/tokenize", {"model": model, "messages": [user(["x"])]}, Expect.EITHER),
-        ("tokenize content [[]]", "/tokenize", {"model": model, "messages": [user([[]])]}, Expect.EITHER),
-        ("detokenize tokens []", "/detokenize", {"model": model, "tokens": []}, Expect.EITHER),
+        ("tokenize messages []", TOKENIZE, {"model": model, "messages": []}, Expect.EITHER),
+        ("tokenize messages [{}]", TOKENIZE, {"model": model, "messages": [{}]}, Expect.EITHER),
+        ('tokenize content ["x"]', TOKENIZE, {"model": model, "messages": [user(["x"])]}, Expect.EITHER),
+        ("tokenize content [[]]", TOKENIZE, {"model": model, "messages": [user([[]])]}, Expect.EITHER),
+        ("detokenize tokens []", DETOKENIZE, {"model": model, "tokens": []}, Expect.EITHER),
     ]
     return [shape_case("empty", name, path, body, expect) for name, path, body, expect in rows]
 
@@ -1509,106 +1422,65 @@ def raw_body_cases(model: str) -> list[Case]:
     """Bodies `json.dumps` would not write: duplicate keys, text that is not UTF-8 or not JSON."""
     message = b'{"role": "user", "content": "Hi."}'
     chat_tail = b', "max_tokens": 2, "model": "' + model.encode() + b'"}'
-    rows: list[tuple[str, str, bytes, Expect, str]] = [
+    rows: list[tuple[str, str, bytes, Expect]] = [
         (
             "duplicate messages, the last bad",
-            "/v1/chat/completions",
+            CHAT,
             b'{"messages": [' + message + b'], "messages": "x"' + chat_tail,
             Expect.REFUSED,
-            "application/json",
         ),
         (
             "duplicate messages, the last good",
-            "/v1/chat/completions",
+            CHAT,
             b'{"messages": "x", "messages": [' + message + b"]" + chat_tail,
             Expect.EITHER,
-            "application/json",
         ),
         (
             "duplicate role in a message",
-            "/v1/chat/completions",
+            CHAT,
             b'{"messages": [{"role": "user", "role": "wizard", "content": "Hi."}]' + chat_tail,
             Expect.REFUSED,
-            "application/json",
         ),
         (
             "duplicate stream",
-            "/v1/chat/completions",
+            CHAT,
             b'{"stream": false, "stream": true, "messages": [' + message + b"]" + chat_tail,
             Expect.EITHER,
-            "application/json",
         ),
         (
             "1000 duplicate keys",
-            "/v1/chat/completions",
+            CHAT,
             b'{"messages": [' + message + b"]" + b', "x": 1' * 1000 + chat_tail,
             Expect.EITHER,
-            "application/json",
         ),
-        (
-            "UTF-16 body",
-            "/v1/chat/completions",
-            encode(chat_base(model)).decode().encode("utf-16"),
-            Expect.REFUSED,
-            "application/json",
-        ),
-        (
-            "byte-order mark",
-            "/v1/chat/completions",
-            b"\xef\xbb\xbf" + encode(chat_base(model)),
-            Expect.EITHER,
-            "application/json",
-        ),
-        (
-            "Latin-1 content",
-            "/v1/chat/completions",
-            b'{"messages": [{"role": "user", "content": "caf\xe9"}]' + chat_tail,
-            Expect.REFUSED,
-            "application/json",
-        ),
+        ("UTF-16 body", CHAT, encode(chat_base(model)).decode().encode("utf-16"), Expect.REFUSED),
+        ("byte-order mark", CHAT, b"\xef\xbb\xbf" + encode(chat_base(model)), Expect.EITHER),
+        ("Latin-1 content", CHAT, b'{"messages": [{"role": "user", "content": "caf\xe9"}]' + chat_tail, Expect.REFUSED),
         (
             "overlong UTF-8 slash",
-            "/v1/chat/completions",
+            CHAT,
             b'{"messages": [{"role": "user", "content": "\xc0\xaf"}]' + chat_tail,
             Expect.REFUSED,
-            "application/json",
         ),
         (
             "UTF-8 encoded surrogate",
-            "/v1/chat/completions",
+            CHAT,
             b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]' + chat_tail,
             Expect.REFUSED,
-            "application/json",
         ),
-        (
-            "NaN literal",
-            "/v1/chat/completions",
-            encode(chat_base(model) | {"temperature": Raw("NaN")}),
-            Expect.REFUSED,
-            "application/json",
-        ),
-        (
-            "trailing comma",
-            "/v1/chat/completions",
-            b'{"messages": [' + message + b",]" + chat_tail,
-            Expect.REFUSED,
-            "application/json",
-        ),
-        ("two documents", "/v1/chat/completions", encode(chat_base(model)) * 2, Expect.REFUSED, "application/json"),
-        ("comment", "/v1/chat/completions", b"/* hi */" + encode(chat_base(model)), Expect.REFUSED, "application/json"),
-        ("text/plain JSON", "/v1/chat/completions", encode(chat_base(model)), Expect.EITHER, "text/plain"),
-        (
-            "form-encoded",
-            "/v1/chat/completions",
-            b"messages=hi&model=x",
-            Expect.REFUSED,
-            "application/x-www-form-urlencoded",
-        ),
-        ("empty body", "/v1/responses", b"", Expect.REFUSED, "application/json"),
-        ("a lone NUL", "/v1/responses", b"\x00", Expect.REFUSED, "application/json"),
-        ("JSON null", "/v1/responses", b"null", Expect.REFUSED, "application/json"),
-        ("JSON string", "/v1/responses", b'"hi"', Expect.REFUSED, "application/json"),
+        ("NaN literal", CHAT, encode(chat_base(model) | {"temperature": Raw("NaN")}), Expect.REFUSED),
+        ("trailing comma", CHAT, b'{"messages": [' + message + b",]" + chat_tail, Expect.REFUSED),
+        ("two documents", CHAT, encode(chat_base(model)) * 2, Expect.REFUSED),
+        ("comment", CHAT, b"/* hi */" + encode(chat_base(model)), Expect.REFUSED),
+        ("empty body", RESPONSES, b"", Expect.REFUSED),
+        ("a lone NUL", RESPONSES, b"\x00", Expect.REFUSED),
+        ("JSON null", RESPONSES, b"null", Expect.REFUSED),
+        ("JSON string", RESPONSES, b'"hi"', Expect.REFUSED),
     ]
+    typed = [(*row, "application/json") for row in rows[:-4]]
+    typed += [("text/plain JSON", CHAT, encode(chat_base(model)), Expect.EITHER, "text/plain")]
+    typed += [("form-encoded", CHAT, b"messages=hi&model=x", Expect.REFUSED, "application/x-www-form-urlencoded")]
+    typed += [(*row, "application/json") for row in rows[-4:]]
     return [
         Case(
             family="shapes",
@@ -1620,7 +1492,7 @@ def raw_body_cases(model: str) -> list[Case]:
             expect=expect,
             content_type=content_type,
         )
-        for name, path, body, expect, content_type in rows
+        for name, path, body, expect, content_type in typed
     ]
 
 

@@ -1,12 +1,5 @@
-"""The fuzz bench's `sampling` family: every sampling field at its edges, each case followed by ordinary requests.
-
-One request with a sampling value at an edge (zero, one, the vocabulary size and past it, the smallest denormal
-and the largest double, negative, NaN and infinity as JSON text or as strings) must be served or refused naming
-the field, and must leave nothing behind: after each accepted case the runner sends another client's ordinary
-requests (`FollowUp.ORDINARY`: default sampling and an unseeded temperature draw), which failed for every client
-after one `top_k` at the vocabulary size broke MLX's global random state. Requests ask for a temperature of 1 so
-that the filters run, and for a few tokens.
-"""
+"""The fuzz bench's `sampling` family: every sampling field at its edges, on chat, completions and Responses, each
+case followed by another client's ordinary requests (`FollowUp.ORDINARY`)."""
 
 from __future__ import annotations
 
@@ -58,11 +51,7 @@ EDGE_TEXTS = (
     "9223372036854775808",
 )
 
-ROUTES = (
-    ("/v1/chat/completions", "chat"),
-    ("/v1/completions", "completions"),
-    ("/v1/responses", "responses"),
-)
+ROUTES = (("/v1/chat/completions", "chat"), ("/v1/completions", "completions"), ("/v1/responses", "responses"))
 
 
 def expectation(text: str, field: str) -> Expect:
