@@ -20,15 +20,7 @@ from typing import Any
 import openai
 
 from bench.harness import cli
-from bench.harness.clients import (
-    Round,
-    async_client,
-    burst,
-    json_schema_format,
-    pooled_tps,
-    stream_chat,
-    user,
-)
+from bench.harness.clients import Round, async_client, burst, json_schema_format, pooled_tps, stream_chat, user
 from bench.harness.models import (
     WARMUP_PROMPT,
     cache_directory,
@@ -603,7 +595,8 @@ def time_fills(
         for lane in batch:
             stream = streams[lane.order[lane.instance]]
             token, is_eos = stream[lane.position], lane.position == len(stream) - 1
-            allowed = bool((int(filler.row(lane.row)[token // 32]) >> (token % 32)) & 1)
+            mask = filler.row(lane.row)  # None: not filled within the fill budget, so nothing allowed
+            allowed = mask is not None and bool((int(mask[token // 32]) >> (token % 32)) & 1)
             eos_refused += is_eos and not allowed
             refused += not is_eos and not allowed
             fed, lane.position = fed + 1, lane.position + 1
