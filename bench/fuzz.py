@@ -13,7 +13,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import httpx
 from bench import hostile
 from bench.harness import cli
 from bench.harness.models import prepare_4bit_dir, tiny_model, tiny_vision_model
-from bench.harness.report import progress, table
+from bench.harness.report import progress, table, write_json
 from bench.harness.servers import COURIER, Launcher, Server, ServerSpec
 from bench.hostile import Case, Expect, FollowUp
 from courier.platform.blas import load_optimized_blas
@@ -108,7 +108,7 @@ class FamilyRun:
 
 
 @dataclass(slots=True, kw_only=True)
-class ServerRun:
+class FuzzedServer:
     name: str
     command: str
     schema: dict[str, Any] | None = None
@@ -163,20 +163,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 servers.append(run_server(launcher, "vision", VISION_MODEL, vision, args, phases=["hostile"]))
     seconds = round(time.monotonic() - started, 1)
     print_report(servers, args, seconds)
-    if args.json is not None:
-        report = {"phases": args.phases, "seed": args.seed, "hostile_cases_per_family": args.hostile_cases}
-        report |= {"request_timeout_s": args.request_timeout, "seconds": seconds, "passed": passed(servers)}
-        args.json.write_text(json.dumps(report | {"servers": [asdict(server) for server in servers]}, indent=2) + "\n")
+    report = {"phases": args.phases, "seed": args.seed, "hostile_cases_per_family": args.hostile_cases}
+    report |= {"request_timeout_s": args.request_timeout, "seconds": seconds, "passed": passed(servers)}
+    write_json(report | {"servers": servers}, args.json)
     return 0 if passed(servers) else 1
 
 
 def run_server(
     launcher: Launcher, name: str, served: str, model: Path, args: argparse.Namespace, *, phases: Sequence[str]
-) -> ServerRun:
+) -> FuzzedServer:
     """Start a server for `model`, run `phases` against it, check its health, and stop it."""
     flags = ("--request-timeout", str(args.request_timeout))
     server = launcher.server(ServerSpec(name=name, kind=COURIER, model_dir=model, served_name=served, flags=flags))
-    run = ServerRun(name=name, command=server.record.command_text(), log_path=server.record.log_path)
+    run = FuzzedServer(name=name, command=server.record.command_text(), log_path=server.record.log_path)
     with server:
         prober = Prober(server, served, args.request_timeout, vision=name == "vision")
         if "schema" in phases:
@@ -191,7 +190,7 @@ def run_server(
     return run
 
 
-def passed(servers: Sequence[ServerRun]) -> bool:
+def passed(servers: Sequence[FuzzedServer]) -> bool:
     for server in servers:
         if server.schema is not None and (server.schema["exit_code"] != 0 or not healthy(server.schema_health)):
             return False
@@ -633,7 +632,7 @@ def health_text(health: Health | None) -> str:
     )
 
 
-def print_report(servers: Sequence[ServerRun], args: argparse.Namespace, seconds: float) -> None:
+def print_report(servers: Sequence[FuzzedServer], args: argparse.Namespace, seconds: float) -> None:
     print("## Courier fuzz bench\n")
     print(f"- phases: {', '.join(args.phases)}; seed {args.seed}; request timeout {args.request_timeout:g} s")
     print(f"- {'PASS' if passed(servers) else 'FAIL'} after {seconds:g} s")
@@ -648,7 +647,7 @@ def print_report(servers: Sequence[ServerRun], args: argparse.Namespace, seconds
     print_servers(servers)
 
 
-def print_schema(server: ServerRun) -> None:
+def print_schema(server: FuzzedServer) -> None:
     schema = server.schema
     assert schema is not None
     figures = schema["figures"]
@@ -679,7 +678,7 @@ def family_row(run: FamilyRun) -> str:
     )
 
 
-def print_hostile(servers: Sequence[ServerRun], args: argparse.Namespace) -> None:
+def print_hostile(servers: Sequence[FuzzedServer], args: argparse.Namespace) -> None:
     print(f"### Phase 2: hostile (seed {args.seed}, at most {args.hostile_cases} cases per family)\n")
     table(
         "server | family | cases (generated) | sent | statuses | 5xx | timeouts | connection errors | other problems "
@@ -722,7 +721,7 @@ def print_surprises(surprises: Sequence[tuple[FamilyRun, Answer]]) -> None:
     print()
 
 
-def print_servers(servers: Sequence[ServerRun]) -> None:
+def print_servers(servers: Sequence[FuzzedServer]) -> None:
     print("### Servers\n")
     table(
         "server | health at the end | exit code | ERROR lines in its log | log",

@@ -103,7 +103,9 @@ class InProcess:
 
 
 @dataclass(slots=True, kw_only=True)
-class ServerRun:
+class Measured:
+    """One server's run: its record, the load it started under, and what it measured (kept when a part fails)."""
+
     name: str
     server: ServerRecord | None = None
     load_at_start: float | None = None  # the 1-minute load average when its measurement started
@@ -132,7 +134,7 @@ class Report:
     environment: dict[str, object]
     settings: dict[str, object]
     in_process: InProcess
-    servers: list[ServerRun]
+    servers: list[Measured]
 
 
 # ---------------------------------------------------------------- workload
@@ -165,7 +167,7 @@ async def stream(client: openai.AsyncOpenAI, model: str, prompt: str, max_tokens
     return streamed
 
 
-async def measure(server: Server, run: ServerRun, prompts: Sequence[str], args: argparse.Namespace) -> None:
+async def measure(server: Server, run: Measured, prompts: Sequence[str], args: argparse.Namespace) -> None:
     """A warm-up, the single-stream prompts (each paired with mlx-lm in process just before, while the server
     idles), then each concurrency level; what is measured lands in `run` as it comes."""
     model, pool, name = server.spec.model, PromptPool(), server.spec.name
@@ -210,7 +212,7 @@ def spec(name: str, dir4: Path, dir_f32: Path | None, clients: int) -> ServerSpe
 # ---------------------------------------------------------------- report
 
 
-def level_at(runs: Sequence[ServerRun], name: str, clients: int) -> Burst | None:
+def level_at(runs: Sequence[Measured], name: str, clients: int) -> Burst | None:
     run = next((run for run in runs if run.name == name), None)
     return next((level.burst for level in run.levels if level.clients == clients), None) if run else None
 
@@ -257,7 +259,7 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
         print_baseline(report.servers, args)
 
 
-def print_targets(runs: Sequence[ServerRun], clients: int) -> None:
+def print_targets(runs: Sequence[Measured], clients: int) -> None:
     ours, tuned = level_at(runs, COURIER, clients), level_at(runs, MLX_LM_F32, clients)
     shipped, equal = level_at(runs, MLX_LM_4BIT, clients), level_at(runs, MLX_LM_F32_KERNELS, clients)
 
@@ -275,7 +277,7 @@ def print_targets(runs: Sequence[ServerRun], clients: int) -> None:
         print(f"- Courier / mlx_lm.server on the same BLAS kernels: {kernels:.2f}x")
 
 
-def print_baseline(runs: Sequence[ServerRun], args: argparse.Namespace) -> None:
+def print_baseline(runs: Sequence[Measured], args: argparse.Namespace) -> None:
     """courier / courier-baseline: single-stream decode, then aggregate tok/s and TTFT p95 at each level."""
     commit = tree_commit(args.baseline_tree)
     print("\n### courier / courier-baseline\n")
@@ -360,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.pop("OPENBLAS_CORETYPE", None)
     blas = load_optimized_blas()
     prompts = essay_prompts(args.single_repeats)
-    runs: list[ServerRun] = []
+    runs: list[Measured] = []
     with cache_directory(args.cache_dir) as cache_dir:
         wait_for_quiet(args.quiet_load, args.quiet_timeout)
         in_process = prepare_reference(cache_dir, prompts, args, blas)
@@ -374,10 +376,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for name in args.servers:
             load, waited = wait_for_quiet(args.quiet_load, args.quiet_timeout)
-            run = ServerRun(name=name, load_at_start=load, waited_for_quiet_s=waited)
+            run = Measured(name=name, load_at_start=load, waited_for_quiet_s=waited)
             runs.append(run)
 
-            def measured(server: Server, run: ServerRun = run) -> None:
+            def measured(server: Server, run: Measured = run) -> None:
                 asyncio.run(measure(server, run, prompts, args))
 
             run.server, _ = launcher.run(spec(name, args.dir4, args.dir_f32, max(args.concurrency)), measured)
