@@ -467,6 +467,13 @@ class Settings:
         "shortest cached prefix (tokens) worth reusing; shorter matches count as misses",
         metavar="TOKENS",
     )
+    prompt_cache_normalize: bool = setting(
+        True,
+        parse_bool,
+        "leave out system-prompt lines that change between requests and mean nothing to the model (Claude Code's "
+        "x-anthropic-billing-header) before rendering, so they do not bust the prompt cache",
+        flag=True,
+    )
     data_dir: Path = setting(  # noqa: RUF009
         Path(platformdirs.user_data_dir("courier")),
         _path,

@@ -8,12 +8,18 @@ never exceeded) live in `core/snapshot_store.py`; this shell moves messages, han
 what the store asks of the disk to the disk tier's worker (`snapshot_disk.py`),
 sweeps expired entries on a periodic tick, and records what each operation did on
 its span. A lookup that hits an entry only on disk is answered from a side task once
-the file is read back, so other lookups and inserts do not wait for the disk.
+the file is read back, so other lookups and inserts do not wait for the disk. A lookup
+that missed, or left its conversation's cached history, says where the prompt first
+differed from the closest cached entry, as text, on its span and in the last
+`DIVERGENCES_KEPT` kept for the stats.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import replace
 from functools import partial
@@ -24,6 +30,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from opentelemetry import trace
 
 from courier.actors.snapshot_disk import SnapshotDisk
+from courier.core.prefix_divergence import DivergenceReport, report, token_ids
 from courier.core.snapshot_store import LookupResult, SnapshotStore, StoreStats
 from courier.messages.snapshot_store import (
     FlushSnapshots,
@@ -46,6 +53,8 @@ SWEEP_INTERVAL_S = 60.0
 MAX_LOGGED_SESSIONS = 1024
 # Files read back at once; a lookup beyond them is a miss (counted), never a queue behind the disk.
 MAX_RESTORES = 4
+# Divergences kept for `/v1/cache/stats`: the most recent, across tenants (each caller sees its own).
+DIVERGENCES_KEPT = 64
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +62,17 @@ logger = logging.getLogger(__name__)
 class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
     name = "snapshot_store"
 
-    def __init__(self, store: SnapshotStore, disk: SnapshotDisk | None = None) -> None:
+    def __init__(
+        self,
+        store: SnapshotStore,
+        disk: SnapshotDisk | None = None,
+        *,
+        decode: Callable[[Sequence[int]], str] = token_ids,
+    ) -> None:
         self._store = store
         self._disk = disk
+        self._decode = decode  # the model's tokenizer: divergences are shown as text
+        self._divergences: deque[DivergenceReport] = deque(maxlen=DIVERGENCES_KEPT)
         self._restores: SideTasks[LookupPrefix] = SideTasks(MAX_RESTORES, self.fault)
         # Bounded: beyond this many sessions, further self-evictions are only counted.
         self._self_evicted_sessions: set[str] = set()
@@ -94,7 +111,7 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
             self._disk.dispatch(self._store)
 
     def _stats(self) -> StoreStats:
-        stats = self._store.stats()
+        stats = replace(self._store.stats(), divergences=tuple(self._divergences))
         if self._disk is None:
             return stats
         return replace(stats, disk_io=self._disk.figures(), disk_directory=str(self._disk.directory.path))
@@ -115,9 +132,14 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
         if message.check_extended and self._store.extended(message.bucket, message.session, message.tokens):
             await _answer(message.reply, PrefixMissed(extended=True))
             return
-        result = self._store.lookup(message.bucket, message.session, message.tokens)
+        # Only a warm-up asks `check_extended`: its lookup is no turn that missed.
+        result = self._store.lookup(
+            message.bucket, message.session, message.tokens, find_divergence=not message.check_extended
+        )
         span = trace.get_current_span()
         span.set_attribute(trace_attributes.SNAPSHOT_MATCHED, result.matched)
+        if result.divergence is not None:
+            self._record_divergence(report(result.divergence, self._decode, time.time()), span)
         snapshot = result.snapshot
         if snapshot is None:
             await _answer(message.reply, PrefixMissed())
@@ -141,6 +163,15 @@ class SnapshotStoreActor(Actor[SnapshotStoreMessage]):
             await _answer(reply, PrefixMissed())
         elif await _answer(reply, _found(result, state)):
             self._store.count_disk_hit(result.matched)
+
+    def _record_divergence(self, found: DivergenceReport, span: trace.Span) -> None:
+        self._divergences.append(found)
+        span.set_attribute(trace_attributes.SNAPSHOT_DIVERGED_AT, found.diverged_at)
+        span.set_attribute(trace_attributes.SNAPSHOT_CLOSEST_TOKENS, found.closest_tokens)
+        span.set_attribute(trace_attributes.SNAPSHOT_CLOSEST_SAME_SESSION, found.same_session)
+        span.set_attribute(trace_attributes.SNAPSHOT_DIVERGENCE_BEFORE, found.before)
+        span.set_attribute(trace_attributes.SNAPSHOT_DIVERGENCE_PROMPT, found.prompt)
+        span.set_attribute(trace_attributes.SNAPSHOT_DIVERGENCE_CACHED, found.cached)
 
     def _on_insert_snapshot(self, message: InsertSnapshot) -> None:
         result = self._store.insert(

@@ -8,7 +8,9 @@ MLX state, so it does not belong on the MLX thread). Messages are handled one at
 time, so no request may take long: a text whose byte count alone shows it holds
 more tokens than the caller's `max_tokens` (no token stands for more bytes than its
 longest vocabulary entry) is refused before it is rendered or tokenized, and what is
-left to tokenize is bounded by the context length.
+left to tokenize is bounded by the context length. Unless told not to, a chat's volatile
+system-prompt lines (`core/volatile_lines.py`) are left out before it is rendered, so
+they never bust the prompt cache.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from courier.core import generic_tools
 from courier.core.failure_codes import FailureCode
 from courier.core.template_options import NO_OPTIONS, TemplateOptionRefused, TemplateOptions
 from courier.core.token_prefix import common_prefix_length
+from courier.core.volatile_lines import without_volatile_lines
 from courier.engine.generation import VisionInputs
 from courier.media.images import combined_digest
 from courier.messages.base import FailureKind, RequestFailed
@@ -46,9 +49,12 @@ T = TypeVar("T")
 class TokenCounterActor(Actor[TokenCounterMessage]):
     name = "token_counter"
 
-    def __init__(self, tokenizer: TokenizerWrapper, images: ImageProcessor | None = None) -> None:
+    def __init__(
+        self, tokenizer: TokenizerWrapper, images: ImageProcessor | None = None, *, normalize: bool = True
+    ) -> None:
         self._tokenizer = tokenizer
         self._images = images
+        self._normalize = normalize  # leave out volatile system-prompt lines (--prompt-cache-normalize)
         self._native_tools = bool(getattr(tokenizer, "has_tool_calling", False))
         template = getattr(tokenizer, "chat_template", None)
         self._template_text = template if isinstance(template, str) else str(template or "")
@@ -169,6 +175,8 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         thinking: bool = True,
         options: TemplateOptions = NO_OPTIONS,
     ) -> str:
+        if self._normalize:
+            messages = without_volatile_lines(messages)
         sources: Sequence[int | None] = range(len(messages))
         if not self._native_tools and generic_tools.needs_rendering(messages, tools):
             messages, sources = generic_tools.render_with_sources(messages, tools)  # the template knows no tools

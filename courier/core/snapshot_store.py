@@ -63,6 +63,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from courier.core.prefix_divergence import Divergence, DivergenceReport, divergence
 from courier.core.radix_index import PathMatch, RadixIndex
 from courier.core.snapshot_rejections import FileRejection
 
@@ -170,6 +171,8 @@ class LookupResult:
     # This session's last completion that the prompt continues (it diverges where the reply was re-rendered):
     # the completion snapshot of this request supersedes it.
     continues: EntryId | None = None
+    # Where the prompt left the closest cached entry, when it missed or left its own conversation's cached history.
+    divergence: Divergence | None = None
 
 
 MISS = LookupResult(snapshot=None, matched=0)
@@ -196,6 +199,7 @@ class StoreCounters:
     evictions_ttl: int = 0
     rejections_oversized: int = 0
     self_evictions: int = 0
+    divergences: int = 0  # lookups that missed, or left their conversation's cached history, at a point found
     # The disk tier (all zero without one).
     disk_hits: int = 0  # lookups answered with an entry read back from disk (counted in `hits` too)
     spills: int = 0  # memory LRU evictions that kept the entry on disk
@@ -241,6 +245,7 @@ class StoreStats:
     disk_nbytes: int = 0
     disk_io: DiskIoCounters = field(default_factory=DiskIoCounters)
     disk_directory: str = ""
+    divergences: tuple[DivergenceReport, ...] = ()  # the last few, oldest first (kept by the store's owner)
 
 
 @dataclass(slots=True)
@@ -305,10 +310,14 @@ class SnapshotStore:
         effects, self._effects = self._effects, []
         return effects
 
-    def lookup(self, bucket: Bucket, session: str, tokens: Sequence[int]) -> LookupResult:
+    def lookup(
+        self, bucket: Bucket, session: str, tokens: Sequence[int], *, find_divergence: bool = True
+    ) -> LookupResult:
         """The longest usable prefix of `tokens` held for `bucket`; same-session entries win ties. The snapshot may
         be on disk only (`state_held` False): its owner reads it back, `promote`s it and, if its asker still waits,
-        counts the hit (`count_disk_hit`)."""
+        counts the hit (`count_disk_hit`). With `find_divergence` (a turn's lookup; an idle warm-up's is how the
+        conversation catches up, not a turn), a miss or a prompt that left its conversation's cached history says
+        where (`LookupResult.divergence`)."""
         self.counters.lookups += 1
         self._sweep_expired()
         vector = tuple(tokens)
@@ -318,13 +327,21 @@ class SnapshotStore:
         match = indexed.index.match(vector)
         continued = self._continued(bucket, session, vector)
         result = replace(self._best_match(match, session, vector), continues=continued)
-        if result.snapshot is None or result.matched < self.limits.min_prefix:
-            return MISS
-        self._touch(result.snapshot)
-        if result.snapshot.state_held:
+        snapshot = result.snapshot
+        missed = snapshot is None or result.matched < self.limits.min_prefix
+        diverged = (
+            self._divergence(bucket, session, vector, match, 0 if missed else result.matched)
+            if find_divergence
+            else None
+        )
+        self.counters.divergences += diverged is not None
+        if snapshot is None or missed:
+            return replace(MISS, divergence=diverged)
+        self._touch(snapshot)
+        if snapshot.state_held:
             self.counters.hits += 1
             self.counters.tokens_reused += result.matched
-        return result
+        return replace(result, divergence=diverged)
 
     def count_disk_hit(self, matched: int) -> None:
         """A lookup answered with an entry only on disk got its state read back: now it is a hit (one whose file
@@ -583,6 +600,32 @@ class SnapshotStore:
                 snapshot=best.snapshot, matched=best.matched, trimmed=True, cross_session=best.cross_session
             )
         return best
+
+    def _divergence(
+        self, bucket: Bucket, session: str, vector: tuple[int, ...], match: PathMatch[EntryId], matched: int
+    ) -> Divergence | None:
+        """Where `vector` leaves the entry sharing the longest prefix with it (the session's own first), when the
+        lookup missed (`matched` 0) or that entry is the session's own: its cached history no longer prefixes the
+        prompt. None when every entry sharing that prefix ends there (the prompt only goes on past them), or the
+        lookup reused a prefix and what diverges further is another conversation's (a shared system prompt)."""
+        index = match.shared_length
+        if index == 0 or index >= len(vector):
+            return None
+        diverging = [self._entries[key] for key in match.keys_below_shared if len(self._entries[key].tokens) > index]
+        # The anonymous session is every caller that names none: its entries are no one conversation's history.
+        own = [entry for entry in diverging if entry.session == session != ANONYMOUS_SESSION]
+        if not diverging or (matched and not own):
+            return None
+        closest = max(own or diverging, key=lambda entry: entry.last_used)
+        return divergence(
+            prompt=vector,
+            closest=closest.tokens,
+            index=index,
+            matched=matched,
+            session=session,
+            tenant=bucket.tenant,
+            same_session=bool(own),
+        )
 
     def _diverging(self, keys: Sequence[EntryId], session: str) -> Snapshot:
         snapshots = [self._entries[key] for key in keys]

@@ -317,7 +317,11 @@ class Supervisor:
         vision = loaded.vision
         media_fetcher = await self._start_media_fetcher(task_group) if vision is not None else None
         images = ImageAdmission(max_images=settings.max_images, model_id=loaded.info.model_id, fetcher=media_fetcher)
-        token_counter = TokenCounterActor(loaded.tokenizer, vision.processor if vision is not None else None)
+        token_counter = TokenCounterActor(
+            loaded.tokenizer,
+            vision.processor if vision is not None else None,
+            normalize=settings.prompt_cache_normalize,
+        )
         await task_group.start(self._run_actor, token_counter, self._token_counter_receive, self._token_counter_send)
         caching = await self._start_snapshot_store(task_group, loaded) if settings.prompt_cache else None
         scheduler = SchedulerActor(
@@ -381,7 +385,8 @@ class Supervisor:
     async def _start_snapshot_store(self, task_group: TaskGroup, loaded: LoadedModel) -> PromptCaching:
         cache = await open_prompt_cache(self._settings, loaded, self._mlx)
         self._snapshot_disk = cache.disk is not None
-        actor = SnapshotStoreActor(cache.store, cache.disk)
+        tokenizer = loaded.tokenizer
+        actor = SnapshotStoreActor(cache.store, cache.disk, decode=lambda tokens: str(tokenizer.decode(list(tokens))))
         await task_group.start(self._run_actor, actor, self._snapshots_receive, self._snapshots_send)
         return PromptCaching(store=self._snapshots_send, bucket=cache.bucket)
 

@@ -170,6 +170,7 @@ class _StateCollector(Collector):
             ("rejections_oversized", "Snapshots refused as larger than the budget", counters.rejections_oversized),
             ("self_evictions", "LRU evictions of a session's own snapshots", counters.self_evictions),
             ("tokens_reused", "Prompt tokens served from snapshots", counters.tokens_reused),
+            ("divergences", "Lookups that missed or left their conversation's cached history", counters.divergences),
         ):
             yield CounterMetricFamily(f"{prefix}_{name}", help_text, value=value)
         evictions = CounterMetricFamily(f"{prefix}_evictions", "Snapshots evicted, by reason", labels=["reason"])

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectSendStream
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from courier.actors.snapshot_store import SnapshotStoreActor
+from courier.actors.snapshot_store import DIVERGENCES_KEPT, SnapshotStoreActor
 from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_store import Bucket, Origin, SnapshotStore, StoreLimits, StoreStats
 from courier.messages.asking import Refused, call
@@ -34,6 +34,7 @@ Outbox = MemoryObjectSendStream[SnapshotStoreMessage]
 LIMITS = StoreLimits(capacity_bytes=1000, max_entries=16, ttl_s=60.0, min_prefix=4)
 BUCKET = Bucket(model_id="m")
 IMAGE_BUCKET = Bucket(model_id="m", media_digest="sha256:image")
+TENANT_BUCKET = Bucket(model_id="m", tenant="key-a")
 BASE = tuple(range(100, 140))  # 40 tokens
 
 
@@ -276,3 +277,56 @@ async def test_a_lookup_whose_asker_stopped_waiting_is_no_fault() -> None:
         found = await lookup(outbox, (*BASE, 2))  # the store goes on answering
         assert isinstance(found, PrefixFound)
     assert faults.by_actor() == {}
+
+
+def letters(tokens: Sequence[int]) -> str:
+    """A stand-in tokenizer: token n is the letter chr(n)."""
+    return "".join(chr(token) for token in tokens)
+
+
+@pytest.mark.anyio
+async def test_a_miss_says_where_the_prompt_left_the_closest_entry(span_exporter: InMemorySpanExporter) -> None:
+    """As text, on the lookup's span and in the stats, newest last (the route shows each key its own)."""
+    cached = tuple(ord(c) for c in "x-billing: v=c40;\nYou are an agent. Be brief.")
+    prompt = tuple(ord(c) for c in "x-billing: v=1c0;\nYou are an agent. Be brief. Hi")
+    store = SnapshotStore(LIMITS, trimmable=False, clock=lambda: 1000.0)
+    async with run_actor(SnapshotStoreActor(store, decode=letters)) as outbox:
+        insert(outbox, cached, bucket=TENANT_BUCKET)
+        assert await lookup(outbox, prompt, bucket=TENANT_BUCKET) == PrefixMissed()
+        assert isinstance(await lookup(outbox, (*cached, 1), bucket=TENANT_BUCKET), PrefixFound)  # a hit: none
+        figures = await stats(outbox)
+    assert figures.counters.divergences == 1
+    (found,) = figures.divergences
+    assert (found.session, found.tenant, found.prompt_tokens, found.matched_tokens) == ("a", "key-a", len(prompt), 0)
+    assert (found.diverged_at, found.closest_tokens, found.same_session) == (13, len(cached), True)
+    assert (found.before, found.prompt[:5], found.cached[:5]) == ("x-billing: v=", "1c0;\n", "c40;\n")
+    first, _ = span_attributes(span_exporter, "snapshot_store.LookupPrefix")
+    assert first[trace_attributes.SNAPSHOT_DIVERGED_AT] == 13
+    assert first[trace_attributes.SNAPSHOT_CLOSEST_TOKENS] == len(cached)
+    assert first[trace_attributes.SNAPSHOT_CLOSEST_SAME_SESSION] is True
+    assert first[trace_attributes.SNAPSHOT_DIVERGENCE_BEFORE] == "x-billing: v="
+    assert first[trace_attributes.SNAPSHOT_DIVERGENCE_PROMPT] == found.prompt
+    assert first[trace_attributes.SNAPSHOT_DIVERGENCE_CACHED] == found.cached
+
+
+@pytest.mark.anyio
+async def test_only_the_last_divergences_are_kept() -> None:
+    async with run_actor(actor()) as outbox:
+        insert(outbox, BASE)
+        for n in range(DIVERGENCES_KEPT + 3):
+            await lookup(outbox, (*BASE[:5], n, *BASE[6:]))
+        figures = await stats(outbox)
+    assert figures.counters.divergences == DIVERGENCES_KEPT + 3
+    assert len(figures.divergences) == DIVERGENCES_KEPT
+    assert figures.divergences[-1].prompt.split()[0] == str(DIVERGENCES_KEPT + 2)  # the newest last
+
+
+@pytest.mark.anyio
+async def test_an_idle_warm_ups_lookup_reports_no_divergence() -> None:
+    """A warm-up (asking `check_extended`) is how a conversation catches up with a reply re-tokenized otherwise than
+    it was generated: no turn missed."""
+    async with run_actor(actor()) as outbox:
+        insert(outbox, BASE)
+        await lookup(outbox, (*BASE[:20], 7, *BASE[21:]), check_extended=True)
+        figures = await stats(outbox)
+    assert (figures.counters.divergences, figures.divergences) == (0, ())

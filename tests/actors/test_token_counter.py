@@ -163,3 +163,31 @@ async def test_a_render_that_raises_unexpectedly_fails_that_request_only(smollm2
     assert (failed.kind, failed.code) == (FailureKind.INTERNAL, FailureCode.INTERNAL_ERROR)
     assert faults.by_actor() == {"token_counter": 1}
     assert isinstance(served, TokenizeResult)
+
+
+BILLING = "x-anthropic-billing-header: cc_version=2.1.197.c40; cc_entrypoint=sdk-cli;"
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalized", "opted-out"])
+@pytest.mark.anyio
+async def test_a_volatile_system_prompt_line_is_left_out_unless_opted_out(
+    tokenizer: TokenizerWrapper, normalize: bool
+) -> None:
+    """Claude Code's billing line (another value per conversation) never reaches the template, the history's render
+    (the snapshot boundary) included; `--no-prompt-cache-normalize` keeps every byte."""
+    messages = [{"role": "system", "content": f"{BILLING}\nYou are an agent."}, {"role": "user", "content": "Hi"}]
+    send, receive = anyio.create_memory_object_stream[TokenCounterMessage](8)
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(TokenCounterActor(tokenizer, normalize=normalize).run, receive)
+        with send:
+            reply: TokenizeReply = await ask(
+                send,
+                lambda r: TokenizeChat(
+                    messages=messages, tools=None, add_generation_prompt=True, with_history_boundary=True, reply=r
+                ),
+            )
+    assert isinstance(reply, TokenizeResult)
+    text = tokenizer.decode(list(reply.tokens))
+    system = "You are an agent." if normalize else f"{BILLING}\nYou are an agent."
+    assert text.startswith(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+    assert tokenizer.decode(list(reply.tokens[: reply.history_boundary])).startswith(f"<|im_start|>system\n{system}")

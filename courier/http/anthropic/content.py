@@ -1,8 +1,8 @@
 """Anthropic's `system` and `messages` as the chat template's messages, with the images they refer to.
 
-- `system` (a string or text blocks) is the first message, role `system`. A block that is Claude Code's
-  `x-anthropic-billing-header: ...` line is left out: it is metadata for Anthropic's billing, not an instruction, and
-  it changes between sessions, which would make every session's 12K-token system prompt miss the prompt cache.
+- `system` (a string or text blocks, joined by newlines) is the first message, role `system`. Claude Code's
+  `x-anthropic-billing-header: ...` block stays in it here: the render leaves such volatile lines out for every
+  dialect (`core/volatile_lines.py`, unless `--no-prompt-cache-normalize`).
 - A user message's text and image blocks are one user message (images as parts, admitted like chat's); each
   `tool_result` block is a `tool` message (`tool_call_id` from `tool_use_id`), in order, its content a string or
   text blocks, prefixed `Error: ` when `is_error` (a chat template has no other way to tell).
@@ -30,7 +30,6 @@ from courier.messages.media import ImageRef
 from courier.storage.records import JsonObject
 
 ROLES = ("user", "assistant", "system")
-BILLING_HEADER = "x-anthropic-billing-header:"
 ERROR_PREFIX = "Error: "
 
 
@@ -69,7 +68,7 @@ def _system_text(system: Any) -> str:
     if not isinstance(system, list):
         raise ApiError.invalid("'system' must be a string or a list of text blocks", param="system")
     texts = [_text_block(block, f"system[{index}]") for index, block in enumerate(system)]
-    return "\n".join(text for text in texts if not text.startswith(BILLING_HEADER))
+    return "\n".join(texts)
 
 
 def _message(message: Any, param: str, out: Translation) -> None:

@@ -7,9 +7,10 @@ from typing import Any
 
 from quart import Blueprint
 
+from courier.core.prefix_divergence import DivergenceReport
 from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import StoreStats
-from courier.http.auth import require_admin
+from courier.http.auth import Caller, require_admin
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.messages.asking import call
@@ -56,6 +57,8 @@ def blueprint(context: AppContext) -> Blueprint:
             "snapshot_warmups_pending": scheduler.warmups_pending,
             "snapshot_warmups_queued": scheduler.warmups_queued,
             "snapshot_lookups_timed_out": scheduler.lookups_timed_out,
+            "snapshot_divergences": counters.divergences,
+            "snapshot_recent_divergences": _divergences(store.divergences, context.caller()),
             **_tier_figures(store),
         }
 
@@ -70,6 +73,11 @@ def blueprint(context: AppContext) -> Blueprint:
         return {"cleared": True, "freed_bytes": memory, "freed_disk_bytes": disk, "freed_entries": entries}
 
     return routes
+
+
+def _divergences(kept: tuple[DivergenceReport, ...], caller: Caller) -> list[dict[str, object]]:
+    """The latest first: a key's own only (they quote its prompts), every tenant's for an admin key or without keys."""
+    return [found.view() for found in reversed(kept) if caller.admin or found.tenant == caller.tenant]
 
 
 def _tier_figures(store: StoreStats) -> dict[str, Any]:

@@ -15,14 +15,16 @@ PNG = "iVBORw0KGgo="
 USER = {"role": "user", "content": "Hi"}
 
 
-def test_system_blocks_join_and_the_billing_header_is_left_out() -> None:
+def test_system_blocks_join_in_order() -> None:
+    """The billing header stays in the translation: the render leaves it out (`core/volatile_lines.py`)."""
+    header = "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;"
     system = [
-        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.1c0; cc_entrypoint=sdk-cli;"},
+        {"type": "text", "text": header},
         {"type": "text", "text": "You are an agent.", "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": "Be brief."},
     ]
     messages, images = chat_messages(system, [USER])
-    assert messages == [{"role": "system", "content": "You are an agent.\nBe brief."}, USER]
+    assert messages == [{"role": "system", "content": f"{header}\nYou are an agent.\nBe brief."}, USER]
     assert images == ()
 
 
