@@ -43,6 +43,7 @@ async def first_token(
     system: str,
     question: str,
     max_tokens: int,
+    *,
     decoding: asyncio.Event | None = None,
 ) -> float:
     """Seconds to the first content delta (`decoding` is set then); the stream is read to its end."""
@@ -74,7 +75,9 @@ async def one_round(server: Server, name: str, index: int, args: argparse.Namesp
     ):
         decoding = [asyncio.Event(), asyncio.Event()]
         owners = [
-            asyncio.create_task(first_token(a, model, secret, f"Question {n}.", args.owner_tokens, decoding[n]))
+            asyncio.create_task(
+                first_token(a, model, secret, f"Question {n}.", args.owner_tokens, decoding=decoding[n])
+            )
             for n in range(2)
         ]
         for event in decoding:  # A's requests prefilled and decoding: B's probes compete with decode steps only
