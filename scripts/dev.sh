@@ -64,23 +64,31 @@ ensure_haproxy() {
     apt_install haproxy "the front's tests"
 }
 
-# Claude Code, for the test that runs the real agent against a server (tests/http/anthropic/test_claude_code.py):
-# installed into .npm-agents/ (gitignored) when npm is there (~10 s; its postinstall is not needed), else that test
-# is skipped. The version is pinned: the recorded requests in tests/data/agents/ are this version's.
+# The agents the end-to-end tests run against a server: Claude Code (tests/http/anthropic/test_claude_code.py) and
+# Codex CLI (tests/http/test_codex.py), installed into .npm-agents/ (gitignored) when npm is there (~10 s and ~20 s;
+# their postinstall is not needed), else those tests are skipped. The versions are pinned: the recorded requests in
+# tests/data/agents/ are these versions'.
 CLAUDE_CODE_VERSION=2.1.197
+CODEX_VERSION=0.171.0
 ensure_agents() {
-    local installed=.npm-agents/node_modules/@anthropic-ai/claude-code/package.json
-    if [ -f "$installed" ] && grep -q "\"version\": \"$CLAUDE_CODE_VERSION\"" "$installed"; then
+    ensure_agent @anthropic-ai/claude-code "$CLAUDE_CODE_VERSION" "Claude Code"
+    ensure_agent @openai/codex "$CODEX_VERSION" "Codex CLI"
+}
+
+# $1: the npm package, $2: its version, $3: what it is called in the messages.
+ensure_agent() {
+    local package=$1 version=$2 name=$3
+    local installed=.npm-agents/node_modules/$package/package.json
+    if [ -f "$installed" ] && grep -q "\"version\": \"$version\"" "$installed"; then
         return 0
     fi
     if ! command -v npm >/dev/null 2>&1; then
-        log "WARNING: npm not found; the Claude Code end-to-end test will be skipped"
+        log "WARNING: npm not found; the $name end-to-end test will be skipped"
         return 0
     fi
-    log "installing Claude Code $CLAUDE_CODE_VERSION into .npm-agents/"
-    npm install --prefix .npm-agents --no-audit --no-fund --loglevel=error \
-        "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" >/dev/null ||
-        log "WARNING: Claude Code did not install; its end-to-end test will be skipped"
+    log "installing $name $version into .npm-agents/"
+    npm install --prefix .npm-agents --no-audit --no-fund --loglevel=error "$package@$version" >/dev/null ||
+        log "WARNING: $name did not install; its end-to-end test will be skipped"
 }
 
 # $1: the pip install target ("." or ".[dev,vision]"); reinstalls when pyproject.toml changes.

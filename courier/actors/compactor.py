@@ -45,7 +45,13 @@ from courier.conversation.images import IN_THE_HISTORY, ImageAdmission
 from courier.conversation.items import is_instruction, message_item, text_part
 from courier.conversation.replay import replay
 from courier.conversation.response_object import usage_object
-from courier.conversation.selection import DEFAULT_KEEP_FRACTION, MAX_DEFAULT_KEEP_TOKENS, segments, select
+from courier.conversation.selection import (
+    DEFAULT_KEEP_FRACTION,
+    MAX_DEFAULT_KEEP_TOKENS,
+    Selection,
+    segments,
+    select,
+)
 from courier.conversation.summary_guard import PASS_PENALTIES, LoopWatch, Verdict, pass_sampling, verdict
 from courier.conversation.summary_prompt import summary_messages
 from courier.conversation.warm_up import warm_up_next_turn
@@ -135,7 +141,10 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             parts = segments(history)
             costs = [await self._count(part, message.request_items, memo) for part in parts]
             keep_tokens = message.keep_tokens or self.default_keep_tokens()
-            selection = select(parts, costs, keep_tokens)
+            if message.summarize_all:
+                selection = Selection(retained=(), summarized=tuple(range(len(parts))))
+            else:
+                selection = select(parts, costs, keep_tokens)
             span.set_attributes(
                 {
                     "courier.compaction.segments": len(parts),
@@ -148,6 +157,8 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             raise Refused(_invalid("nothing to compact: the whole history is kept verbatim", "input"))
         summarized_tokens = sum(costs[index] for index in selection.summarized)
         retained = [item for index in selection.retained for item in parts[index]]
+        if message.summarize_all:
+            retained = [item for item in history if item["type"] == "message" and item["role"] == "user"]
         summary, finished = await self._summarize(summarized, summarized_tokens, message, memo)
         with tracer().start_as_current_span("compactor.capsule") as span:
             capsule = Capsule(summary=summary, retained=tuple(item_digest(item) for item in retained))

@@ -48,8 +48,10 @@ def item_digest(item: Mapping[str, Any]) -> str:
         key: tuple[Any, ...] = ("message", item["role"], message_text(item), *image_urls(item))
     elif kind == "function_call":
         key = ("function_call", item["call_id"], item["name"], item["arguments"])
-    elif kind == "function_call_output":
-        key = ("function_call_output", item["call_id"], item["output"])
+    elif kind == "custom_tool_call":
+        key = ("custom_tool_call", item["call_id"], item["name"], item["input"])
+    elif kind in ("function_call_output", "custom_tool_call_output"):
+        key = (kind, item["call_id"], item["output"])
     elif kind == "reasoning":
         key = ("reasoning", reasoning_text(item))
     else:

@@ -14,6 +14,7 @@ from typing import Any
 
 from courier.conversation.chat_content import IMAGE_PART, chat_content, text_part
 from courier.conversation.items import reasoning_text
+from courier.core import custom_tools
 from courier.core.tool_calls import json_arguments
 from courier.storage.records import JsonObject
 
@@ -55,8 +56,8 @@ def extend_messages(messages: Sequence[JsonObject], items: Iterable[Mapping[str,
                 result.append({"role": item["role"], "content": chat_content(_parts(item))})
         elif kind == "reasoning":
             result.append({"role": "assistant", "content": "", "reasoning_content": reasoning_text(item)})
-        elif kind == "function_call":
-            call = template_tool_call(item["call_id"], item["name"], item["arguments"])
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _tool_call(item)
             last = result[-1] if result else None
             if last is not None and last["role"] == "assistant":
                 result[-1] = {
@@ -66,9 +67,25 @@ def extend_messages(messages: Sequence[JsonObject], items: Iterable[Mapping[str,
                 }
             else:
                 result.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             result.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
     return result
+
+
+def model_tool_name(item: Mapping[str, Any]) -> str:
+    """The name the model knows a called tool by: a namespaced tool's is `<namespace>.<name>`."""
+    namespace = item.get("namespace")
+    return f"{namespace}.{item['name']}" if namespace else str(item["name"])
+
+
+def _tool_call(item: Mapping[str, Any]) -> JsonObject:
+    """A function or custom tool call item as the chat template's tool call; a custom call's input is its raw
+    `arguments`, marked so the generic format writes it as the model wrote it (`core/custom_tools.py`)."""
+    name = model_tool_name(item)
+    if item["type"] == "function_call":
+        return template_tool_call(item["call_id"], name, item["arguments"])
+    call = {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": item["input"]}}
+    return {**call, custom_tools.CUSTOM_CALL_KEY: True}
 
 
 def _reasoning_only(message: JsonObject | None) -> bool:
@@ -90,9 +107,12 @@ def _parts(item: Mapping[str, Any]) -> list[JsonObject]:
 
 
 def chat_tools(tools: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
-    """Responses function tools (flat) -> the chat template's tool shape (nested under `function`)."""
+    """Responses function tools (flat) -> the chat template's tool shape (nested under `function`). A custom tool
+    is shown as a function whose description says how to write its free-form input."""
     return [
-        {
+        {"type": "function", "function": {"name": tool["name"], "description": custom_tools.described(tool)}}
+        if tool.get("type") == "custom"
+        else {
             "type": "function",
             "function": {key: tool[key] for key in ("name", "description", "parameters") if tool.get(key) is not None},
         }

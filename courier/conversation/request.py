@@ -36,13 +36,22 @@ class ResponsesRequest:
     cache_prompt: bool
     compact_threshold: int | None = None  # context_management's automatic compaction
     template_options: TemplateOptions = NO_OPTIONS  # reasoning.effort
+    # The tools as the model is offered them (namespaces flattened, hosted tools left out); None: `tools` as given.
+    offered_tools: tuple[JsonObject, ...] | None = None
+    reasoning_summary: str | None = None  # reasoning.summary: reasoning items carry summary parts
+    seal_reasoning: bool = False  # include reasoning.encrypted_content: reasoning items come sealed
+    compaction_requested: bool = False  # the input ended with a `compaction_trigger` item: compact, answer nothing
+
+    @property
+    def model_tools(self) -> tuple[JsonObject, ...]:
+        return self.tools if self.offered_tools is None else self.offered_tools
 
     @property
     def template_tools(self) -> list[JsonObject] | None:
         """The tools the chat template renders: none when there are none or `tool_choice` is "none"."""
-        if not self.tools or self.output.tool_choice.mode == "none":
+        if not self.model_tools or self.output.tool_choice.mode == "none":
             return None
-        return chat_tools(self.tools)
+        return chat_tools(self.model_tools)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +63,9 @@ class CompactRequest:
     max_output_tokens: int
     keep_tokens: int | None
     session: str
+    offered_tools: tuple[JsonObject, ...] | None = None  # as on ResponsesRequest
 
     @property
     def template_tools(self) -> list[JsonObject] | None:
-        return chat_tools(self.tools) if self.tools else None
+        tools = self.tools if self.offered_tools is None else self.offered_tools
+        return chat_tools(tools) if tools else None

@@ -73,7 +73,7 @@ def response_object(draft: ResponseDraft, outcome: Outcome) -> JsonObject:
         "parallel_tool_calls": request.output.parallel_tool_calls,
         "previous_response_id": request.previous_response_id,
         "conversation": {"id": request.conversation_id} if request.conversation_id else None,
-        "reasoning": {"effort": request.template_options.reasoning_effort, "summary": None},
+        "reasoning": {"effort": request.template_options.reasoning_effort, "summary": request.reasoning_summary},
         "store": request.store,
         "temperature": request.sampling.temperature,
         "text": {"format": request.output.format.echo(), "verbosity": "medium"},

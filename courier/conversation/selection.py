@@ -38,9 +38,9 @@ def segments(items: Sequence[JsonObject]) -> list[list[JsonObject]]:
             result.append(current)
             current = []
         current.append(item)
-        if kind == "function_call":
+        if kind in ("function_call", "custom_tool_call"):
             open_calls.add(item["call_id"])
-        elif kind == "function_call_output" and item["call_id"] in open_calls:
+        elif kind in ("function_call_output", "custom_tool_call_output") and item["call_id"] in open_calls:
             open_calls.discard(item["call_id"])
             if not open_calls:
                 result.append(current)
@@ -51,7 +51,9 @@ def segments(items: Sequence[JsonObject]) -> list[list[JsonObject]]:
 
 
 def closes_tool_group(segment: Sequence[JsonObject]) -> bool:
-    return segment[-1]["type"] == "function_call_output" and any(item["type"] == "function_call" for item in segment)
+    return segment[-1]["type"] in ("function_call_output", "custom_tool_call_output") and any(
+        item["type"] in ("function_call", "custom_tool_call") for item in segment
+    )
 
 
 def select(parts: Sequence[Sequence[JsonObject]], costs: Sequence[int], keep_tokens: int) -> Selection:

@@ -39,6 +39,8 @@ def _line(item: JsonObject) -> list[JsonObject]:
         return [text_part(f"{str(item['role']).capitalize()}: {message_text(item)}"), *images]
     if kind == "function_call":
         return [text_part(f"Tool call {item['name']} ({item['call_id']}): {item['arguments']}")]
-    if kind == "function_call_output":
+    if kind == "custom_tool_call":
+        return [text_part(f"Tool call {item['name']} ({item['call_id']}): {item['input']}")]
+    if kind in ("function_call_output", "custom_tool_call_output"):
         return [text_part(f"Tool result ({item['call_id']}): {item['output']}")]
     return [text_part(str(kind).capitalize())]

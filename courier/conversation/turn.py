@@ -194,6 +194,7 @@ async def plan_turn(services: TurnServices, request: ResponsesRequest) -> Plan:
         tokens = len(counted.tokens)
         wanted = request.max_output_tokens or 1
         due = tokens >= request.compact_threshold or tokens + wanted > services.context_length
+    due = due or request.compaction_requested
     draft = ResponseDraft(request=request, model=services.model_id, id=new_response_id(services.replica_id))
     return Plan(
         request=request, draft=draft, items=items, rendered=rendered, counted=counted, compaction_due=due, memo=memo
@@ -215,6 +216,7 @@ async def compact(services: TurnServices, plan: Plan) -> CompactionResult:
             reply=reply,
             memo=plan.memo,
             tenant=services.tenant,
+            summarize_all=request.compaction_requested,
         ),
     )
 

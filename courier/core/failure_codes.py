@@ -19,6 +19,7 @@ class FailureCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     MODEL_NOT_MULTIMODAL = "model_not_multimodal"
     INVALID_COMPACTION_ITEM = "invalid_compaction_item"
+    INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content"  # a sealed reasoning item this server did not seal
     RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"
     STORAGE_BUDGET_EXCEEDED = "storage_budget_exceeded"
     UNSTORABLE_CONTENT = "unstorable_content"  # a record the store cannot hold at all (a NUL in a PostgreSQL id)

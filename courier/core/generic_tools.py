@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from courier.core import custom_tools
 from courier.core.json_text import json_object
 
 START = "<tool_call>"
@@ -83,6 +84,8 @@ def render_with_sources(
 
 def _call_text(call: Mapping[str, Any]) -> str:
     function = call.get("function", call)
+    if call.get(custom_tools.CUSTOM_CALL_KEY):  # a custom tool's raw input, as the model writes it
+        return f"{START}\n{custom_tools.call_text(str(function.get('name')), str(function.get('arguments')))}\n{END}"
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         parsed = json_object(arguments)  # within the depth limit, else the string as it came

@@ -18,6 +18,7 @@ templates render.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,8 @@ def tool_calls(
         raise GrammarError("no tools to call", param)
     if len(tools) > MAX_TOOLS:
         raise GrammarError(f"at most {MAX_TOOLS} tools can be constrained, not {len(tools)}", param)
+    if any(tool.get("type") == "custom" for tool in tools):
+        return _with_custom_tools(tools, form, forced=forced, parallel=parallel, param=param)
     choices = [_call_schema(tool, f"tools[{index}]") for index, tool in enumerate(tools)]
     schema = choices[0] if len(choices) == 1 else {"anyOf": choices}
     _check_size(schema, param)
@@ -150,6 +153,72 @@ def tool_calls(
     lark = f"start: {sep} call_body {sep} {form.end_lark}\ncall_body: {body}\n"
     grammar = _lark_grammar(lark, param)
     return _constraint(grammar, label=f"tool call ({names})", param=param, trigger=form.start, repeat=parallel)
+
+
+def _with_custom_tools(
+    tools: Sequence[Mapping[str, Any]], form: ToolGrammar, *, forced: bool, parallel: bool, param: str
+) -> Constraint:
+    """`tool_calls` when some tools are custom (Responses' free-form tools, `core/custom_tools.py`): a custom call is
+    `{"name": ...}` on its own line, then its input, verbatim: any text up to the end marker, or text its grammar
+    (Lark or regex, each a grammar of its own that the call refers to) accepts."""
+    sep, end = _lark_string(form.separator), form.end_lark
+    rests: list[str] = []
+    rules: list[str] = []
+    subgrammars: list[dict[str, str]] = []
+    # Every call opens with its own text (`{"name": ...`), so the alternatives part at a lexeme: a function's
+    # arguments are JSON after its name, as the whole object would be (name first, `json.dumps` separators).
+    schemas = [
+        _call_schema(tool, f"tools[{index}]") for index, tool in enumerate(tools) if tool.get("type") != "custom"
+    ]
+    _check_size(schemas, param)
+    for index, schema in enumerate(schemas):
+        opening = json.dumps({"name": schema["properties"]["name"]["const"]}, ensure_ascii=False)[:-1]
+        arguments = orjson.dumps({**schema["properties"]["arguments"], "x-guidance": JSON_OPTIONS}).decode()
+        rests.append(f"{sep} function_{index} {sep} {end}")
+        opening_lark = _lark_string(opening + ', "arguments": ')
+        rules.append(f'function_{index}: {opening_lark} %json {arguments} "}}"')
+    for index, tool in enumerate(tools):
+        if tool.get("type") != "custom":
+            continue
+        header = _lark_string(json.dumps({"name": tool.get("name")}, ensure_ascii=False) + "\n")
+        shape = tool.get("format")
+        if isinstance(shape, Mapping) and shape.get("type") == "grammar":
+            definition = str(shape.get("definition"))
+            lark = definition if shape.get("syntax") == "lark" else f"start: /{_regex_literal(definition)}/\n"
+            subgrammars.append({"name": f"custom_{index}", "lark_grammar": lark})
+            rests.append(f"{sep} {header} @custom_{index} {sep} {end}")
+        elif form.end_token is not None:  # the end marker is a token text never spells: any text up to it
+            rests.append(f"{sep} {header} custom_text {end}")
+            rules.append("custom_text: /(.|\\n)*/")
+        else:  # any text, up to the end marker (which the rule writes)
+            rests.append(f"{sep} {header} custom_text_{index}")
+            rules.append(f"custom_text_{index}[suffix={_lark_string(form.separator + form.end)}]: /(.|\\n)*/")
+    rest = "call_rest: " + " | ".join(rests) + "\n" + "".join(f"{rule}\n" for rule in dict.fromkeys(rules))
+    names = ", ".join(str(tool.get("name")) for tool in tools)
+    if forced:
+        calls = "call" if not parallel else f"call ({sep} call)*"
+        lark = f"start: {calls}\ncall: {form.start_lark} call_rest\n{rest}"
+        grammar = _grammar_with(lark, subgrammars, param)
+        return _constraint(grammar, label=f"tool call ({names})", param=param)
+    grammar = _grammar_with(f"start: call_rest\n{rest}", subgrammars, param)
+    return _constraint(grammar, label=f"tool call ({names})", param=param, trigger=form.start, repeat=parallel)
+
+
+def _grammar_with(lark: str, subgrammars: Sequence[Mapping[str, str]], param: str) -> str:
+    """A Lark grammar and the grammars it refers to (`@name`), in llguidance's JSON form, checked."""
+    grammar = orjson.dumps({"grammars": [{"lark_grammar": lark}, *subgrammars]}).decode()
+    _validate(grammar, param)
+    return grammar
+
+
+def _regex_literal(regex: str) -> str:
+    """`regex` inside a Lark `/.../` literal: each `/` it does not escape already, escaped."""
+    out: list[str] = []
+    escaped = False
+    for char in regex:
+        out.append("\\/" if char == "/" and not escaped else char)
+        escaped = char == "\\" and not escaped
+    return "".join(out)
 
 
 def _call_schema(tool: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -10,6 +11,7 @@ from quart import g
 
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
+from courier.conversation.sealed import KEY_BYTES, ReasoningSeal
 from courier.conversation.turn import TurnServices
 from courier.core.failure_codes import FailureCode
 from courier.core.model_names import ServedNames
@@ -46,6 +48,8 @@ class AppContext:
     outboxes: Outboxes
     metrics: CourierMetrics
     capsules: CapsuleCodec
+    # Seals reasoning items for stateless clients (`include: ["reasoning.encrypted_content"]`).
+    seal: ReasoningSeal = field(default_factory=lambda: ReasoningSeal(secrets.token_bytes(KEY_BYTES)))
     responses: InFlightResponses = field(default_factory=InFlightResponses)
     api_keys: ApiKeys = field(default_factory=lambda: ApiKeys(()))
 

@@ -22,7 +22,8 @@ from courier.http.openai_requests import (
     MAX_TOP_LOGPROBS_CHAT,
     MIN_REPETITION_PENALTY,
 )
-from courier.http.responses.request import INCLUDABLE, MAX_METADATA_ENTRIES, MAX_SUMMARY_TOKENS
+from courier.http.responses.request import INCLUDABLE, MAX_METADATA_ENTRIES, MAX_SUMMARY_TOKENS, SUMMARIES
+from courier.http.responses.tools import NOT_OFFERED
 
 Schema = dict[str, Any]
 
@@ -122,7 +123,11 @@ _RESPONSES_TOOL_CHOICE = _nullable(
             {
                 "type": "object",
                 "required": ["type", "name"],
-                "properties": {"type": {"const": "function"}, "name": _FUNCTION_NAME},
+                "properties": {
+                    "type": {"enum": ["function", "custom"]},
+                    "name": _FUNCTION_NAME,
+                    "namespace": _nullable(_FUNCTION_NAME),
+                },
             },
         ]
     }
@@ -139,7 +144,7 @@ _CHAT_TOOL = {
         },
     },
 }
-_RESPONSES_TOOL = {
+_RESPONSES_FUNCTION_TOOL = {
     "type": "object",
     "required": ["type", "name"],
     "properties": {
@@ -147,6 +152,48 @@ _RESPONSES_TOOL = {
         "name": {"type": "string", "minLength": 1},
         "parameters": _nullable(_OBJECT),
     },
+}
+_CUSTOM_TOOL = {
+    "type": "object",
+    "required": ["type", "name"],
+    "properties": {
+        "type": {"const": "custom"},
+        "name": {"type": "string", "minLength": 1},
+        "description": _nullable(_TEXT),
+        "format": _nullable(
+            {
+                "anyOf": [
+                    {"type": "object", "required": ["type"], "properties": {"type": {"const": "text"}}},
+                    {
+                        "type": "object",
+                        "required": ["type", "syntax", "definition"],
+                        "properties": {
+                            "type": {"const": "grammar"},
+                            "syntax": {"enum": ["lark", "regex"]},
+                            "definition": {"type": "string", "pattern": "\\S"},
+                        },
+                    },
+                ]
+            }
+        ),
+    },
+}
+# Hosted tools are taken and left out of what the model is offered (http/responses/tools.py).
+_RESPONSES_TOOL = {
+    "anyOf": [
+        _RESPONSES_FUNCTION_TOOL,
+        _CUSTOM_TOOL,
+        {
+            "type": "object",
+            "required": ["type", "name", "tools"],
+            "properties": {
+                "type": {"const": "namespace"},
+                "name": {"type": "string", "minLength": 1},
+                "tools": {"type": "array", "minItems": 1, "items": {"anyOf": [_RESPONSES_FUNCTION_TOOL, _CUSTOM_TOOL]}},
+            },
+        },
+        {"type": "object", "required": ["type"], "properties": {"type": {"enum": sorted(NOT_OFFERED)}}},
+    ]
 }
 _CHAT_PART = {
     "oneOf": [
@@ -273,12 +320,33 @@ _INPUT_ITEM = {
         {
             "type": "object",
             "required": ["type", "call_id", "name", "arguments"],
-            "properties": {"type": {"const": "function_call"}, "call_id": _ID, "name": _ID, "arguments": _TEXT},
+            "properties": {
+                "type": {"const": "function_call"},
+                "call_id": _ID,
+                "name": _ID,
+                "arguments": _TEXT,
+                "namespace": _nullable(_ID),
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "name", "input"],
+            "properties": {
+                "type": {"const": "custom_tool_call"},
+                "call_id": _ID,
+                "name": _ID,
+                "input": _TEXT,
+                "namespace": _nullable(_ID),
+            },
         },
         {
             "type": "object",
             "required": ["type", "call_id", "output"],
-            "properties": {"type": {"const": "function_call_output"}, "call_id": _ID, "output": _TEXT},
+            "properties": {
+                "type": {"enum": ["function_call_output", "custom_tool_call_output"]},
+                "call_id": _ID,
+                "output": _TEXT,
+            },
         },
         {
             "type": "object",
@@ -292,7 +360,8 @@ _INPUT_ITEM = {
                 "type": {"const": "reasoning"},
                 "content": _nullable(_text_parts("reasoning_text")),
                 "summary": _nullable(_text_parts("summary_text")),
-                "encrypted_content": {"type": "null"},
+                # Only this server's seals are taken (a seal is `crs1.` and base64url).
+                "encrypted_content": _nullable({"type": "string", "pattern": "^crs1\\.[A-Za-z0-9_-]+$"}),
             },
         },
     ]
@@ -311,7 +380,10 @@ _RESPONSES_REQUEST = {
         "reasoning": _nullable(
             {
                 "type": "object",
-                "properties": {"effort": _nullable({"enum": list(REASONING_EFFORTS)}), "summary": {"type": "null"}},
+                "properties": {
+                    "effort": _nullable({"enum": list(REASONING_EFFORTS)}),
+                    "summary": _nullable({"enum": list(SUMMARIES)}),
+                },
             }
         ),
         "max_output_tokens": _POSITIVE,
@@ -445,6 +517,18 @@ def _operation(
 
 
 _GENERATION_ERRORS = (400, 404, 429, 500, 503, 504)
+_RESPONSES_WEBSOCKET: Schema = {
+    "operationId": "responsesWebSocket",
+    "summary": "The Responses WebSocket",
+    "description": (
+        'Upgraded to a WebSocket (`Upgrade: websocket`): each client message is `{"type": "response.create", ...}` '
+        "with a create's fields, answered with the stream's events as JSON texts; a refusal is an `error` event."
+    ),
+    "responses": {
+        "101": {"description": "Switching Protocols: the Responses WebSocket"},
+        "401": {"description": "An OpenAI error envelope", "content": {"application/json": {"schema": _ERROR}}},
+    },
+}
 _STREAMED = ("application/json", "text/event-stream")
 
 
@@ -490,7 +574,8 @@ def openapi_document(prefix: str = "") -> Schema:
                 body=_RESPONSES_REQUEST,
                 content_types=_STREAMED,
                 errors=(*_GENERATION_ERRORS, 422),
-            )
+            ),
+            "get": _RESPONSES_WEBSOCKET,
         },
         "/v1/responses/input_tokens": {
             "post": _operation(

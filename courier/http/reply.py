@@ -2,15 +2,18 @@
 
 The reasoning block comes off first (`core/reasoning.py`: markers are only looked for where the reply begins), then
 tool calls are taken out of what is left (`core/tool_calls.py`: text between call markers is held until the call
-closes). Chat Completions and the Responses API both read generations through this, streamed or whole.
+closes). Chat Completions and the Responses API both read generations through this, streamed or whole. A call to
+one of the request's custom tools (Responses) is read as its free-form input (`core/custom_tools.py`).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from courier.core import custom_tools
 from courier.core.reasoning import ReasoningFormat, ReasoningSplitter
 from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
 from courier.engine.generation import GenerationFinished, TokenLogprob, TokensGenerated
@@ -93,8 +96,20 @@ class ReplyAssembler:
         delta = self._split("", 0, finishing=True, cut=cut)
         self.logprobs.extend(self._undecided_logprobs)  # no block opened after all: they were the answer's
         self._undecided_logprobs = []
-        calls = parse_tool_calls(self._raw_calls, self._tool_format, self._parsing.tools)
-        return delta, self._parsing.output.kept_calls(calls)
+        return delta, self._parsing.output.kept_calls(self._parsed_calls())
+
+    def _parsed_calls(self) -> list[ToolCall]:
+        customs = {str(tool["name"]) for tool in self._parsing.output.functions if tool.get("type") == "custom"}
+        if not customs or self._tool_format is None:
+            return parse_tool_calls(self._raw_calls, self._tool_format, self._parsing.tools)
+        calls: list[ToolCall] = []
+        for raw in self._raw_calls:
+            custom = custom_tools.parse_call(raw, customs)
+            if custom is None:
+                calls += parse_tool_calls([raw], self._tool_format, self._parsing.tools)
+            else:
+                calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=custom[0], arguments=custom[1]))
+        return calls
 
     def _split(self, text: str, tokens: int, *, finishing: bool, cut: bool = False) -> ReplyDelta:
         reasoning = ""

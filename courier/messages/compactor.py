@@ -41,6 +41,9 @@ class CompactHistory(Request[CompactionResult]):
     session: str
     memo: FetchMemo | None = None  # images already read for this turn (automatic compaction): read once in all
     tenant: str = ""  # whose prompt-cache state the summary and the warm-up belong to
+    # Summarize the whole history, keeping only the user's messages verbatim (a client that asked for a compaction
+    # of everything: Codex's `compaction_trigger`, which keeps its user messages itself and drops the rest).
+    summarize_all: bool = False
 
 
 CompactorMessage: TypeAlias = CompactHistory

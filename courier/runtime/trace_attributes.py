@@ -33,3 +33,5 @@ GENERATION_DRAFTED_TOKENS = "courier.generation.drafted_tokens"
 GENERATION_ACCEPTED_TOKENS = "courier.generation.accepted_tokens"
 GENERATION_FORCED_TOKENS = "courier.generation.forced_tokens"
 GENERATION_FINISH_REASON = "courier.generation.finish_reason"
+# The tool types a Responses request declared that the model was not offered (hosted tools).
+TOOLS_NOT_OFFERED = "courier.tools.not_offered"

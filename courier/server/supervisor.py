@@ -76,7 +76,7 @@ from courier.runtime.tracing import configure_tracing
 from courier.server.client_watch import ClientGoneMiddleware, ConnectionWatch
 from courier.server.connection_cap import cap_for_open_files, install_connection_cap
 from courier.server.errors import ServerFailed
-from courier.server.keys import load_api_keys, load_capsule_codec
+from courier.server.keys import load_api_keys, load_capsule_codec, load_reasoning_seal
 from courier.server.prompt_cache import open_prompt_cache
 from courier.server.response_store import StoreNotOpened, open_response_store
 from courier.settings import Settings
@@ -184,6 +184,7 @@ class Supervisor:
             state=self._state,
             metrics=self._metrics,
             capsules=self._capsules,
+            seal=load_reasoning_seal(self._settings),
             api_keys=self._api_keys,
             outboxes=Outboxes(
                 token_counter=self._token_counter_send,

@@ -837,3 +837,27 @@ async def test_a_thinking_models_summary_is_its_answer_without_the_reasoning() -
     assert isinstance(reply, CompactionResult)
     assert UNSIGNED.decode(reply.compaction_item["encrypted_content"]).summary == SUMMARY
     assert ingress.kinds.count("AdmitGeneration") == 1  # judged by its answer's length: no retry
+
+
+def everything(reply: ReplyStream[CompactReply]) -> CompactHistory:
+    return replace(request(reply, keep_tokens=None), summarize_all=True)
+
+
+async def test_a_compaction_of_everything_summarizes_it_all_and_keeps_only_the_users_messages() -> None:
+    """`summarize_all` (Codex's `compaction_trigger`, whose client keeps its user messages and drops the rest): the
+    summary covers every item, and the capsule names the user's messages as the items shown after it."""
+    counter, ingress = Counter(count_characters), Ingress(admitting(lambda _: summary_events()))
+    async with running(compactor(counter.send, ingress.send), counter, ingress) as inbox:
+        result = await ask(inbox, everything)
+    assert isinstance(result, CompactionResult)
+    (admitted,) = [message for message in ingress.received if isinstance(message, AdmitGeneration)]
+    assert isinstance(admitted.prompt, ChatPrompt)
+    transcript = str(admitted.prompt.messages[0]["content"])
+    assert all(text in transcript for text in ("Ada", "Aurora", "Borealis", "Which ships passed?"))
+    capsule = UNSIGNED.decode(result.compaction_item["encrypted_content"])
+    assert capsule.retained == tuple(item_digest(item) for item in (U1, U2, U3, U4))
+    assert shown(result.context) == [
+        ("message", "system", "Rules."),
+        ("message", "assistant", SUMMARY_HEADER + SUMMARY),
+        *shown([U1, U2, U3, U4]),
+    ]

@@ -173,7 +173,7 @@ BAD_COMPACT_BODIES: list[tuple[dict[str, Any], str]] = [
     ({}, "input"),
     ({"input": "hi", "keep_tokens": 0}, "keep_tokens"),
     ({"input": "hi", "max_output_tokens": 16385}, "max_output_tokens"),
-    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": "hi", "tools": [{"type": "teleporter"}]}, "tools[0].type"),
 ]
 
 

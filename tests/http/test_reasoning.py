@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from openai.types.chat import ChatCompletionMessageParam
@@ -290,3 +291,77 @@ def test_an_unknown_item_type_is_still_refused(qwen: Served) -> None:
     response = qwen.http.post("/v1/responses", json=body)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "input[1].type"
+
+
+def test_a_reasoning_summary_is_served_as_summary_parts(qwen: Served) -> None:
+    """`reasoning.summary` (Codex asks for "auto"): the reasoning item carries a `summary_text` part, the reasoning
+    itself (nothing here is hidden, so nothing is condensed), and the stream has its summary events too."""
+    response = qwen.client.responses.create(model=MODEL, input=QUESTION, temperature=0, reasoning={"summary": "auto"})
+    reasoning = response.output[0]
+    assert reasoning.type == "reasoning"
+    assert [(part.type, part.text) for part in reasoning.summary] == [("summary_text", REASONING)]
+    assert reasoning.content is not None and reasoning.content[0].text == REASONING
+    assert response.reasoning is not None and response.reasoning.summary == "auto"
+    events = list(
+        qwen.client.responses.create(
+            model=MODEL, input=QUESTION, temperature=0, reasoning={"summary": "detailed"}, stream=True
+        )
+    )
+    summary_events = [event.type for event in events if "summary" in event.type]
+    assert summary_events[0] == "response.reasoning_summary_part.added"
+    assert summary_events[-2:] == ["response.reasoning_summary_text.done", "response.reasoning_summary_part.done"]
+    deltas = "".join(event.delta for event in events if event.type == "response.reasoning_summary_text.delta")
+    assert deltas == REASONING
+
+
+def test_sealed_reasoning_round_trips_without_storage(qwen: Served) -> None:
+    """`include: ["reasoning.encrypted_content"]` with `store: false`: the reasoning item comes sealed, and sent back
+    as Codex sends it (its summary and seal, no content) it reaches the model as the reasoning it was."""
+    first = qwen.client.responses.create(
+        model=MODEL,
+        input=QUESTION,
+        temperature=0,
+        store=False,
+        reasoning={"summary": "auto"},
+        include=["reasoning.encrypted_content"],
+    )
+    reasoning, message = first.output
+    assert reasoning.type == "reasoning" and message.type == "message"
+    assert reasoning.encrypted_content is not None and reasoning.encrypted_content.startswith("crs1.")
+    with pytest.raises(openai.NotFoundError):
+        qwen.client.responses.retrieve(first.id)
+    as_codex_sends = {"type": "reasoning", "summary": [], "encrypted_content": reasoning.encrypted_content}
+    in_clear = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": REASONING}]}
+
+    def history(item: dict[str, Any]) -> list[Any]:
+        return [{"role": "user", "content": QUESTION}, item, {"role": "assistant", "content": ANSWER}, *ASK]
+
+    counts = [
+        qwen.client.responses.input_tokens.count(model=MODEL, input=history(item)).input_tokens
+        for item in (as_codex_sends, in_clear)
+    ]
+    assert counts[0] == counts[1]
+    after = qwen.client.responses.create(
+        model=MODEL,
+        input=history(as_codex_sends),
+        store=False,
+        include=["reasoning.encrypted_content"],
+    )
+    assert after.status == "completed"
+
+
+def test_a_sealed_reasoning_item_altered_is_refused(qwen: Served) -> None:
+    first = qwen.client.responses.create(
+        model=MODEL, input=QUESTION, temperature=0, store=False, include=["reasoning.encrypted_content"]
+    )
+    reasoning = first.output[0]
+    assert reasoning.type == "reasoning" and reasoning.encrypted_content is not None
+    sealed = reasoning.encrypted_content
+    middle = len(sealed) // 2
+    altered = sealed[:middle] + ("A" if sealed[middle] != "A" else "B") + sealed[middle + 1 :]
+    item: dict[str, Any] = {"type": "reasoning", "summary": [], "encrypted_content": altered}
+    body = {"model": MODEL, "input": [{"role": "user", "content": QUESTION}, item], "store": False}
+    response = qwen.http.post("/v1/responses", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("input[1].encrypted_content", "invalid_encrypted_content")

@@ -1,4 +1,5 @@
-"""Server-sent events of a streamed response: `event:` and `data:` lines, each with the next `sequence_number`."""
+"""Events of a streamed response, each with the next `sequence_number`: `event:` and `data:` lines (server-sent
+events), or one JSON text each (the Responses WebSocket, which echoes the request's `stream_id` in every event)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ from courier.http.errors import ApiError
 
 
 class EventWriter:
-    def __init__(self) -> None:
+    def __init__(self, *, json_frames: bool = False, stream_id: str | None = None) -> None:
         self._sequence = 0
+        self._json_frames = json_frames
+        self._stream_id = stream_id
 
     def __call__(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
+        if self._stream_id is not None:
+            payload["stream_id"] = self._stream_id
+        if self._json_frames:
+            return orjson.dumps(payload)
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
     def error(self, error: ApiError) -> bytes:

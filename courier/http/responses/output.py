@@ -1,19 +1,42 @@
 """Generated text -> a response's output items: its reasoning, its visible text as it streams, tool calls once they
-are complete."""
+are complete.
+
+The reasoning item carries its text as `reasoning_text` content; with `reasoning.summary` asked for, as a
+`summary_text` part too (the text itself: the model's reasoning is not secret here, so its summary is the whole of
+it); with `include: ["reasoning.encrypted_content"]`, sealed in `encrypted_content` (`conversation/sealed.py`).
+Calls come back as the item their tool's type defines (`tools.py`): `function_call` (with its `namespace`) or
+`custom_tool_call`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from courier.conversation.items import function_call_item, message_item, reasoning_item, text_part
+from courier.conversation.items import message_item, reasoning_item, text_part
+from courier.conversation.sealed import ReasoningSeal
 from courier.core.tool_calls import ToolCall
 from courier.engine.generation import TokenLogprob
-from courier.http.reply import ReplyAssembler
+from courier.http.reply import ReplyAssembler, ReplyParsing
+from courier.http.responses.tools import ResponsesTools
 from courier.storage.records import JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemShapes:
+    """What a request asks of its output items beyond the text: its tools' call items, summaries, seals."""
+
+    tools: ResponsesTools = field(default_factory=ResponsesTools)
+    summary: bool = False
+    seal: ReasoningSeal | None = None
 
 
 class OutputAssembler(ReplyAssembler):
     """A reply read as a response's items."""
+
+    def __init__(self, parsing: ReplyParsing, shapes: ItemShapes | None = None) -> None:
+        super().__init__(parsing)
+        self.shapes = shapes or ItemShapes()
 
     @property
     def text(self) -> str:
@@ -30,6 +53,10 @@ class OutputAssembler(ReplyAssembler):
         item = reasoning_item(self.reasoning, status)
         if item_id is not None:
             item["id"] = item_id
+        if self.shapes.summary:
+            item["summary"] = [{"type": "summary_text", "text": self.reasoning}]
+        if self.shapes.seal is not None:
+            item["encrypted_content"] = self.shapes.seal.seal(self.reasoning)
         return item
 
     def output_items(
@@ -39,7 +66,7 @@ class OutputAssembler(ReplyAssembler):
         items = [self.reasoning_item(reasoning_id)] if self.reasoning else []
         if self.text or not (calls or self.reasoning):
             items.append(self.message(message_id))
-        return items + [function_call_item(call) for call in calls]
+        return items + [self.shapes.tools.call_item(call) for call in calls]
 
     def partial(self) -> list[JsonObject]:
         """What a cancelled or failed generation leaves: its reasoning and text so far, marked incomplete."""

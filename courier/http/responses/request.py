@@ -1,14 +1,17 @@
 """Validation of `/v1/responses` (and `/v1/responses/input_tokens`) bodies into a typed request.
 
 Each refusal is a 400 naming the offending `param`. Unknown fields are ignored;
-known features this server cannot honour (background mode, built-in tools,
-`truncation: auto`) are refused, never silently dropped.
+known features this server cannot honour (background mode, `truncation: auto`, forcing a hosted tool)
+are refused, never silently dropped. Hosted tools merely declared are left out of what the model is
+offered (`tools.py`), and the request's span lists them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from opentelemetry import trace
 
 from courier.conversation.request import CompactRequest, ResponsesRequest
 from courier.core.sampling_defaults import OPENAI, SamplingDefaults
@@ -26,10 +29,11 @@ from courier.http.openai_requests import (
     sampling_params,
     session_key,
 )
-from courier.http.responses.items import input_items
+from courier.http.responses.items import COMPACTION_TRIGGER, input_items
+from courier.http.responses.tools import ResponsesTools, forced_tool, responses_tools
 from courier.http.unsupported_fields import Unsupported, refuse_obfuscation, refuse_unsupported
 from courier.http.validation import optional_bool, optional_str
-from courier.storage.records import JsonObject
+from courier.runtime import trace_attributes
 
 MAX_METADATA_ENTRIES = 16
 MAX_METADATA_KEY = 64
@@ -53,11 +57,14 @@ def parse_responses_request(
     raw_input = body.get("input")
     if raw_input is None and previous is None and conversation is None:
         raise ApiError.invalid("'input' is required", param="input")
+    raw_input, compaction_requested = _compaction_trigger(raw_input)
     items = input_items(raw_input) if raw_input is not None else []
+    tools = _declared_tools(body.get("tools"))
     instructions = optional_str(body, "instructions") or None
     top_logprobs = int_in(body, "top_logprobs", 0, MAX_TOP_LOGPROBS_CHAT, 0)
     max_output_tokens = optional_positive_int(body, "max_output_tokens")
-    logprobs = _include(body.get("include")) or top_logprobs > 0
+    include = _include(body.get("include"))
+    logprobs = LOGPROBS_INCLUDE in include or top_logprobs > 0
     # Beyond OpenAI's fields, the sampling extensions chat takes (seed, stop, top_k, min_p, penalties, logit_bias).
     sampling = sampling_params(
         body, "max_output_tokens", logprobs=logprobs, top_logprobs=top_logprobs, defaults=defaults
@@ -67,8 +74,9 @@ def parse_responses_request(
         model=model_name(body),
         input_items=tuple(items),
         instructions=instructions,
-        tools=_tools(body.get("tools")),
-        output=refusing(lambda: _output(body)),
+        tools=tuple(body.get("tools") or ()),
+        offered_tools=tools.offered,
+        output=refusing(lambda: _output(body, tools)),
         sampling=sampling,
         max_output_tokens=max_output_tokens,
         metadata=parse_metadata(body.get("metadata")),
@@ -83,19 +91,58 @@ def parse_responses_request(
         cache_prompt=optional_bool(body, "cache_prompt", True),
         compact_threshold=_compact_threshold(body.get("context_management")),
         template_options=_template_options(body),
+        reasoning_summary=_reasoning_summary(body.get("reasoning")),
+        seal_reasoning=SEALED_INCLUDE in include,
+        compaction_requested=compaction_requested,
     )
 
 
+def _declared_tools(value: Any) -> ResponsesTools:
+    """`tools` as the model is offered them; the hosted tools left out are named on the request's span."""
+    tools = responses_tools(value)
+    if tools.not_offered:
+        trace.get_current_span().set_attribute(trace_attributes.TOOLS_NOT_OFFERED, list(tools.not_offered))
+    return tools
+
+
+def _compaction_trigger(value: Any) -> tuple[Any, bool]:
+    """An input that ends with `{"type": "compaction_trigger"}` asks for a compaction of everything before it
+    (Codex's remote compaction v2): the input without it, and whether it was there."""
+    if (
+        isinstance(value, list)
+        and value
+        and isinstance(value[-1], dict)
+        and value[-1].get("type") == COMPACTION_TRIGGER
+    ):
+        return value[:-1], True
+    return value, False
+
+
+SUMMARIES = ("auto", "concise", "detailed")
+
+
+def _reasoning_summary(value: Any) -> str | None:
+    """`reasoning.summary` (or the older `generate_summary`): served as summary parts by a reasoning model,
+    accepted by any other (it has no reasoning to summarize)."""
+    if not isinstance(value, dict):
+        return None
+    for key in ("summary", "generate_summary"):
+        summary = value.get(key)
+        if summary is None:
+            continue
+        if summary not in SUMMARIES:
+            raise ApiError.invalid(f"'reasoning.{key}' must be one of {', '.join(SUMMARIES)}", param=f"reasoning.{key}")
+        return str(summary)
+    return None
+
+
 def _template_options(body: Mapping[str, Any]) -> TemplateOptions:
-    """`reasoning: {"effort", "summary"}`: the effort maps onto the chat template's reasoning switch; summaries of
-    the reasoning are not produced, so asking for one is refused. `chat_template_kwargs` as on chat."""
+    """`reasoning: {"effort", "summary"}`: the effort maps onto the chat template's reasoning switch (the summary is
+    `_reasoning_summary`'s). `chat_template_kwargs` as on chat."""
     value = body.get("reasoning")
     if value is not None and not isinstance(value, dict):
         raise ApiError.invalid("'reasoning' must be an object", param="reasoning")
     value = value or {}
-    for key in ("summary", "generate_summary"):
-        if value.get(key) is not None:
-            raise ApiError.invalid("reasoning summaries are not supported", param=f"reasoning.{key}")
     try:
         effort = reasoning_effort(value.get("effort"), "reasoning.effort")
         kwargs = template_kwargs(body.get("chat_template_kwargs"))
@@ -104,14 +151,14 @@ def _template_options(body: Mapping[str, Any]) -> TemplateOptions:
     return TemplateOptions(kwargs=kwargs, reasoning_effort=effort, effort_param="reasoning.effort")
 
 
-# `include` values: what each asks for is sent anyway (the reasoning's text is in its `content`, in clear, which
-# round-trips as `encrypted_content` would; input images keep their URL), concerns tools this server refuses, or,
-# for logprobs, turns them on.
+# `include` values: logprobs turns them on; sealed reasoning seals each reasoning item (its text stays in `content`
+# too); the others are sent anyway (input images keep their URL) or concern hosted tools, which are never offered.
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+SEALED_INCLUDE = "reasoning.encrypted_content"
 INCLUDABLE = frozenset(
     {
         LOGPROBS_INCLUDE,
-        "reasoning.encrypted_content",
+        SEALED_INCLUDE,
         "message.input_image.image_url",
         "file_search_call.results",
         "web_search_call.results",
@@ -122,10 +169,10 @@ INCLUDABLE = frozenset(
 )
 
 
-def _include(value: Any) -> bool:
-    """`include`: whether it asks for the output text's logprobs. Values this server does not know are refused."""
+def _include(value: Any) -> frozenset[str]:
+    """`include`'s values. Values this server does not know are refused."""
     if value is None:
-        return False
+        return frozenset()
     if not isinstance(value, list):
         raise ApiError.invalid("'include' must be a list of strings", param="include")
     for index, entry in enumerate(value):
@@ -134,7 +181,7 @@ def _include(value: Any) -> bool:
                 f"include[{index}]: {str(entry)[:80]!r} is not supported; one of {sorted(INCLUDABLE)}",
                 param=f"include[{index}]",
             )
-    return LOGPROBS_INCLUDE in value
+    return frozenset(value)
 
 
 def _stream_options(value: Any) -> None:
@@ -167,7 +214,8 @@ def parse_compact_request(body: dict[str, Any]) -> CompactRequest:
         model=model_name(body),
         input_items=tuple(input_items(body["input"])),
         instructions=optional_str(body, "instructions") or None,
-        tools=_tools(body.get("tools")),
+        tools=tuple(body.get("tools") or ()),
+        offered_tools=_declared_tools(body.get("tools")).offered,
         max_output_tokens=int_in(body, "max_output_tokens", 1, MAX_SUMMARY_TOKENS, DEFAULT_SUMMARY_TOKENS),
         keep_tokens=keep_tokens,
         session=session_key(body, fallback_field="safety_identifier"),
@@ -203,12 +251,12 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
         raise ApiError.invalid("only one output per response is supported", param="n")
 
 
-def _output(body: Mapping[str, Any]) -> OutputSpec:
+def _output(body: Mapping[str, Any], tools: ResponsesTools) -> OutputSpec:
     return output_spec.spec(
         output_spec.responses_text_format(body.get("text")),
-        output_spec.tool_choice(body.get("tool_choice"), responses=True),
+        output_spec.tool_choice(forced_tool(body.get("tool_choice"), tools), responses=True),
         optional_bool(dict(body), "parallel_tool_calls", True),
-        body.get("tools") if isinstance(body.get("tools"), list) else None,
+        list(tools.offered),
         optional_positive_int(body, "max_tool_calls"),
     )
 
@@ -240,23 +288,3 @@ def _conversation_id(value: Any) -> str | None:
     if not isinstance(value, str) or not value:
         raise ApiError.invalid("'conversation' must be a conversation id or an object with one", param="conversation")
     return value
-
-
-def _tools(value: Any) -> tuple[JsonObject, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ApiError.invalid("'tools' must be a list", param="tools")
-    for index, tool in enumerate(value):
-        param = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            raise ApiError.invalid(f"{param} must be an object", param=param)
-        kind = tool.get("type")
-        if kind != "function":
-            message = f"{param}: tools of type {kind!r} are not supported; only 'function' tools"
-            raise ApiError.invalid(message, param=f"{param}.type")
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise ApiError.invalid(f"{param}.name must be a non-empty string", param=f"{param}.name")
-        if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
-            raise ApiError.invalid(f"{param}.parameters must be an object", param=f"{param}.parameters")
-    return tuple(value)

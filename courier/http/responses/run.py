@@ -20,7 +20,7 @@ back. A response whose recording had begun is never recorded twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import cast
@@ -45,7 +45,8 @@ from courier.http.context import AppContext
 from courier.http.reply import ReplyParsing, assemble, reply_parsing
 from courier.http.responses.events import EventWriter
 from courier.http.responses.in_flight import InFlightResponse
-from courier.http.responses.output import OutputAssembler, logprob_objects
+from courier.http.responses.output import ItemShapes, OutputAssembler, logprob_objects
+from courier.http.responses.tools import responses_tools
 from courier.messages.asking import Refused
 from courier.messages.generation_reader import GenerationCancelled, ended_without_result, generated_events
 from courier.storage.records import JsonObject
@@ -61,7 +62,7 @@ async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> 
     so does a failed store."""
     in_progress = response_object(turn.draft, Outcome(status=Status.IN_PROGRESS))
     with context.responses.running(turn.draft.id, in_progress, services.tenant) as entry:
-        assembler = OutputAssembler(_parsing(context, turn))
+        assembler = _assembler(context, turn)
         failure: Refused | None = None
         prefix = [turn.compaction_item] if turn.compaction_item else []
         try:
@@ -85,9 +86,20 @@ async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> 
     return recorded.response
 
 
+async def run_compaction(context: AppContext, services: TurnServices, plan: Plan) -> JsonObject:
+    """A turn whose input asked for a compaction (`compaction_trigger`): the response holds exactly one compaction
+    item, and nothing is generated after it. A failed compaction raises its error (nothing is replaced)."""
+    compacted = await compact(services, plan)
+    outcome = Outcome(status=Status.COMPLETED, output=[compacted.compaction_item], usage=compacted.usage)
+    recorded = await record(services, plan.draft, outcome, None)
+    if recorded.failure is not None:
+        raise Refused(recorded.failure)
+    return recorded.response
+
+
 async def run_streamed(
     context: AppContext, services: TurnServices, plan: Plan, turn: Turn | None, emit: EventWriter
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes]:
     """The full event sequence OpenAI clients expect, ending with the terminal event of the stored response.
 
     `turn` is None when an automatic compaction is due: it runs here, inside the stream. The stream may be closed, or
@@ -136,6 +148,13 @@ class _Stream:
             yield emit("response.compaction.compacting", item_id=item_id, output_index=0)
             try:
                 compacted = await compact(self._services, plan)
+                if plan.request.compaction_requested:  # the compaction is the whole answer
+                    item = {**compacted.compaction_item, "id": item_id}
+                    yield emit("response.output_item.done", output_index=0, item=item)
+                    done = Outcome(status=Status.COMPLETED, output=[item], usage=compacted.usage)
+                    final = (await self._record(done, None)).response
+                    yield emit(TERMINAL_EVENTS[Status(final["status"])], response=final)
+                    return
                 turn = await admit_turn(self._services, plan, compacted, compaction_id=item_id)
             except Refused as refused:
                 failed = await self._record(failed_outcome(refused.failure, []), None)
@@ -144,7 +163,7 @@ class _Stream:
             assert turn.compaction_item is not None
             self._prefix = [turn.compaction_item]
             yield emit("response.output_item.done", output_index=0, item=turn.compaction_item)
-        items = self._items = _StreamedItems(emit, len(self._prefix), OutputAssembler(_parsing(self._context, turn)))
+        items = self._items = _StreamedItems(emit, len(self._prefix), _assembler(self._context, turn))
         async with aclosing(self._generation(turn, items)) as chunks:
             async for chunk in chunks:
                 yield chunk
@@ -153,8 +172,8 @@ class _Stream:
         for chunk in items.close(self._generated.output):
             yield chunk
         for index, item in enumerate(outcome.output):
-            if item["type"] == "function_call":
-                for chunk in _function_call_events(emit, index, item):
+            if item["type"] in CALL_ITEMS:
+                for chunk in _call_events(emit, index, item):
                     yield chunk
         final = (await self._record(outcome, turn.rendered)).response
         yield emit(TERMINAL_EVENTS[Status(final["status"])], response=final)
@@ -220,7 +239,7 @@ class _Stream:
                 yield chunk
             if finished is None:
                 raise Refused(ended_without_result())
-            calls_output = [item for item in assembler.output_items(calls) if item["type"] == "function_call"]
+            calls_output = [item for item in assembler.output_items(calls) if item["type"] in CALL_ITEMS]
             output = items.finished() + calls_output
             self._generated = finished_outcome(finished, output, assembler.reasoning_tokens)
         except GenerationCancelled:
@@ -236,7 +255,7 @@ class _StreamedItems:
     def __init__(self, emit: EventWriter, first_index: int, assembler: OutputAssembler) -> None:
         self._emit = emit
         self.assembler = assembler
-        self._reasoning = _StreamedItem(emit, _REASONING)
+        self._reasoning = _StreamedItem(emit, _REASONING, summary=assembler.shapes.summary)
         self._message = _StreamedItem(emit, _MESSAGE)
         self._next_index = first_index
 
@@ -316,11 +335,13 @@ _REASONING = _ItemKind(
 
 
 class _StreamedItem:
-    """One item of a stream, with one content part: opened, its deltas, closed."""
+    """One item of a stream, with one content part (and, for reasoning whose summary was asked for, one summary
+    part beside it): opened, its deltas, closed."""
 
-    def __init__(self, emit: EventWriter, kind: _ItemKind) -> None:
+    def __init__(self, emit: EventWriter, kind: _ItemKind, *, summary: bool = False) -> None:
         self._emit = emit
         self._kind = kind
+        self._summary = summary
         self.id = new_id(kind.id_prefix)
         self._index = -1
         self.opened = False
@@ -330,39 +351,80 @@ class _StreamedItem:
         self.opened = True
         self._index = output_index
         item = {"id": self.id, **self._kind.started}
-        return [
+        chunks = [
             self._emit("response.output_item.added", output_index=self._index, item=item),
             self._emit("response.content_part.added", **self._where(), part=self._kind.part),
         ]
+        if self._summary:
+            part = {"type": "summary_text", "text": ""}
+            chunks.append(self._emit("response.reasoning_summary_part.added", **self._in_summary(), part=part))
+        return chunks
 
     def delta(self, text: str, logprobs: list[JsonObject]) -> list[bytes]:
         extra = {"logprobs": logprobs} if self._kind.with_logprobs else {}
-        return [self._emit(self._kind.delta_event, **self._where(), delta=text, **extra)]
+        chunks = [self._emit(self._kind.delta_event, **self._where(), delta=text, **extra)]
+        if self._summary:
+            chunks.append(self._emit("response.reasoning_summary_text.delta", **self._in_summary(), delta=text))
+        return chunks
 
     def close(self, item: JsonObject) -> list[bytes]:
         self.closed = True
         part = item["content"][0]
         extra = {"logprobs": part["logprobs"]} if self._kind.with_logprobs else {}
-        return [
+        chunks = [
             self._emit(self._kind.done_event, **self._where(), text=part["text"], **extra),
             self._emit("response.content_part.done", **self._where(), part=part),
-            self._emit("response.output_item.done", output_index=self._index, item=item),
         ]
+        if self._summary:
+            summary = item["summary"][0]
+            chunks.append(
+                self._emit("response.reasoning_summary_text.done", **self._in_summary(), text=summary["text"])
+            )
+            chunks.append(self._emit("response.reasoning_summary_part.done", **self._in_summary(), part=summary))
+        return [*chunks, self._emit("response.output_item.done", output_index=self._index, item=item)]
 
     def _where(self) -> dict[str, object]:
         return {"item_id": self.id, "output_index": self._index, "content_index": 0}
 
+    def _in_summary(self) -> dict[str, object]:
+        return {"item_id": self.id, "output_index": self._index, "summary_index": 0}
 
-def _function_call_events(emit: EventWriter, index: int, item: JsonObject) -> list[bytes]:
-    started = {**item, "status": "in_progress", "arguments": ""}
+
+CALL_ITEMS = ("function_call", "custom_tool_call")
+
+
+def _call_events(emit: EventWriter, index: int, item: JsonObject) -> list[bytes]:
+    """A complete call's events: a function's arguments, or a custom tool's input, in one delta."""
     where = {"item_id": item["id"], "output_index": index}
+    if item["type"] == "custom_tool_call":
+        started = {**item, "status": "in_progress", "input": ""}
+        middle = [
+            emit("response.custom_tool_call_input.delta", **where, delta=item["input"]),
+            emit("response.custom_tool_call_input.done", **where, input=item["input"]),
+        ]
+    else:
+        started = {**item, "status": "in_progress", "arguments": ""}
+        middle = [
+            emit("response.function_call_arguments.delta", **where, delta=item["arguments"]),
+            emit("response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]),
+        ]
     return [
         emit("response.output_item.added", output_index=index, item=started),
-        emit("response.function_call_arguments.delta", **where, delta=item["arguments"]),
-        emit("response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]),
+        *middle,
         emit("response.output_item.done", output_index=index, item=item),
     ]
 
 
 def _parsing(context: AppContext, turn: Turn) -> ReplyParsing:
     return reply_parsing(context.state, turn.admitted, turn.request.template_tools, turn.request.output)
+
+
+def _assembler(context: AppContext, turn: Turn) -> OutputAssembler:
+    """The reply's reader, shaping items as the request asked (its tools' call items, summaries, seals)."""
+    request = turn.request
+    shapes = ItemShapes(
+        tools=responses_tools(list(request.tools)),
+        summary=request.reasoning_summary is not None,
+        seal=context.seal if request.seal_reasoning else None,
+    )
+    return OutputAssembler(_parsing(context, turn), shapes)

@@ -13,7 +13,7 @@ from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
 from courier.http.listing import list_object, page_query, refuse_include
-from courier.http.responses.items import input_items
+from courier.http.responses.items import input_items, unsealed
 from courier.http.responses.request import parse_metadata
 from courier.messages.asking import Refused, call
 from courier.messages.storage import (
@@ -40,7 +40,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/conversations")
     async def create_conversation() -> JsonObject:
         body = await read_json_object()
-        items = _items(body.get("items"), required=False)
+        items = unsealed(context.seal, _items(body.get("items"), required=False), "items")
         conversation = StoredConversation(
             id=new_id("conv"), created_at=int(time.time()), metadata=parse_metadata(body.get("metadata"))
         )
@@ -105,7 +105,7 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/conversations/<conversation_id>/items")
     async def add_items(conversation_id: str) -> JsonObject:
         refuse_include(request.args)
-        items = _items((await read_json_object()).get("items"), required=True)
+        items = unsealed(context.seal, _items((await read_json_object()).get("items"), required=True), "items")
         if not await call(
             storage,
             lambda reply: AppendConversationItems(

@@ -1,9 +1,9 @@
-"""The Responses API: create (whole or streamed), retrieve, delete, cancel, input items and input token counts."""
+"""The Responses API: create (whole, streamed, or over the WebSocket), retrieve, delete, cancel, input items and input
+token counts, compact."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import anyio
 from quart import Blueprint, Response, request
@@ -12,14 +12,16 @@ from courier.conversation.ids import new_response_id
 from courier.conversation.turn import count_tokens, history_items, plan_turn, render, replayed, start_turn
 from courier.core.failure_codes import FailureCode
 from courier.http import unsupported_fields
-from courier.http.constrained import constrain
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
 from courier.http.listing import list_object, page_query
 from courier.http.responses.events import EventWriter
+from courier.http.responses.items import unsealed
+from courier.http.responses.prepare import prepared
 from courier.http.responses.request import parse_compact_request, parse_responses_request
-from courier.http.responses.run import run_streamed, run_whole
+from courier.http.responses.run import run_compaction, run_streamed, run_whole
+from courier.http.responses.websocket import serve_socket
 from courier.http.streaming import event_stream_response
 from courier.messages.asking import call
 from courier.messages.compactor import CompactHistory
@@ -33,16 +35,16 @@ CANCEL_WAIT_S = 30.0
 
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("responses", __name__)
+    _websocket(routes, context)
 
     @routes.post("/v1/responses")
     @routes.post("/responses")
     async def create_response() -> Response | JsonObject:
-        parsed = parse_responses_request(await read_json_object(), context.state.sampling_defaults)
-        context.require_ready()
-        context.require_model(parsed.model)
-        parsed = replace(parsed, sampling=await constrain(context, parsed.sampling, parsed.output))
+        parsed = await prepared(context, await read_json_object())
         services = context.turn_services()
         plan = await plan_turn(services, parsed)
+        if parsed.compaction_requested and not parsed.stream:
+            return await run_compaction(context, services, plan)
         if parsed.stream:
             # A due compaction runs inside the stream, so its progress can be streamed; otherwise admission
             # happens first and a refusal is a plain HTTP error.
@@ -60,7 +62,7 @@ def blueprint(context: AppContext) -> Blueprint:
         context.require_ready()
         context.require_model(parsed.model)
         services = context.turn_services()
-        items = [*await history_items(services, parsed), *parsed.input_items]
+        items = [*await history_items(services, parsed), *unsealed(context.seal, parsed.input_items)]
         rendered = render(services.capsules, parsed, items)
         return {"object": "response.input_tokens", "input_tokens": await count_tokens(services, parsed, rendered)}
 
@@ -70,7 +72,7 @@ def blueprint(context: AppContext) -> Blueprint:
         parsed = parse_compact_request(await read_json_object())
         context.require_ready()
         context.require_model(parsed.model)
-        shown = replayed(context.capsules, parsed.input_items, parsed.instructions)
+        shown = replayed(context.capsules, unsealed(context.seal, parsed.input_items), parsed.instructions)
         result = await call(
             context.outboxes.compactor,
             lambda reply: CompactHistory(
@@ -139,6 +141,13 @@ def blueprint(context: AppContext) -> Blueprint:
             raise ApiError.invalid(f"no input item with id '{query.after}' in this response", param="after") from None
 
     return routes
+
+
+def _websocket(routes: Blueprint, context: AppContext) -> None:
+    @routes.websocket("/v1/responses")
+    @routes.websocket("/responses")
+    async def responses_socket() -> Response | None:
+        return await serve_socket(context)
 
 
 async def _stored(context: AppContext, response_id: str) -> StoredResponse:
