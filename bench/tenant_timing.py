@@ -37,7 +37,16 @@ def system_prompt(tag: str, words: int) -> str:
     return f"You are assistant {tag}. " + " ".join(f"rule-{tag}-{number}" for number in range(words))
 
 
-async def first_token(client: openai.AsyncOpenAI, model: str, system: str, question: str, max_tokens: int) -> float:
+async def first_token(
+    client: openai.AsyncOpenAI,
+    model: str,
+    system: str,
+    question: str,
+    max_tokens: int,
+    *,
+    decoding: asyncio.Event | None = None,
+) -> float:
+    """Seconds to the first content delta (`decoding` is set then); the stream is read to its end."""
     sent = time.perf_counter()
     stream = await client.chat.completions.create(
         model=model,
@@ -50,6 +59,8 @@ async def first_token(client: openai.AsyncOpenAI, model: str, system: str, quest
     async for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter()
+            if decoding is not None:
+                decoding.set()
     return (first or time.perf_counter()) - sent
 
 
@@ -62,10 +73,15 @@ async def one_round(server: Server, name: str, index: int, args: argparse.Namesp
         openai.AsyncOpenAI(base_url=url, api_key=KEYS[0], max_retries=0) as a,
         openai.AsyncOpenAI(base_url=url, api_key=KEYS[1], max_retries=0) as b,
     ):
+        decoding = [asyncio.Event(), asyncio.Event()]
         owners = [
-            asyncio.create_task(first_token(a, model, secret, f"Question {n}.", args.owner_tokens)) for n in range(2)
+            asyncio.create_task(
+                first_token(a, model, secret, f"Question {n}.", args.owner_tokens, decoding=decoding[n])
+            )
+            for n in range(2)
         ]
-        await asyncio.sleep(args.settle_s)  # A's requests admitted and decoding
+        for event in decoding:  # A's requests prefilled and decoding: B's probes compete with decode steps only
+            await event.wait()
         order = ("guess", "miss") if index % 2 == 0 else ("miss", "guess")
         for kind in order:
             system = secret if kind == "guess" else system_prompt(f"x{index}", args.system_words)
@@ -106,8 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = cli.parser(__doc__)
     parser.add_argument("--rounds", type=cli.positive_int, default=6, help="rounds (6)")
     parser.add_argument("--system-words", type=cli.positive_int, default=200, help="system prompt words (200)")
-    parser.add_argument("--owner-tokens", type=cli.positive_int, default=64, help="tokens A's requests write (64)")
-    parser.add_argument("--settle-s", type=float, default=1.0, help="wait before B's probes (1.0 s)")
+    parser.add_argument("--owner-tokens", type=cli.positive_int, default=128, help="tokens A's requests write (128)")
     parser.add_argument("--bound", type=float, default=BOUND, help=f"least guess / miss TTFT ratio ({BOUND})")
     cli.add_baseline(parser)
     cli.add_results(parser)
