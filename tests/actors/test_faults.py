@@ -174,7 +174,7 @@ async def submit(inbox: Any, request_id: str, events: Any, vision: Any = None) -
 class BrokenLookups(SnapshotStore):
     """A store whose lookups break (a bug in the core): the actor holding it must not."""
 
-    def lookup(self, bucket: Bucket, session: str, tokens: Sequence[int]) -> Any:
+    def lookup(self, bucket: Bucket, session: str, tokens: Sequence[int], *, find_divergence: bool = False) -> Any:
         raise RuntimeError("broken index")
 
 
