@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bench import hostile
+from bench import hostile, hostile_tenants
 from bench.harness import cli
 from bench.harness.models import prepare_4bit_dir, tiny_model, tiny_vision_model
 from bench.harness.report import progress, table, write_json
@@ -156,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher = Launcher(bench="fuzz", cache_dir=cache_dir, log_dir=log_dir)
         model = tiny_model("llama", prepare_4bit_dir(cache_dir), cache_dir)
         servers = [run_server(launcher, "text", TEXT_MODEL, model, args, phases=args.phases)]
+        if "hostile" in args.phases and (args.families is None or "tenants" in args.families):
+            servers.append(run_server(launcher, "keyed", TEXT_MODEL, model, args, phases=["hostile"], keyed=True))
         if "hostile" in args.phases and args.vision:
             if (vision := tiny_vision_model(Path(scratch) / "tiny-vision")) is None:
                 progress("mlx-vlm is not installed: no vision server")
@@ -170,14 +172,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_server(
-    launcher: Launcher, name: str, served: str, model: Path, args: argparse.Namespace, *, phases: Sequence[str]
+    launcher: Launcher,
+    name: str,
+    served: str,
+    model: Path,
+    args: argparse.Namespace,
+    *,
+    phases: Sequence[str],
+    keyed: bool = False,
 ) -> FuzzedServer:
-    """Start a server for `model`, run `phases` against it, check its health, and stop it."""
-    flags = ("--request-timeout", str(args.request_timeout))
+    """Start a server for `model` (`keyed`: with API keys, for the tenants family), run `phases` against it, check its
+    health, and stop it."""
+    flags = ("--request-timeout", str(args.request_timeout), *(hostile_tenants.FLAGS if keyed else ()))
     server = launcher.server(ServerSpec(name=name, kind=COURIER, model_dir=model, served_name=served, flags=flags))
     run = FuzzedServer(name=name, command=server.record.command_text(), log_path=server.record.log_path)
     with server:
-        prober = Prober(server, served, args.request_timeout, vision=name == "vision")
+        api_key = hostile_tenants.OWNER if keyed else ""
+        prober = Prober(server, served, args.request_timeout, vision=name == "vision", api_key=api_key)
         if "schema" in phases:
             run.schema = schema_phase(server.base_url, args)
             run.schema_health = prober.health()
@@ -274,21 +285,26 @@ class Hung(Exception):
 class Prober:
     """Sends hostile cases to one server and judges each answer; keeps the ids of the records cases refer to."""
 
-    def __init__(self, server: Server, model: str, timeout: float, *, vision: bool) -> None:
+    def __init__(self, server: Server, model: str, timeout: float, *, vision: bool, api_key: str = "") -> None:
         self.server = server
         self.model = model
         self.timeout = timeout
         self.vision = vision
-        self.http = httpx.Client(base_url=server.base_url, timeout=timeout)
+        self.api_key = api_key  # the runner's own key on a server with keys: its fixtures and health checks
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self.http = httpx.Client(base_url=server.base_url, timeout=timeout, headers=headers)
+        self.anonymous = httpx.Client(base_url=server.base_url, timeout=timeout)
         self.fixtures: dict[str, str] = {}
 
     def close(self) -> None:
         self.http.close()
+        self.anonymous.close()
 
     def run_families(self, server_name: str, args: argparse.Namespace) -> list[FamilyRun]:
         self.prepare_fixtures()
         runs = []
-        for family, generate in hostile.all_families(self.model, args.seed, vision=self.vision).items():
+        families = hostile.all_families(self.model, args.seed, vision=self.vision, keyed=bool(self.api_key))
+        for family, generate in families.items():
             if args.families is not None and family not in args.families:
                 continue
             generated = generate()
@@ -318,6 +334,8 @@ class Prober:
             if self.server.poll() is not None:
                 break
         run.faults_counted = self.faults() - faults_before
+        if self.api_key:  # what other keys reached for is still the owner's, whole
+            answers += self.read_fixtures_back()
         run.health_after = self.health()  # which also gives the last answers' log lines time to arrive
         run.unattributed_log_errors = attribute_log(answers, self.server.lines[log_start:])
         for answer in answers:
@@ -328,7 +346,13 @@ class Prober:
         """The case's answer, then those of its follow-ups (when it was accepted)."""
         path = self.resolve(case.path)
         answer, body = self.exchange(
-            case.name, case.method, path, case.body, expect=case.expect, content_type=case.content_type
+            case.name,
+            case.method,
+            path,
+            self.resolve_body(case),
+            expect=case.expect,
+            content_type=case.content_type,
+            credentials=case.credentials,
         )
         answers = [answer]
         if case.follow_up is FollowUp.ORDINARY:  # whatever the answer: nothing it left behind may fail them
@@ -338,6 +362,21 @@ class Prober:
             if record_id is not None:
                 answers += self.follow_up(case, case.follow_up, record_id)
         return answers
+
+    def read_fixtures_back(self) -> list[Answer]:
+        answers = []
+        for path in ("/v1/responses/{response}", "/v1/conversations/{conversation}/items/{item}"):
+            answer, _ = self.exchange(f"the owner reads back {path}", "GET", self.resolve(path), None, expect=Expect.OK)
+            if answer.surprise is not None:  # another key's case removed or hid the owner's record
+                answer.problem, answer.surprise = answer.surprise, None
+            answers.append(answer)
+        return answers
+
+    def resolve_body(self, case: Case) -> bytes | None:
+        """A tenants case's body names the owner's records too; other bodies are sent byte for byte."""
+        if case.body is None or case.family != "tenants":
+            return case.body
+        return self.resolve(case.body.decode()).encode()
 
     def resolve(self, path: str) -> str:
         for name, value in self.fixtures.items():
@@ -379,8 +418,10 @@ class Prober:
         *,
         expect: Expect,
         content_type: str = "application/json",
+        credentials: str | None = None,
     ) -> tuple[Answer, bytes]:
-        """Send one request, read the whole answer within the timeout, and judge it."""
+        """Send one request (with `credentials`: None the runner's key, "" none, else that key), read the whole answer
+        within the timeout, and judge it."""
         answer = Answer(
             case=name,
             method=method,
@@ -394,7 +435,7 @@ class Prober:
         started = time.monotonic()
         content = b""
         try:
-            content, content_kind = self.read_answer(answer, method, path, body, content_type)
+            content, content_kind = self.read_answer(answer, method, path, body, content_type, credentials=credentials)
             judge(answer, content, content_kind, expect)
         except Hung:
             answer.problem = f"timeout: no whole answer within {self.timeout:g} s"
@@ -407,13 +448,16 @@ class Prober:
         return answer, content
 
     def read_answer(
-        self, answer: Answer, method: str, path: str, body: bytes | None, content_type: str
+        self, answer: Answer, method: str, path: str, body: bytes | None, content_type: str, *, credentials: str | None
     ) -> tuple[bytes, str]:
         deadline = time.monotonic() + self.timeout
         headers = {"traceparent": f"00-{answer.trace}-{uuid.uuid4().hex[:16]}-01"}
         if body is not None:
             headers["Content-Type"] = content_type
-        with self.http.stream(method, path, content=body, headers=headers) as response:
+        client = self.anonymous if credentials == "" else self.http
+        if credentials:
+            headers["Authorization"] = f"Bearer {credentials}"
+        with client.stream(method, path, content=body, headers=headers) as response:
             answer.status = response.status_code
             chunks = []
             for chunk in response.iter_bytes():

@@ -51,6 +51,8 @@ class Case:
     expect: Expect
     follow_up: FollowUp | None = None
     content_type: str = "application/json"
+    # The API key the case is sent with: None for the runner's own, "" for none at all.
+    credentials: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +111,13 @@ def sampling_cases(model: str) -> list[Case]:
     return cases(model)
 
 
-def all_families(model: str, seed: int, *, vision: bool) -> dict[str, Callable[[], list[Case]]]:
-    """Each family's generator for a server of `model` (`vision`: one that takes images)."""
+def all_families(model: str, seed: int, *, vision: bool, keyed: bool = False) -> dict[str, Callable[[], list[Case]]]:
+    """Each family's generator for a server of `model` (`vision`: one that takes images; `keyed`: one with API keys,
+    which gets the tenants family alone)."""
+    if keyed:
+        from bench.hostile_tenants import tenant_cases  # it imports this module's Case and encode
+
+        return {"tenants": lambda: tenant_cases(model)}
     if vision:
         return {
             "urls": lambda: url_cases(model, family_rng(seed, "urls"), vision=True),
