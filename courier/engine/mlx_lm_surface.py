@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -133,14 +134,20 @@ def surface_problems(surface: Iterable[Expectation] = SURFACE) -> list[str]:
     return problems
 
 
-def check_mlx_lm_surface(surface: Iterable[Expectation] = SURFACE) -> None:
-    """Raise `MlxLmSurfaceError` naming every piece of mlx-lm's private surface that is missing or changed."""
-    problems = surface_problems(surface)
+def check_mlx_lm_surface(surface: Iterable[Expectation] | None = None) -> None:
+    """Raise `MlxLmSurfaceError` naming every piece of mlx-lm's private surface that is missing or changed (SURFACE's
+    verdict is read once per process: mlx-lm does not change under a running server)."""
+    problems = list(_surface_verdict()) if surface is None else surface_problems(surface)
     if problems:
         raise MlxLmSurfaceError(
             f"mlx-lm {_installed_version()} does not have what Courier's engine relies on (tested: mlx-lm"
             f"{TESTED_MLX_LM}; install a tested release): " + "; ".join(problems)
         )
+
+
+@functools.cache
+def _surface_verdict() -> tuple[str, ...]:
+    return tuple(surface_problems(SURFACE))
 
 
 def _method(owner: type, name: str) -> Callable[..., Any] | None:

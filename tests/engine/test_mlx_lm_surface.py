@@ -14,6 +14,7 @@ from packaging.specifiers import SpecifierSet
 
 from courier.engine import mlx_lm_surface
 from courier.engine.mlx_lm_surface import (
+    SURFACE,
     TESTED_MLX_LM,
     Attributes,
     Fields,
@@ -80,7 +81,7 @@ def test_a_release_without_the_generation_batch_stops_start_up_naming_it(monkeyp
     monkeypatch.setattr(BatchGenerator, "__init__", renamed_init)
     monkeypatch.delattr(GenerationBatch, "extract_cache")
     with pytest.raises(MlxLmSurfaceError) as refused:
-        check_mlx_lm_surface()
+        check_mlx_lm_surface(SURFACE)  # read afresh (without an argument, the verdict is read once per process)
     message = str(refused.value)
     assert f"mlx-lm {metadata.version('mlx-lm')} does not have" in message
     assert "BatchGenerator.__init__ no longer sets _generation_batch" in message
