@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import openai
@@ -22,10 +23,30 @@ from courier.model.gguf_convert import ensure_converted  # noqa: E402
 from courier.model.progress import Progress  # noqa: E402
 from courier.model.source import embedded_gguf_path  # noqa: E402
 from courier.runtime.tracing import configure_tracing  # noqa: E402
-from tests.support import tiny_models  # noqa: E402
+from tests.support import tiny_models, tool_model  # noqa: E402
 from tests.support.postgres_cluster import PostgresCluster, private_cluster  # noqa: E402
-from tests.support.server import RunningServer  # noqa: E402
+from tests.support.server import TINY_MODEL, RunningServer, error_lines, running_server  # noqa: E402
 from tests.support.tiny_vision_model import build_tiny_vision_model  # noqa: E402
+
+# What end-to-end modules use to start servers (a `courier serve` subprocess, a local cluster, HAProxy): a test in
+# a module that imports one of these is marked `e2e`; one on the shared SmolLM2 server is marked `real_model` too.
+_PROCESS_STARTERS = ("tests.support.server", "tests.support.haproxy", "courier.cluster.local_cluster")
+
+
+def _starts_processes(module: ModuleType | None) -> bool:
+    return module is not None and any(
+        getattr(value, "__module__", None) in _PROCESS_STARTERS for value in vars(module).values()
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _starts_processes(getattr(item, "module", None)) or "tiny_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+        if "smollm2_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.real_model)
+
 
 _SPANS = InMemorySpanExporter()
 # The global tracer provider can be set once per process: this is the test suite's.
@@ -61,6 +82,13 @@ def tiny_qwen3_next_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture(scope="session")
+def tool_model_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama trained to call a tool in its template's own format (tests/support/tool_model.py): trained
+    once for the session."""
+    return tool_model.build_tool_model(smollm2_dir, tmp_path_factory.mktemp("tool-model"))
+
+
+@pytest.fixture(scope="session")
 def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight SmolVLM (needs mlx-vlm, the `vision` extra)."""
     pytest.importorskip("mlx_vlm")
@@ -76,7 +104,34 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
         yield cluster
 
 
-# A test module that starts a server defines its own module-scoped `server` fixture; these talk to it.
+def _shut_down_cleanly(server: RunningServer) -> None:
+    """A shared server's last check, run once every test using it is done (no test has to run last for it)."""
+    assert server.stop() == 0
+    assert not error_lines(server), "".join(error_lines(server))
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
+    """The default server on the tiny llama, as TINY_MODEL, started once and shared by every module that needs
+    nothing else (each module's `server` fixture returns it). Tests on it must not depend on each other: a test
+    that reads the prompt cache sends a prefix of its own, and counters are compared before and after."""
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", TINY_MODEL]
+    with running_server(args) as running:
+        yield running
+        _shut_down_cleanly(running)
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(cache_dir: Path) -> Iterator[RunningServer]:
+    """The default server on the embedded SmolLM2 (its default id, SmolLM2-135M-Instruct), shared likewise by the
+    real-model modules that need nothing else."""
+    with running_server(["--cache-dir", str(cache_dir)]) as running:
+        yield running
+        _shut_down_cleanly(running)
+
+
+# A test module that talks to a server defines a module-scoped `server` fixture (its own, or a shared one above);
+# these talk to it.
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> Iterator[openai.OpenAI]:
     """The official openai client, pointed at the module's server."""

@@ -165,7 +165,10 @@ HIKE = history(
 def server(cache_dir: Path) -> Iterator[RunningServer]:
     with running_server(["--cache-dir", str(cache_dir)]) as running:
         yield running
+        # When the module's tests are done: stopping the server reads its whole log, which must show a retry for
+        # each degenerate summary and no other.
         assert running.stop() == 0
+        assert [match.group(1) for line in running.lines if (match := RETRY.search(line))] == RETRIES
 
 
 def summary_of(item: dict[str, Any]) -> str:
@@ -213,10 +216,4 @@ def test_a_greedy_summary_that_copies_the_notes_back_is_retried(server: RunningS
 
 def test_a_history_whose_greedy_summary_is_usable_takes_one_pass(client: openai.OpenAI) -> None:
     summary = compact(client, HIKE)
-    assert "Ortisei" in summary  # plain greedy copies the names faithfully (the last test checks for no retry)
-
-
-def test_only_the_degenerate_summaries_were_retried(server: RunningServer) -> None:
-    """Runs last in this module: stopping the server reads its whole log."""
-    assert server.stop() == 0
-    assert [match.group(1) for line in server.lines if (match := RETRY.search(line))] == RETRIES
+    assert "Ortisei" in summary  # plain greedy copies the names faithfully (the server fixture checks: no retry)

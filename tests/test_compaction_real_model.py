@@ -46,6 +46,7 @@ def server(cache_dir: Path, trace_file: Path) -> Iterator[RunningServer]:
     with running_server(["--cache-dir", str(cache_dir), "--trace-file", str(trace_file)]) as running:
         yield running
         assert running.stop() == 0
+    the_compactor_traces_selection_counts_summary_and_capsule(trace_file)  # the server stopped: spans flushed
 
 
 def capsule_of(item: dict[str, Any]) -> dict[str, Any]:
@@ -134,9 +135,8 @@ def test_automatic_compaction_streams_its_item_then_the_answer(client: openai.Op
     assert follow.usage is not None and follow.usage.input_tokens < before
 
 
-def test_the_compactor_traces_selection_counts_summary_and_capsule(server: RunningServer, trace_file: Path) -> None:
-    """Runs last in this module: stopping the server flushes its spans."""
-    assert server.stop() == 0
+def the_compactor_traces_selection_counts_summary_and_capsule(trace_file: Path) -> None:
+    """Checked when the module's tests are done and its server stopped (stopping flushes the spans)."""
     spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()]
     by_id = {span["context"]["span_id"]: span for span in spans}
 

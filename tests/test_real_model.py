@@ -12,7 +12,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.support.server import running_server
+from tests.support.server import RunningServer, running_server
 
 pytestmark = pytest.mark.real_model
 
@@ -112,10 +112,10 @@ def test_default_server_serves_embedded_smollm2_and_traces_a_request(cache_dir: 
             assert span["context"]["trace_id"] == by_id[span["parent_id"]]["context"]["trace_id"]
 
 
-def test_responses_stream_and_chain_on_smollm2(cache_dir: Path) -> None:
+def test_responses_stream_and_chain_on_smollm2(smollm2_server: RunningServer) -> None:
     model = "SmolLM2-135M-Instruct"
     instructions = "You are a concise geography tutor. Answer in one short sentence that names the city. " * 2
-    with running_server(["--cache-dir", str(cache_dir)]) as server, server.openai_client() as client:
+    with smollm2_server.openai_client() as client:
         with client.responses.stream(
             model=model,
             instructions=instructions,
@@ -135,7 +135,6 @@ def test_responses_stream_and_chain_on_smollm2(cache_dir: Path) -> None:
             prompt_cache_key="geo",
         )
         stored = client.responses.retrieve(follow.id)
-        assert server.stop() == 0
     assert first.status == "completed"
     assert "Paris" in first.output_text
     assert follow.status == "completed" and follow.output_text

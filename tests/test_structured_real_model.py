@@ -7,9 +7,7 @@ tests are also the tool loop a user of the default model runs first.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +16,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer
 
 pytestmark = pytest.mark.real_model
 
@@ -125,9 +123,8 @@ class City(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(cache_dir: Path) -> Iterator[RunningServer]:
-    with running_server(["--cache-dir", str(cache_dir)]) as server:
-        yield server
+def server(smollm2_server: RunningServer) -> RunningServer:
+    return smollm2_server  # the session's shared default SmolLM2 server (tests/conftest.py)
 
 
 def structured(client: openai.OpenAI, name: str, schema: dict[str, Any]) -> tuple[str | None, str]:

@@ -53,7 +53,7 @@ def cluster(tiny_llama_dir: Path, cache_dir: Path, tmp_path_factory: pytest.Temp
 
 
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[openai.OpenAI]:
+def front(cluster: LocalCluster) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0, timeout=120) as front:
         yield front
 
@@ -66,10 +66,10 @@ def cache_hits(cluster: LocalCluster) -> dict[str, int]:
     return {name: httpx.get(f"{r.url}/v1/cache/stats").json()["snapshot_hits"] for name, r in cluster.replicas.items()}
 
 
-def chat_turn(client: openai.OpenAI, history: list[dict[str, str]], text: str, **key: str) -> tuple[str, int]:
+def chat_turn(front: openai.OpenAI, history: list[dict[str, str]], text: str, **key: str) -> tuple[str, int]:
     """One turn of a chat conversation (its reply appended to `history`): who served it, and its cached tokens."""
     history.append({"role": "user", "content": text})
-    raw = client.chat.completions.with_raw_response.create(
+    raw = front.chat.completions.with_raw_response.create(
         model=MODEL,
         messages=history,  # type: ignore[arg-type]
         max_tokens=4,
@@ -82,9 +82,9 @@ def chat_turn(client: openai.OpenAI, history: list[dict[str, str]], text: str, *
     return raw.headers[HEADER], completion.usage.prompt_tokens_details.cached_tokens or 0
 
 
-def response_turn(client: openai.OpenAI, text: str, **continuation: Any) -> tuple[str, int, str]:
+def response_turn(front: openai.OpenAI, text: str, **continuation: Any) -> tuple[str, int, str]:
     """One Responses turn: who served it, its cached tokens, its id."""
-    raw = client.responses.with_raw_response.create(
+    raw = front.responses.with_raw_response.create(
         model=MODEL, input=text, max_output_tokens=4, temperature=0, **continuation
     )
     response = raw.parse()
@@ -92,8 +92,8 @@ def response_turn(client: openai.OpenAI, text: str, **continuation: Any) -> tupl
     return raw.headers[HEADER], response.usage.input_tokens_details.cached_tokens, response.id
 
 
-def owner_of_key(client: openai.OpenAI, key: str) -> str:
-    return chat_turn(client, [], "Whose key is this?", prompt_cache_key=key)[0]
+def owner_of_key(front: openai.OpenAI, key: str) -> str:
+    return chat_turn(front, [], "Whose key is this?", prompt_cache_key=key)[0]
 
 
 def wait_until_refused(replica: ReplicaProcess) -> None:
@@ -122,7 +122,7 @@ def restarted_after(cluster: LocalCluster, name: str) -> Iterator[ReplicaProcess
 
 
 def test_twenty_conversations_stay_each_on_one_replica_and_turns_after_the_first_hit_its_cache(
-    cluster: LocalCluster, client: openai.OpenAI
+    cluster: LocalCluster, front: openai.OpenAI
 ) -> None:
     hits_before = cache_hits(cluster)
     served: dict[str, list[str]] = {}
@@ -131,15 +131,15 @@ def test_twenty_conversations_stay_each_on_one_replica_and_turns_after_the_first
         name = f"conversation-{number}"
         kind = ("prompt_cache_key", "user", "conversation", "previous_response_id")[number % 4]
         history: list[dict[str, str]] = []
-        conversation = client.conversations.create().id if kind == "conversation" else None
+        conversation = front.conversations.create().id if kind == "conversation" else None
         previous: str | None = None
         for turn in range(3):
             text = f"Turn {turn} of {name}: tell me about harbour number {number}."
             if kind in ("prompt_cache_key", "user"):
-                replica, cached = chat_turn(client, history, text, **{kind: name})
+                replica, cached = chat_turn(front, history, text, **{kind: name})
             else:
                 continuation = {"conversation": conversation} if conversation else {"previous_response_id": previous}
-                replica, cached, previous = response_turn(client, text, **continuation)
+                replica, cached, previous = response_turn(front, text, **continuation)
                 assert replica_of(previous) == replica
             served.setdefault(name, []).append(replica)
             if turn:
@@ -152,20 +152,20 @@ def test_twenty_conversations_stay_each_on_one_replica_and_turns_after_the_first
         assert hits_after[name] - hits_before[name] >= turns, (name, hits_before, hits_after, turns_after_first)
 
 
-def test_a_chain_continued_by_previous_response_id_alone_stays_on_its_replica(client: openai.OpenAI) -> None:
-    replica, _, previous = response_turn(client, "Start a chain with no other key.")
+def test_a_chain_continued_by_previous_response_id_alone_stays_on_its_replica(front: openai.OpenAI) -> None:
+    replica, _, previous = response_turn(front, "Start a chain with no other key.")
     for turn in range(4):
-        served, cached, previous = response_turn(client, f"Link {turn}.", previous_response_id=previous)
+        served, cached, previous = response_turn(front, f"Link {turn}.", previous_response_id=previous)
         assert (served, replica_of(previous)) == (replica, replica)
         assert cached > 0
-    retrieved = client.responses.with_raw_response.retrieve(previous)
+    retrieved = front.responses.with_raw_response.retrieve(previous)
     assert retrieved.headers[HEADER] == replica and retrieved.parse().id == previous
 
 
 def test_a_conversation_appended_from_two_replicas_at_once_keeps_every_turn_whole(
-    cluster: LocalCluster, client: openai.OpenAI
+    cluster: LocalCluster, front: openai.OpenAI
 ) -> None:
-    conversation = client.conversations.create().id
+    conversation = front.conversations.create().id
     writers = {name: replica_client(cluster.replicas[name]) for name in ("r1", "r2")}
     start = threading.Barrier(len(writers))
 
@@ -184,7 +184,7 @@ def test_a_conversation_appended_from_two_replicas_at_once_keeps_every_turn_whol
         written = dict(zip(writers, pool.map(write, writers), strict=True))
     for writer in writers.values():
         writer.close()
-    items = [item.model_dump() for item in client.conversations.items.list(conversation, order="asc", limit=100)]
+    items = [item.model_dump() for item in front.conversations.items.list(conversation, order="asc", limit=100)]
     assert len(items) == 2 * sum(len(turns) for turns in written.values())
     # Each turn is its input then its output, side by side: two replicas' appends never interleave.
     pairs = [(items[i]["content"][0]["text"], items[i + 1]["id"]) for i in range(0, len(items), 2)]
@@ -193,9 +193,9 @@ def test_a_conversation_appended_from_two_replicas_at_once_keeps_every_turn_whol
         assert [pair for pair in pairs if pair[0].startswith(name)] == turns  # in the order that writer wrote them
 
 
-def test_a_key_after_a_200_kb_body_is_still_routed_by_key(cluster: LocalCluster, client: openai.OpenAI) -> None:
+def test_a_key_after_a_200_kb_body_is_still_routed_by_key(cluster: LocalCluster, front: openai.OpenAI) -> None:
     key = "key-after-a-large-body"
-    owner = owner_of_key(client, key)
+    owner = owner_of_key(front, key)
     start = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
     # JSON's insignificant whitespace: the key sits 200 KB into a body the replica serves as usual.
     body = start[:-1] + b"," + b" " * 200_000 + b'"prompt_cache_key": "' + key.encode() + b'"}'
@@ -207,31 +207,31 @@ def test_a_key_after_a_200_kb_body_is_still_routed_by_key(cluster: LocalCluster,
 
 
 def test_kill_9_of_an_idle_owner_loses_nothing_and_its_keys_come_back(
-    cluster: LocalCluster, client: openai.OpenAI
+    cluster: LocalCluster, front: openai.OpenAI
 ) -> None:
     key = "killed-while-idle"
-    owner, _, first = response_turn(client, "A conversation about lighthouses.", prompt_cache_key=key)
-    _, _, second = response_turn(client, "Go on.", prompt_cache_key=key, previous_response_id=first)
+    owner, _, first = response_turn(front, "A conversation about lighthouses.", prompt_cache_key=key)
+    _, _, second = response_turn(front, "Go on.", prompt_cache_key=key, previous_response_id=first)
     with restarted_after(cluster, owner) as replica:
         replica.signal(signal.SIGKILL)
         assert replica.wait(30) == -signal.SIGKILL
-        served, _, third = response_turn(client, "And then?", prompt_cache_key=key, previous_response_id=second)
+        served, _, third = response_turn(front, "And then?", prompt_cache_key=key, previous_response_id=second)
         assert served != owner and replica_of(third) == served
-        chain = [client.responses.retrieve(acknowledged) for acknowledged in (first, second, third)]
+        chain = [front.responses.retrieve(acknowledged) for acknowledged in (first, second, third)]
         assert [response.previous_response_id for response in chain] == [None, first, second]
         tokens = [response.usage.input_tokens for response in chain if response.usage is not None]
         assert tokens == sorted(tokens) and len(set(tokens)) == 3  # each turn read the whole chain before it
-    assert owner_of_key(client, key) == owner
+    assert owner_of_key(front, key) == owner
 
 
 def test_kill_9_mid_stream_leaves_no_partial_record_and_the_chain_goes_on(
-    cluster: LocalCluster, client: openai.OpenAI
+    cluster: LocalCluster, front: openai.OpenAI
 ) -> None:
     key = "killed-mid-stream"
-    owner, _, acknowledged = response_turn(client, "A conversation about tides.", prompt_cache_key=key)
+    owner, _, acknowledged = response_turn(front, "A conversation about tides.", prompt_cache_key=key)
     events: list[dict[str, Any]] = []
     with restarted_after(cluster, owner) as replica:
-        with client.responses.with_streaming_response.create(
+        with front.responses.with_streaming_response.create(
             model=MODEL,
             input=GO_ON,
             prompt_cache_key=key,
@@ -252,14 +252,14 @@ def test_kill_9_mid_stream_leaves_no_partial_record_and_the_chain_goes_on(
         assert [event["type"] for event in events[:2]] == ["response.created", "response.in_progress"]
         assert "response.completed" not in {event["type"] for event in events}
         with pytest.raises(openai.NotFoundError):
-            client.responses.retrieve(events[0]["response"]["id"])
-        served, _, after = response_turn(client, "Again.", prompt_cache_key=key, previous_response_id=acknowledged)
-        assert served != owner and client.responses.retrieve(after).previous_response_id == acknowledged
+            front.responses.retrieve(events[0]["response"]["id"])
+        served, _, after = response_turn(front, "Again.", prompt_cache_key=key, previous_response_id=acknowledged)
+        assert served != owner and front.responses.retrieve(after).previous_response_id == acknowledged
 
 
-def test_sigterm_drains_its_replica_with_no_client_error(cluster: LocalCluster, client: openai.OpenAI) -> None:
+def test_sigterm_drains_its_replica_with_no_client_error(cluster: LocalCluster, front: openai.OpenAI) -> None:
     key = "drained"
-    owner = owner_of_key(client, key)
+    owner = owner_of_key(front, key)
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": GO_ON}],
@@ -277,7 +277,7 @@ def test_sigterm_drains_its_replica_with_no_client_error(cluster: LocalCluster, 
             replica.signal(signal.SIGTERM)
             wait_until_refused(replica)  # it has begun draining: its listener is closed
             # While it drains, the same key's new requests are answered by the others.
-            served, _ = chat_turn(client, [], "A new request during the drain.", prompt_cache_key=key)
+            served, _ = chat_turn(front, [], "A new request during the drain.", prompt_cache_key=key)
             assert served != owner
             finished = [line for line in lines if line.startswith("data: ")]
         assert replica.wait(60) == 0

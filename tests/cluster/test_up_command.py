@@ -18,9 +18,12 @@ import pytest
 from courier.cluster import front_process, local_postgres
 from tests.support.ports import free_port
 
-pytestmark = pytest.mark.skipif(
-    bool(reason := local_postgres.unavailable_reason() or front_process.unavailable_reason()), reason=reason or ""
-)
+pytestmark = [
+    pytest.mark.e2e,  # `courier cluster up` in a subprocess
+    pytest.mark.skipif(
+        bool(reason := local_postgres.unavailable_reason() or front_process.unavailable_reason()), reason=reason or ""
+    ),
+]
 
 MODEL = "tiny-llama"
 SUMMARY_END = "Ctrl-C stops everything."

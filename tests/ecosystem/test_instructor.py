@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer
 
 # scripts/dev.sh installs it without its dependencies' pins (see the dev extra in pyproject.toml); a plain
 # `pip install -e '.[dev]'` has no instructor.
@@ -70,10 +69,8 @@ class Exchanges:
 
 
 @pytest.fixture(scope="module")
-def server(cache_dir: Path) -> Iterator[RunningServer]:
-    with running_server(["--cache-dir", str(cache_dir)]) as running:
-        yield running
-        assert running.stop() == 0
+def server(smollm2_server: RunningServer) -> RunningServer:
+    return smollm2_server  # the session's shared default SmolLM2 server (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

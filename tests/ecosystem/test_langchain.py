@@ -9,7 +9,6 @@ Every request LangChain sends is recorded, and a failure shows the last one with
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -23,7 +22,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, SecretStr
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer
 
 pytestmark = pytest.mark.real_model
 
@@ -70,10 +69,8 @@ class Recorder:
 
 
 @pytest.fixture(scope="module")
-def server(cache_dir: Path) -> Iterator[RunningServer]:
-    with running_server(["--cache-dir", str(cache_dir)]) as running:
-        yield running
-        assert running.stop() == 0
+def server(smollm2_server: RunningServer) -> RunningServer:
+    return smollm2_server  # the session's shared default SmolLM2 server (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -29,7 +28,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer
 
 # Before LiteLLM is imported: it would otherwise fetch its model cost map from the internet at import.
 os.environ["LITELLM_OFFLINE_MODE"] = "true"  # every catalog and tokenizer LiteLLM fetches on its own
@@ -100,10 +99,8 @@ class Recorder(CustomLogger):
 
 
 @pytest.fixture(scope="module")
-def server(cache_dir: Path) -> Iterator[RunningServer]:
-    with running_server(["--cache-dir", str(cache_dir)]) as running:
-        yield running
-        assert running.stop() == 0
+def server(smollm2_server: RunningServer) -> RunningServer:
+    return smollm2_server  # the session's shared default SmolLM2 server (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer
 
 pytestmark = pytest.mark.real_model
 
@@ -64,10 +63,8 @@ class Exchanges:
 
 
 @pytest.fixture(scope="module")
-def server(cache_dir: Path) -> Iterator[RunningServer]:
-    with running_server(["--cache-dir", str(cache_dir)]) as running:
-        yield running
-        assert running.stop() == 0
+def server(smollm2_server: RunningServer) -> RunningServer:
+    return smollm2_server  # the session's shared default SmolLM2 server (tests/conftest.py)
 
 
 @pytest.fixture
@@ -76,7 +73,7 @@ def exchanges() -> Exchanges:
 
 
 @pytest.fixture
-def http(exchanges: Exchanges) -> Iterator[openai.DefaultHttpxClient]:
+def recorded(exchanges: Exchanges) -> Iterator[openai.DefaultHttpxClient]:
     with openai.DefaultHttpxClient(timeout=120, event_hooks=exchanges.hooks()) as client:
         yield client
 
@@ -114,13 +111,16 @@ def first_step(server: RunningServer) -> tuple[dict[str, Any], int]:
 
 
 def test_a_step_cut_inside_a_further_call_keeps_its_calls_and_no_marker_text(
-    server: RunningServer, http: openai.DefaultHttpxClient, exchanges: Exchanges, first_step: tuple[dict[str, Any], int]
+    server: RunningServer,
+    recorded: openai.DefaultHttpxClient,
+    exchanges: Exchanges,
+    first_step: tuple[dict[str, Any], int],
 ) -> None:
     sent, one_call = first_step
-    tools = list(ToolCallingAgent(tools=[WEATHER], model=model(server, http, 8)).tools.values())
+    tools = list(ToolCallingAgent(tools=[WEATHER], model=model(server, recorded, 8)).tools.values())
     for max_tokens in range(one_call + 1, one_call + 5):  # the separator, then the second call's marker
         answered = len(exchanges.answered)
-        message = model(server, http, max_tokens).generate(
+        message = model(server, recorded, max_tokens).generate(
             sent["messages"], stop_sequences=sent["stop"], tools_to_call_from=tools
         )
         (choice,) = exchanges.answered[answered]["choices"]
@@ -131,10 +131,15 @@ def test_a_step_cut_inside_a_further_call_keeps_its_calls_and_no_marker_text(
 
 
 def test_the_agent_runs_the_complete_call_of_a_cut_step(
-    server: RunningServer, http: openai.DefaultHttpxClient, exchanges: Exchanges, first_step: tuple[dict[str, Any], int]
+    server: RunningServer,
+    recorded: openai.DefaultHttpxClient,
+    exchanges: Exchanges,
+    first_step: tuple[dict[str, Any], int],
 ) -> None:
     _, one_call = first_step
-    agent = ToolCallingAgent(tools=[WEATHER], model=model(server, http, one_call + 3), max_steps=1, verbosity_level=-1)
+    agent = ToolCallingAgent(
+        tools=[WEATHER], model=model(server, recorded, one_call + 3), max_steps=1, verbosity_level=-1
+    )
     agent.run(TASK)
     step = agent.memory.steps[1]
     shown = f"{step!r}{evidence(server, exchanges)}"

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx_lm
 import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
@@ -25,6 +24,7 @@ from courier.engine.generation import (
     TokensGenerated,
 )
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill
+from tests.support import tiny_models
 from tests.support.faulty_model import FailingModel
 
 LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
@@ -32,8 +32,7 @@ LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
 
 @pytest.fixture(scope="module")
 def loaded(tiny_llama_dir: Path) -> tuple[Any, Any]:
-    model, tokenizer = mlx_lm.load(str(tiny_llama_dir))
-    return model, tokenizer
+    return tiny_models.load_float32(tiny_llama_dir)
 
 
 def request(name: str, max_tokens: int, prompt: tuple[int, ...] = (1, 2, 3, 4)) -> EngineRequest:
@@ -205,8 +204,7 @@ def shared_and_unshared(model: Any, tokenizer: Any, requests: list[EngineRequest
 
 @pytest.fixture(scope="module", params=["dense", "hybrid"])
 def family(request: pytest.FixtureRequest, tiny_llama_dir: Path, tiny_qwen3_next_dir: Path) -> tuple[Any, Any]:
-    model, tokenizer = mlx_lm.load(str(tiny_llama_dir if request.param == "dense" else tiny_qwen3_next_dir))
-    return model, tokenizer
+    return tiny_models.load_float32(tiny_llama_dir if request.param == "dense" else tiny_qwen3_next_dir)
 
 
 def test_a_burst_sharing_a_system_prompt_generates_what_it_would_alone(family: tuple[Any, Any]) -> None:

@@ -12,7 +12,6 @@ from typing import Any, cast
 
 import jsonschema
 import mlx.core as mx
-import mlx_lm
 import pytest
 
 from courier.core.snapshot_store import Origin
@@ -30,6 +29,7 @@ from courier.engine.generation import (
 from courier.engine.sampling import SeededSampler
 from courier.grammar.compiler import GrammarCompiler, build_tokenizer
 from courier.grammar.constraint import Constraint, json_schema, tool_calls
+from tests.support import tiny_models
 from tests.support.faulty_model import FailingModel
 from tests.support.grammar import FORM, VOCAB_SIZE, WEATHER
 
@@ -63,8 +63,7 @@ LONG = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9
 
 @pytest.fixture(scope="module")
 def loaded(tiny_llama_dir: Path) -> tuple[Any, Any]:
-    model, tokenizer = mlx_lm.load(str(tiny_llama_dir))
-    return model, tokenizer
+    return tiny_models.load_float32(tiny_llama_dir)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import mlx.core as mx
-import mlx_lm
 import pytest
 from mlx_lm.sample_utils import greedy_sampler, make_sampler
 
@@ -34,6 +33,7 @@ from courier.engine.sampling import (
     keep_top_p,
     probe,
 )
+from tests.support import tiny_models
 
 LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
 # log-probabilities of a 5-token vocabulary: 0.5, 0.25, 0.125, 0.0625, 0.0625
@@ -133,7 +133,7 @@ def test_a_probe_draws_without_moving_a_seeded_stream() -> None:
 
 @pytest.fixture(scope="module")
 def loaded(tiny_llama_dir: Path) -> tuple[Any, Any]:
-    return mlx_lm.load(str(tiny_llama_dir))  # type: ignore[no-any-return]
+    return tiny_models.load_float32(tiny_llama_dir)
 
 
 def request(name: str, **fields: Any) -> EngineRequest:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx_lm
 import pytest
 
 from courier.core.prompt_lookup import LookupLimits
@@ -28,6 +27,7 @@ from courier.grammar.constraint import json_schema
 from courier.model.loader import load_model
 from courier.model.progress import Progress
 from courier.model.source import resolve_model_source
+from tests.support import tiny_models
 from tests.support.faulty_model import FailingModel
 from tests.support.grammar import VOCAB_SIZE
 
@@ -96,8 +96,7 @@ def request(name: str, prompt: tuple[int, ...], max_tokens: int = 40, **sampling
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir: Path) -> tuple[Any, Any]:
-    model, tokenizer = mlx_lm.load(str(tiny_llama_dir))
-    return model, tokenizer
+    return tiny_models.load_float32(tiny_llama_dir)
 
 
 @pytest.fixture(scope="module")
@@ -300,6 +299,7 @@ def load(path):
 """
 
 
+@pytest.mark.real_model
 def test_smollm2_copying_code_is_token_identical_and_takes_fewer_steps(smollm2: tuple[Any, Any]) -> None:
     model, tokenizer = smollm2
     messages = [{"role": "user", "content": f"Return this code unchanged:\n```python\n{SOURCE}```"}]
@@ -329,6 +329,7 @@ ORDER = (
 )
 
 
+@pytest.mark.real_model
 def test_smollm2_json_echoing_its_input_drafts_values_and_forces_keys(smollm2: tuple[Any, Any]) -> None:
     model, tokenizer = smollm2
     grammars = GrammarCompiler(build_tokenizer(tokenizer._tokenizer, VOCAB_SIZE, tokenizer.eos_token_ids))

@@ -20,12 +20,6 @@ def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    with server.http() as client:
-        yield client
-
-
 def chat(content: str) -> bytes:
     return b'{"messages": [{"role": "user", "content": "' + content.encode() + b'"}]}'
 

@@ -2,32 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer
 
 QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me a story about a lighthouse."}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", "tiny-llama"]
-    with running_server(args) as running:
-        yield running
-        assert running.stop() == 0
+def server(tiny_server: RunningServer) -> RunningServer:
+    return tiny_server  # the session's shared default server (tests/conftest.py)
 
 
 def greedy(
-    client: openai.OpenAI, max_tokens: int, *, stop: list[str] | None = None, top_logprobs: int | None = None
+    client: openai.OpenAI,
+    max_tokens: int,
+    *,
+    stop: list[str] | None = None,
+    top_logprobs: int | None = None,
+    messages: list[ChatCompletionMessageParam] = QUESTION,
 ) -> ChatCompletion:
     return client.chat.completions.create(
         model="tiny-llama",
-        messages=QUESTION,
+        messages=messages,
         max_tokens=max_tokens,
         temperature=0,
         stop=stop,
@@ -37,7 +36,9 @@ def greedy(
 
 
 def test_chat_completion_has_openai_shape_and_usage(client: openai.OpenAI) -> None:
-    completion = greedy(client, 6)
+    # Opening with a system prompt no other test sends (the server is shared): none of it is in the prompt cache.
+    system: ChatCompletionMessageParam = {"role": "system", "content": "Shape and usage of a chat completion."}
+    completion = greedy(client, 6, messages=[system, *QUESTION])
     choice = completion.choices[0]
     assert completion.object == "chat.completion"
     assert completion.id.startswith("chatcmpl-")

@@ -29,18 +29,6 @@ def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
         assert running.stop() == 0
 
 
-@pytest.fixture
-def client(server: RunningServer) -> Iterator[openai.OpenAI]:
-    with server.openai_client() as client:
-        yield client
-
-
-@pytest.fixture
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    with server.http() as client:
-        yield client
-
-
 def test_chat_choices_are_indexed_and_the_prompt_counted_once(client: openai.OpenAI) -> None:
     one = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=6, temperature=0)
     three = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=6, temperature=1, seed=3, n=3)

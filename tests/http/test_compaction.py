@@ -33,12 +33,6 @@ def server(tiny_llama_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempP
         yield running
 
 
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    with server.http() as client:
-        yield client
-
-
 def user(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": text}
 

@@ -11,16 +11,17 @@ with instructions of its own, so no other test's prompt can share their prefix.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from quart.typing import TestClientProtocol as QuartClient
 
-from tests.support.server import RunningServer, running_server
+from tests.support.app import validating_app
+from tests.support.server import TINY_MODEL, RunningServer
 
-MODEL = "tiny"
+MODEL = TINY_MODEL
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 RESPONSES = "/v1/responses"
@@ -38,11 +39,8 @@ FUNCTION = {
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server(args) as running:
-        yield running
-        assert running.stop() == 0
+def server(tiny_server: RunningServer) -> RunningServer:
+    return tiny_server  # the session's shared default server (tests/conftest.py)
 
 
 def body_for(path: str, fields: dict[str, Any]) -> dict[str, Any]:
@@ -231,11 +229,32 @@ def _refusal_id(case: Any) -> str:
     return f"{path.removeprefix('/v1/')}-{param}-{'+'.join(fields)}"
 
 
+@pytest.fixture
+def app() -> Iterator[QuartClient]:
+    """The app in-process: each refusal is decided while the body is validated, before any actor is asked."""
+    with validating_app(MODEL) as client:
+        yield client
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize(("path", "fields", "param"), REFUSED, ids=[_refusal_id(case) for case in REFUSED])
-def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(
-    http: httpx.Client, path: str, fields: dict[str, Any], param: str
+async def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(
+    app: QuartClient, path: str, fields: dict[str, Any], param: str
 ) -> None:
-    assert_refused(http.post(path, json=body_for(path, fields)), param)
+    reply = await app.post(path, json=body_for(path, fields))
+    body = await reply.get_json()
+    assert reply.status_code == 400, body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["param"] == param, body
+    assert body["error"]["message"]
+
+
+def test_a_real_server_refuses_as_the_app_does(http: httpx.Client) -> None:
+    """The first refusal of each route again, through the shared server."""
+    cases = [case.values if hasattr(case, "values") else case for case in REFUSED]
+    firsts = {path: (fields, param) for path, fields, param in reversed(cases)}
+    for path, (fields, param) in firsts.items():
+        assert_refused(http.post(path, json=body_for(path, fields)), param)
 
 
 def test_the_model_field_names_itself_on_every_route(http: httpx.Client) -> None:

@@ -7,22 +7,19 @@ kept a two-token request behind it waiting for tens of seconds.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.server import RunningServer, serving
+from tests.support.server import TINY_MODEL, RunningServer
 
-MODEL = "tiny-llama"
+MODEL = TINY_MODEL
 HUGE = "All work and no play makes a dull model. " * (12 * 1024 * 1024 // 41)  # 12 MiB, under the 32 MiB body limit
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    with serving(tiny_llama_dir, cache_dir, MODEL) as running:
-        yield running
+def server(tiny_server: RunningServer) -> RunningServer:
+    return tiny_server  # the session's shared default server (tests/conftest.py)
 
 
 def test_a_small_request_is_answered_while_a_huge_one_is_refused(server: RunningServer) -> None:

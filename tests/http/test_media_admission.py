@@ -31,12 +31,7 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tiny_llama_dir: Path, cache_dir: Path, trace_file: Path) -> Iterator[RunningServer]:
     with serving(tiny_llama_dir, cache_dir, MODEL, "--max-images", "3", "--trace-file", str(trace_file)) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    with server.http() as client:
-        yield client
+    a_refused_request_traces_admission_and_no_fetch(trace_file)  # the server stopped: its spans are flushed
 
 
 def image_part(url: str) -> dict[str, Any]:
@@ -132,9 +127,8 @@ def test_a_malformed_image_url_is_refused_while_the_body_is_validated(
     assert sum(media.requests.values()) == 0
 
 
-def test_a_refused_request_traces_admission_and_no_fetch(server: RunningServer, trace_file: Path) -> None:
-    """Runs last in this module: stopping the server flushes its spans."""
-    assert server.stop() == 0
+def a_refused_request_traces_admission_and_no_fetch(trace_file: Path) -> None:
+    """Checked when the module's tests are done and its server stopped (stopping flushes the spans)."""
     spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()]
     by_id = {span["context"]["span_id"]: span for span in spans}
     names = [span["name"] for span in spans]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,21 +19,14 @@ from courier.settings import Settings
 from courier.status.metrics import CourierMetrics
 from courier.status.scheduler_stats import SchedulerStats
 from courier.status.service_state import ServiceState
-from tests.support.server import RunningServer, serving
+from tests.support.server import TINY_MODEL, RunningServer
 
-MODEL = "tiny-llama"
-
-
-@pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    with serving(tiny_llama_dir, cache_dir, MODEL) as running:
-        yield running
+MODEL = TINY_MODEL
 
 
 @pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    with server.http() as client:
-        yield client
+def server(tiny_server: RunningServer) -> RunningServer:
+    return tiny_server  # the session's shared default server (tests/conftest.py)
 
 
 def test_the_served_document_is_openapi_3_1(http: httpx.Client) -> None:

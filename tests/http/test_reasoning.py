@@ -49,16 +49,27 @@ def _serve(model_dir: Path, cache_dir: Path) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def qwen(smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """Thinks as Qwen3 does: the reply opens the block."""
-    yield from _serve(think_model.build_think_model(smollm2_dir, tmp_path_factory.mktemp("think")), cache_dir)
+def think_weights(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Trained once for both flavours: they differ only in their chat template."""
+    return think_model.train_think_model(smollm2_dir, tmp_path_factory.mktemp("think-training"))
 
 
 @pytest.fixture(scope="module")
-def r1(smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """Thinks as DeepSeek-R1 does: the generation prompt opens the block, the reply only closes it."""
-    model_dir = think_model.build_think_model(smollm2_dir, tmp_path_factory.mktemp("think-r1"), opens_block=True)
+def qwen(
+    smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, think_weights: dict[str, Any]
+) -> Iterator[Served]:
+    """Thinks as Qwen3 does: the reply opens the block."""
+    model_dir = think_model.build_think_model(smollm2_dir, tmp_path_factory.mktemp("think"), think_weights)
     yield from _serve(model_dir, cache_dir)
+
+
+@pytest.fixture(scope="module")
+def r1(
+    smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, think_weights: dict[str, Any]
+) -> Iterator[Served]:
+    """Thinks as DeepSeek-R1 does: the generation prompt opens the block, the reply only closes it."""
+    out_dir = tmp_path_factory.mktemp("think-r1")
+    yield from _serve(think_model.build_think_model(smollm2_dir, out_dir, think_weights, opens_block=True), cache_dir)
 
 
 def _extra(model: Any) -> dict[str, Any]:

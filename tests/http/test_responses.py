@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,9 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from tests.support.server import RunningServer, running_server, serving
+from tests.support.server import TINY_MODEL, RunningServer, running_server
 
-MODEL = "tiny-llama"
+MODEL = TINY_MODEL
 # Long enough (> --prompt-cache-min-prefix tokens) that a turn's history is worth caching.
 INSTRUCTIONS = (
     "You are a careful assistant for a lighthouse keeper on a remote island. Answer briefly, name the tools you "
@@ -25,9 +24,8 @@ GENERATION_PROMPT_TOKENS = 3
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    with serving(tiny_llama_dir, cache_dir, MODEL) as running:
-        yield running
+def server(tiny_server: RunningServer) -> RunningServer:
+    return tiny_server  # the session's shared default server (tests/conftest.py)
 
 
 def test_create_returns_a_stored_response_in_openai_shape(client: openai.OpenAI) -> None:

@@ -6,25 +6,20 @@ and filters that keep only the top token (top_k 1, min_p 1) must reproduce greed
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import TINY_MODEL, RunningServer
 
-MODEL = "tiny"
+MODEL = TINY_MODEL
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server(args) as running:
-        yield running
-        assert running.stop() == 0
+def server(tiny_server: RunningServer) -> RunningServer:
+    return tiny_server  # the session's shared default server (tests/conftest.py)
 
 
 def tokens(http: httpx.Client, **fields: Any) -> list[int]:

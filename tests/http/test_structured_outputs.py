@@ -4,20 +4,20 @@ no tools, so Courier's generic tool format), the official openai client and plai
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
 from courier.grammar.constraint import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
-from tests.support.server import RunningServer, running_server
+from tests.support.server import TINY_MODEL, RunningServer
 
-MODEL = "tiny"
+MODEL = TINY_MODEL
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Describe the weather as JSON."}]
 # Bounded: whatever random weights pick, a reply ends within ~30 tokens.
 WEATHER_SCHEMA: dict[str, Any] = {
@@ -53,11 +53,8 @@ RESPONSES_TOOL: Any = {"type": "function", **TOOL["function"]}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server(args) as running:
-        yield running
-        assert running.stop() == 0
+def server(tiny_server: RunningServer) -> RunningServer:
+    return tiny_server  # the session's shared default server (tests/conftest.py)
 
 
 def deep(containers: int) -> dict[str, Any]:
@@ -237,8 +234,9 @@ JSON_OBJECT_SEEDS = range(32)
 
 def test_json_object_replies_that_finish_are_objects(client: openai.OpenAI) -> None:
     reasons = []
-    for seed in JSON_OBJECT_SEEDS:
-        completion = chat(client, {"type": "json_object"}, seed=seed)
+    with ThreadPoolExecutor(max_workers=len(JSON_OBJECT_SEEDS)) as pool:  # sent together: one batch decodes them
+        completions = list(pool.map(lambda seed: chat(client, {"type": "json_object"}, seed=seed), JSON_OBJECT_SEEDS))
+    for completion in completions:
         choice = completion.choices[0]
         content = choice.message.content or ""
         reasons.append(choice.finish_reason)
@@ -302,9 +300,8 @@ def test_a_stop_string_still_cuts_a_constrained_reply(client: openai.OpenAI) -> 
 
 
 def test_completions_with_a_json_object_format(client: openai.OpenAI) -> None:
-    finished = 0
-    for seed in JSON_OBJECT_SEEDS:
-        completion = client.completions.create(
+    def complete(seed: int) -> Completion:
+        return client.completions.create(
             model=MODEL,
             prompt="A JSON object:",
             max_tokens=64,
@@ -312,6 +309,11 @@ def test_completions_with_a_json_object_format(client: openai.OpenAI) -> None:
             seed=seed,
             extra_body={"response_format": {"type": "json_object"}},
         )
+
+    finished = 0
+    with ThreadPoolExecutor(max_workers=len(JSON_OBJECT_SEEDS)) as pool:  # sent together: one batch decodes them
+        completions = list(pool.map(complete, JSON_OBJECT_SEEDS))
+    for completion in completions:
         choice = completion.choices[0]
         assert choice.text.startswith("{")
         if choice.finish_reason == "stop":

@@ -47,17 +47,10 @@ class Served:
 
 @pytest.fixture(scope="module", params=["native", "generic"])
 def served(
-    request: pytest.FixtureRequest,
-    smollm2_dir: Path,
-    tiny_llama_dir: Path,
-    cache_dir: Path,
-    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest, tool_model_dir: Path, tiny_llama_dir: Path, cache_dir: Path
 ) -> Iterator[Served]:
     """The trained tool model (its template's own `<tool_call>` format) or the tiny llama (generic mode)."""
-    if request.param == "native":
-        model_dir = tool_model.build_tool_model(smollm2_dir, tmp_path_factory.mktemp("tool-model"))
-    else:
-        model_dir = tiny_llama_dir
+    model_dir = tool_model_dir if request.param == "native" else tiny_llama_dir
     args = ["--model", str(model_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
     with running_server(args) as server, server.openai_client() as client, server.http() as http:
         yield Served(server, client, http, request.param)

@@ -12,7 +12,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from tests.support import tool_model
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer, serving
 
 MODEL = "tool-model"
 TOOLS: list[ChatCompletionToolParam] = [tool_model.TOOL]  # type: ignore[list-item]
@@ -20,13 +20,9 @@ QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": tool_m
 
 
 @pytest.fixture(scope="module")
-def client(smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    model_dir = tool_model.build_tool_model(smollm2_dir, tmp_path_factory.mktemp("tool-model"))
-    args = ["--model", str(model_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    server: RunningServer
-    with running_server(args) as server, server.openai_client() as client:
-        yield client
-        assert server.stop() == 0
+def server(tool_model_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
+    with serving(tool_model_dir, cache_dir, MODEL) as running:
+        yield running
 
 
 def test_tool_call_round_trip(client: openai.OpenAI) -> None:

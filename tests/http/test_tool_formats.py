@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.support import tool_format_models
-from tests.support.server import running_server
+from tests.support.server import RunningServer, serving
 from tests.support.tool_format_models import CITIES, QUESTION
 from tests.support.tool_model import TOOL
 
@@ -25,15 +25,13 @@ FLAT_TOOL: dict[str, Any] = {"type": "function", **TOOL["function"]}
 
 
 @pytest.fixture(scope="module", params=sorted(tool_format_models.FORMATS))
-def client(
+def server(
     request: pytest.FixtureRequest, smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[openai.OpenAI]:
+) -> Iterator[RunningServer]:
     family = str(request.param)
     model_dir = tool_format_models.build_tool_format_model(smollm2_dir, tmp_path_factory.mktemp(family), family)
-    args = ["--model", str(model_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server(args) as server, server.openai_client() as client:
-        yield client
-        assert server.stop() == 0
+    with serving(model_dir, cache_dir, MODEL) as running:
+        yield running
 
 
 def _cities(calls: list[Any]) -> list[str]:

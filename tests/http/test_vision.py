@@ -58,17 +58,7 @@ def server(tiny_vision_dir: Path, cache_dir: Path, media_root: Path, trace_file:
     flags += ["--max-image-memory-bytes", str(IMAGE_MEMORY)]
     with serving(tiny_vision_dir, cache_dir, MODEL, *flags) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> openai.OpenAI:
-    return server.openai_client()
-
-
-@pytest.fixture(scope="module")
-def http(server: RunningServer) -> Iterator[httpx.Client]:
-    with server.http() as session:
-        yield session
+    an_admitted_request_traces_admission_then_fetch_then_render(trace_file)  # the server stopped: spans flushed
 
 
 def png(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
@@ -394,9 +384,8 @@ def test_an_automatically_compacted_turn_reads_each_image_once(http: httpx.Clien
     assert media.requests["/image.png"] == before + 1
 
 
-def test_an_admitted_request_traces_admission_then_fetch_then_render(server: RunningServer, trace_file: Path) -> None:
-    """Runs last in this module: stopping the server flushes its spans."""
-    assert server.stop() == 0
+def an_admitted_request_traces_admission_then_fetch_then_render(trace_file: Path) -> None:
+    """Checked when the module's tests are done and its server stopped (stopping flushes the spans)."""
     spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()]
     children: dict[str, list[dict[str, Any]]] = {}
     for span in spans:

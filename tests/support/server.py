@@ -24,6 +24,10 @@ import openai
 
 LISTENING = re.compile(r"listening on (http://\S+)")
 READY = re.compile(r"\bready: ")
+# A log line at level ERROR (cli.py's format: "<date> <time> LEVEL logger: message"), or an uncaught traceback.
+ERROR_LINE = re.compile(r"^\S+ \S+ (ERROR|CRITICAL) |^Traceback ")
+# The served model names of the session's shared servers (tests/conftest.py).
+TINY_MODEL = "tiny-llama"
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 
@@ -81,6 +85,11 @@ class RunningServer:
         code = self.process.wait(timeout=timeout)
         self._reader.join(timeout)
         return code
+
+
+def error_lines(server: RunningServer) -> list[str]:
+    """The log lines of `server` at level ERROR or above, and the first lines of uncaught tracebacks."""
+    return [line for line in server.lines if ERROR_LINE.search(line)]
 
 
 def server_command(args: Sequence[str]) -> list[str]:

@@ -7,8 +7,9 @@ and `enable_thinking=false` closes an empty block in the generation prompt. Gree
 1. QUESTION, thinking on  -> `<think>\\nREASONING\\n</think>\\n\\nANSWER`, then `<|im_end|>`;
 2. QUESTION, thinking off -> ANSWER (the template's empty block precedes it);
 
-`build_think_model(..., opens_block=True)` writes the DeepSeek-R1 flavour of the same weights: its generation
-prompt ends with `<think>\\n`, so the reply starts inside the block and only `</think>` appears in it.
+`train_think_model` trains the weights once; `build_think_model(..., opens_block=True)` writes the DeepSeek-R1
+flavour of them: its generation prompt ends with `<think>\\n`, so the reply starts inside the block and only
+`</think>` appears in it.
 """
 
 from __future__ import annotations
@@ -68,11 +69,11 @@ def question() -> list[dict[str, Any]]:
     return [{"role": "user", "content": QUESTION}]
 
 
-def build_think_model(tokenizer_dir: Path, out_dir: Path, *, opens_block: bool = False) -> Path:
-    """Write the trained model to `out_dir` (loadable by `mlx_lm.load`) and return `out_dir`."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _write_tokenizer(tokenizer_dir, out_dir, chat_template(opens_block=False))
-    tokenizer = load_tokenizer(out_dir, eos_token_ids=[scripted_model.EOS_TOKEN_ID])
+def train_think_model(tokenizer_dir: Path, work_dir: Path) -> dict[str, mx.array]:
+    """The trained weights, shared by both flavours (`build_think_model` writes each): trained once."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    _write_tokenizer(tokenizer_dir, work_dir, chat_template(opens_block=False))
+    tokenizer = load_tokenizer(work_dir, eos_token_ids=[scripted_model.EOS_TOKEN_ID])
     assert tokenizer.has_thinking, "mlx-lm must see the <think> tokens"
     script = [
         (_prompt_tokens(tokenizer, thinking=True), REPLY),
@@ -83,8 +84,17 @@ def build_think_model(tokenizer_dir: Path, out_dir: Path, *, opens_block: bool =
     ]
     weights = scripted_model.train(examples, vocab_size=VOCAB_SIZE)
     scripted_model.check(weights, CONFIG, tokenizer, script)
+    return weights
+
+
+def build_think_model(
+    tokenizer_dir: Path, out_dir: Path, weights: dict[str, mx.array], *, opens_block: bool = False
+) -> Path:
+    """Write the model with `weights` (from `train_think_model`) to `out_dir` (loadable by `mlx_lm.load`) and
+    return `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_tokenizer(tokenizer_dir, out_dir, chat_template(opens_block=opens_block))
     if opens_block:  # the same weights: the R1 prompt is the Qwen3 prompt plus the reply's first tokens
-        _write_tokenizer(tokenizer_dir, out_dir, chat_template(opens_block=True))
         tokenizer = load_tokenizer(out_dir, eos_token_ids=[scripted_model.EOS_TOKEN_ID])
         opened = _prompt_tokens(tokenizer, thinking=True)
         scripted_model.check(weights, CONFIG, tokenizer, [(opened, REPLY.removeprefix(f"{THINK_START}\n"))])
