@@ -6,6 +6,7 @@ The imports are late: the tiny models import MLX, which must come after the benc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 def build_tiny(kind: str, tokenizer_dir: Path, target: Path) -> Path:
@@ -40,3 +41,10 @@ def png_header(width: int, height: int) -> bytes:
     from tests.support.media_server import png_header as header
 
     return header(width, height)
+
+
+def hostile_grammars() -> Any:
+    """tests/support/hostile_grammars.py: the hostile grammar requests, the small chat, the wide-window tiny llama."""
+    from tests.support import hostile_grammars
+
+    return hostile_grammars

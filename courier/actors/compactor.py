@@ -5,7 +5,11 @@ into segments where a cut may fall, counts each through the token counter (the
 same render as `/v1/responses/input_tokens`), selects what to keep
 (`conversation/selection.py`), asks the ingress for a summary generation (greedy, no
 tools, thinking off) like any request, and replies `CompactionResult` with the
-capsule, or `RequestFailed`. A summary that degenerates (its tail loops, or it
+capsule, or `RequestFailed`. The summary is bounded by construction: a grammar of at most
+`MAX_LINES` bullet lines and a budget of characters proportional to the tokens it replaces
+(`grammar/summary.py`), compiled here in a worker thread. A history that all fits
+`keep_tokens` gets its one compaction item too, with no summary and every item retained.
+A summary that degenerates (its tail loops, or it
 is no shorter than the history it replaces; `conversation/summary_guard.py`)
 is retried once with a repetition penalty; a loop is stopped as soon as it shows,
 so it does not run on to `max_output_tokens`. The failures: 400
@@ -35,6 +39,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import cast
 
+import anyio.to_thread
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.conversation.capsule import Capsule, CapsuleCodec, item_digest
@@ -58,6 +63,10 @@ from courier.conversation.warm_up import warm_up_next_turn
 from courier.core.failure_codes import FailureCode
 from courier.core.reasoning import ReasoningFormat, ReasoningSplitter
 from courier.engine.generation import FinishReason, GenerationFinished, RequestId, SamplingParams, TokensGenerated
+from courier.grammar.compiler import GrammarCompiler
+from courier.grammar.constraint import Constraint
+from courier.grammar.summary import PARAM as SUMMARY_PARAM
+from courier.grammar.summary import summary_chars, summary_constraint
 from courier.messages.asking import Refused, call
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage, CompactReply
@@ -112,9 +121,11 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         *,
         images: ImageAdmission,
         reasoning: ReasoningFormat | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         super().__init__()
         self._reasoning = reasoning  # a thinking model's summary is its answer, not its reasoning
+        self._grammars = grammars  # the summary's grammar is compiled here, off the MLX thread
         self._token_counter = token_counter
         self._ingress = ingress
         self._codec = codec
@@ -153,13 +164,14 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
                 }
             )
         summarized = [item for index in selection.summarized for item in parts[index]]
-        if not summarized:
-            raise Refused(_invalid("nothing to compact: the whole history is kept verbatim", "input"))
         summarized_tokens = sum(costs[index] for index in selection.summarized)
         retained = [item for index in selection.retained for item in parts[index]]
         if message.summarize_all:
             retained = [item for item in history if item["type"] == "message" and item["role"] == "user"]
-        summary, finished = await self._summarize(summarized, summarized_tokens, message, memo)
+        if summarized:
+            summary, finished = await self._summarize(summarized, summarized_tokens, message, memo)
+        else:  # all of it fits `keep_tokens`: the one compaction item keeps every item, with no summary
+            summary, finished = "", GenerationFinished(reason=FinishReason.STOP, prompt_tokens=0, completion_tokens=0)
         with tracer().start_as_current_span("compactor.capsule") as span:
             capsule = Capsule(summary=summary, retained=tuple(item_digest(item) for item in retained))
             compaction_item = {
@@ -219,11 +231,11 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             messages=summary_messages(items), tools=None, thinking=False, images=images, names=MessageNames.BUILT
         )
         deadline = time.monotonic() + self._limits.timeout_s  # one deadline for every pass
+        constraint = await self._summary_grammar(history_tokens, message.max_output_tokens)
         passes: list[SummaryPass] = []
         for attempt in range(len(PASS_PENALTIES)):
-            done = await self._summary_pass(
-                prompt, pass_sampling(message.max_output_tokens, attempt), message, memo, deadline
-            )
+            sampling = dataclasses.replace(pass_sampling(message.max_output_tokens, attempt), constraint=constraint)
+            done = await self._summary_pass(prompt, sampling, message, memo, deadline)
             passes.append(done)
             judged = verdict(done.text, done.finished.reason, done.summary_tokens, history_tokens)
             if not judged.degenerate:
@@ -247,6 +259,14 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
                 raise Refused(_unusable(f"the summary was cut at max_output_tokens ({message.max_output_tokens})"))
             case Verdict.EMPTY:
                 raise Refused(_unusable("the model wrote an empty summary"))
+
+    async def _summary_grammar(self, history_tokens: int, max_tokens: int) -> Constraint | None:
+        """The grammar bounding the summary (`grammar/summary.py`), compiled off the MLX thread; None when the model
+        cannot serve grammars, or reasons (a template may open a reasoning block the grammar would not let close)."""
+        if self._grammars is None or self._reasoning is not None:
+            return None
+        grammars, constraint = self._grammars, summary_constraint(summary_chars(history_tokens, max_tokens))
+        return await anyio.to_thread.run_sync(lambda: grammars.compile(constraint, SUMMARY_PARAM))
 
     async def _summary_pass(
         self, prompt: ChatPrompt, sampling: SamplingParams, message: CompactHistory, memo: FetchMemo, deadline: float

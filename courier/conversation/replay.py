@@ -1,7 +1,7 @@
 """Replaying a compacted history: what the model sees when the items hold a compaction capsule.
 
 Everything before the newest capsule, except system and developer messages, is
-replaced by the capsule's summary (as an assistant message) followed by the
+replaced by the capsule's summary (as an assistant message; none when it is empty) followed by the
 retained items (found by digest among the items before it: as many as the capsule
 lists each digest, the newest that match, so an item sent twice shows once). Items
 after the capsule follow as sent. Exactly repeated system/developer messages,
@@ -53,9 +53,11 @@ def replay(
         if taken[digest] < len(chosen[digest]):
             retained.append(chosen[digest][taken[digest]])
             taken[digest] += 1
-    summary = message_item("assistant", [text_part("output_text", SUMMARY_HEADER + capsule.summary)])
+    # A capsule of a history that all fit `keep_tokens` has no summary: its retained items are the whole of it.
+    text = SUMMARY_HEADER + capsule.summary
+    summary = [message_item("assistant", [text_part("output_text", text)])] if capsule.summary else []
     kept = [item for item in before if is_instruction(item)]
-    return without_repeated_instructions([*kept, summary, *retained, *after], instructions)
+    return without_repeated_instructions([*kept, *summary, *retained, *after], instructions)
 
 
 def without_repeated_instructions(items: Sequence[JsonObject], instructions: str | None) -> list[JsonObject]:

@@ -116,5 +116,5 @@ def finished_outcome(finished: GenerationFinished, output: Sequence[JsonObject],
 
 
 def failed_outcome(failure: RequestFailed, output: Sequence[JsonObject]) -> Outcome:
-    code = failure.code or "server_error"
-    return Outcome(status=Status.FAILED, output=output, error={"code": code, "message": failure.message})
+    error = {"code": failure.failure_code, "message": failure.message}
+    return Outcome(status=Status.FAILED, output=output, error=error)

@@ -13,10 +13,11 @@ from courier.conversation.chat_content import IMAGE_PART, chat_content, text_par
 from courier.conversation.items import image_urls, message_text
 from courier.storage.records import JsonObject
 
+# The summary is written as bullet lines (its grammar, `grammar/summary.py`, holds it to them): asked for as such.
 SUMMARY_REQUEST = (
-    "Summarize the conversation above in a few sentences, so that it can be continued from your summary alone. "
-    "Keep the user's goals and constraints, the decisions made, the progress so far, open questions, and every "
-    "name, number and identifier exactly as written."
+    "Summarize the conversation above as a short list of bullet points, one line each starting with '- ', so "
+    "that it can be continued from your summary alone. Keep the user's goals and constraints, the decisions made, "
+    "the progress so far, open questions, and every name, number and identifier exactly as written."
 )
 
 

@@ -1,7 +1,8 @@
 """The machine-readable reason of every failure the server answers with: `error.code` in OpenAI's envelope.
 
 One enum for all of them, so control flow compares members rather than strings and
-a client-facing code is spelled in one place. A `StrEnum`: it serializes, formats
+a client-facing code is spelled in one place. Every error envelope carries one (`http/errors.py` gives a failure
+raised without its own the status's), never `null`. A `StrEnum`: it serializes, formats
 and compares as its value (`FailureCode.SHUTTING_DOWN == "shutting_down"`).
 """
 
@@ -12,7 +13,9 @@ from enum import StrEnum
 
 class FailureCode(StrEnum):
     # The request itself
+    INVALID_REQUEST = "invalid_request"  # a 400 with no more particular code: `param` names the field
     INVALID_JSON = "invalid_json"
+    INVALID_IMAGE_URL = "invalid_image_url"  # an image part whose URL cannot be read (to a vision model)
     INVALID_API_KEY = "invalid_api_key"
     INSUFFICIENT_PERMISSIONS = "insufficient_permissions"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"

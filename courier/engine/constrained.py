@@ -1,33 +1,38 @@
-"""Constrained sequences in the batch: grammar masks on the logits, filled for the whole batch at once.
+"""Constrained sequences in the batch: grammar masks on the logits, filled off the MLX thread with a bounded wait.
 
 mlx-lm's generation batch calls, each step, every sequence's logits processors (with the tokens so far) and then
 every sequence's sampler. A constrained sequence gets one of each from a `ConstrainedSequence`: the processor reads
-the token it generated last step and advances its grammar matcher (host side, no mask yet); the first sampler
-called in the step fills the masks of every sequence that advanced, in one llguidance call (`MaskFiller`), and
-each sampler then keeps its row's allowed tokens (renormalised where top_p needs it) and samples as asked (temperature,
+the token it generated last step, advances its grammar matcher (host side) and starts filling its mask on a worker
+thread (`MaskFiller`), so a step's masks are computed together, beside the
+forward pass; the first sampler called in the step waits for them, each for at most `FILL_BUDGET_S`, and each
+sampler then keeps its row's allowed tokens (renormalised where top_p needs it) and samples as asked (temperature,
 top_p, seed). An unconstrained sequence has neither, so a batch without constraints runs exactly as before.
 
 A triggered constraint (a tool call in `auto` mode) leaves text free until the trigger (the call's start marker)
 appears in the output; from there the grammar holds until the call is complete, then text is free again, or, when
 only one call is allowed, the output ends. A grammar that cannot go on ends the output at once and says so
 (`failure`): a matcher in error (past a limit llguidance meets only while parsing, such as a row of more than
-`max_items_in_row` items, or a token it refuses after a replay gone wrong) or a mask that allows nothing. The
+`max_items_in_row` items, or a token it refuses after a replay gone wrong), a mask that allows nothing, or a mask
+not ready within the step budget. The
 engine then reports the reply as cut (`finish_reason: "length"`), never as a stop with partial text.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
 from enum import Enum
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from llguidance import LLExecutor, LLMatcher
-from llguidance.numpy import fill_next_token_bitmask_par
+from llguidance import LLMatcher
+from llguidance.numpy import fill_next_token_bitmask
 from mlx_lm.sample_utils import greedy_sampler
 
 from courier.engine.generated_tokens import GeneratedTokens
@@ -39,45 +44,107 @@ logger = logging.getLogger(__name__)
 
 Sampler = Callable[[mx.array], mx.array]
 RECENT_FILLS = 4096
+# The longest a step waits for one sequence's mask, from when its fill started; a sequence whose mask is later ends,
+# cut. llguidance's limits (`grammar/constraint.py`: lexer fuel and Earley items per step) hold a mask to about 20 ms
+# of work, so this is only met by a machine starved of CPU; it bounds what one grammar can add to a step.
+FILL_BUDGET_S = 0.25
+# The most a step spends finding the tokens a sequence's grammar forces (`forced_after`): each candidate takes a
+# mask. Those not found in time are sampled like any other token, under the mask, in the next steps: lossless.
+FORCE_BUDGET_S = 0.02
+FILL_WORKERS = max(1, min(8, os.cpu_count() or 1))  # masks filled at once (llguidance computes a mask in one thread)
 
 
 class MaskFiller:
-    """One bitmask row per constrained sequence; rows that are due are filled together, once per step."""
+    """Each constrained sequence's next mask, filled off the MLX thread, with a bounded wait.
 
-    def __init__(self, vocab_size: int, rows: int) -> None:
+    A row's fill starts on a worker thread as soon as its grammar has read the step's token (`due`, from the
+    logits processor), so the masks of a step are computed together, beside the forward pass. The first sampler of
+    the step waits for them (`row`), each at most `budget_s` from when it started: a mask still not ready then is
+    not waited for, and its sequence ends, cut (llguidance's limits bound a mask to tens of milliseconds, so only
+    a pathological grammar on a starved machine gets there). A fill that is given up finishes on its own and is
+    dropped; each fill writes into an array of its own, so nothing it holds is reused meanwhile.
+    """
+
+    def __init__(self, vocab_size: int, rows: int, *, budget_s: float = FILL_BUDGET_S) -> None:
         self.vocab_size = vocab_size
+        self.budget_s = budget_s
         self._words = (vocab_size + 31) // 32
-        self._bitmask = np.full((max(1, rows), self._words), -1, dtype=np.int32)
         self._free = list(range(max(1, rows)))
-        self._due: dict[int, LLMatcher] = {}
-        self._executor = LLExecutor()
+        self._rows = max(1, rows)
+        self._pool = ThreadPoolExecutor(max_workers=FILL_WORKERS, thread_name_prefix="courier-masks")
+        self._fills: dict[int, tuple[float, Future[np.ndarray[Any, np.dtype[np.int32]]]]] = {}
+        self._due: list[int] = []  # rows whose fill started since the step's masks were last collected
+        self._masks: dict[int, np.ndarray[Any, np.dtype[np.int32]]] = {}
+        self._missing: dict[int, str] = {}  # rows whose mask this step did not get, and why
+        self.late = 0  # masks not ready within the budget, since start
         # Seconds per fill and rows per fill, most recent last (bench/structured.py reads them).
         self.fill_seconds: deque[float] = deque(maxlen=RECENT_FILLS)
         self.fill_rows: deque[int] = deque(maxlen=RECENT_FILLS)
 
     def acquire(self) -> int:
         if not self._free:  # more constrained sequences than rows (a replay after a fault): grow
-            start = len(self._bitmask)
-            self._bitmask = np.concatenate([self._bitmask, np.full_like(self._bitmask, -1)])
-            self._free.extend(range(start, len(self._bitmask)))
+            self._free.extend(range(self._rows, 2 * self._rows))
+            self._rows *= 2
         return self._free.pop()
 
     def release(self, row: int) -> None:
-        self._due.pop(row, None)
+        """The row's sequence has left: a fill still running for it finishes on its own and is dropped."""
+        self._fills.pop(row, None)
+        self._masks.pop(row, None)
+        self._missing.pop(row, None)
+        if row in self._due:
+            self._due.remove(row)
         self._free.append(row)
 
     def due(self, row: int, matcher: LLMatcher) -> None:
-        self._due[row] = matcher
+        """Start filling the row's mask from `matcher`, which must not be touched until `row` has answered."""
+        self.settle(row)
+        self._fills[row] = (time.perf_counter(), self._pool.submit(self._fill, matcher))
+        self._due.append(row)
 
-    def row(self, row: int) -> np.ndarray[Any, np.dtype[np.int32]]:
+    def settle(self, row: int) -> None:
+        """Wait for a fill of the row still out (one its sampler never collected), so its matcher is free again."""
+        pending = self._fills.pop(row, None)
+        if pending is not None:
+            wait([pending[1]])
+            if row in self._due:
+                self._due.remove(row)
+
+    def row(self, row: int) -> np.ndarray[Any, np.dtype[np.int32]] | None:
+        """The row's mask for this step; None when it was not ready within the budget (`missing` says why)."""
         if self._due:
-            started = time.perf_counter()
-            fill_next_token_bitmask_par(self._executor, [(m, r) for r, m in self._due.items()], self._bitmask)
-            self.fill_seconds.append(time.perf_counter() - started)
-            self.fill_rows.append(len(self._due))
-            self._due.clear()
-        mask: np.ndarray[Any, np.dtype[np.int32]] = self._bitmask[row]
-        return mask
+            self._collect()
+        if row in self._missing:
+            return None
+        return self._masks.get(row)
+
+    def missing(self, row: int) -> str:
+        return self._missing.pop(row, "") or "its grammar's mask was not computed"
+
+    def _collect(self) -> None:
+        """Wait for every mask due this step, each at most the budget from when it started."""
+        due, self._due = self._due, []
+        first = min(self._fills[row][0] for row in due if row in self._fills) if due else time.perf_counter()
+        for row in due:
+            pending = self._fills.pop(row, None)
+            if pending is None:
+                continue
+            started, future = pending
+            try:
+                self._masks[row] = future.result(timeout=max(0.0, started + self.budget_s - time.perf_counter()))
+            except FutureTimeout:
+                self.late += 1
+                self._missing[row] = f"its grammar's mask was not ready within the step budget ({self.budget_s:g} s)"
+            except Exception as error:  # a fill that raised fails its own sequence only
+                self._missing[row] = f"its grammar's mask could not be computed: {error}"
+        self.fill_seconds.append(time.perf_counter() - first)
+        self.fill_rows.append(len(due))
+
+    def _fill(self, matcher: LLMatcher) -> np.ndarray[Any, np.dtype[np.int32]]:
+        mask = np.full((1, self._words), -1, dtype=np.int32)
+        fill_next_token_bitmask(matcher, mask, 0)
+        row: np.ndarray[Any, np.dtype[np.int32]] = mask[0]
+        return row
 
 
 class _Phase(Enum):
@@ -150,6 +217,7 @@ class ConstrainedSequence:
         """How many of `tokens`, from the first, its grammar accepts in its present state."""
         if self.phase is not _Phase.CONSTRAINED or self._matcher is None:
             return 0
+        self._filler.settle(self._row)
         return int(self._matcher.validate_tokens(tokens))
 
     def forced_after(self, token: int, most: int) -> list[int]:
@@ -159,18 +227,24 @@ class ConstrainedSequence:
 
         Forced means the mask allows that one token and no other: the grammar's forced text can often be written
         as other tokens too (`{"` or `{` then `"`), and the model's choice among them is kept. A seeded sampler
-        passes over their draws, so what it samples after them is what it would have."""
+        passes over their draws, so what it samples after them is what it would have.
+
+        Each candidate costs a mask: the search stops after `FORCE_BUDGET_S`, and the tokens not reached are
+        sampled under the mask in the next steps, as they would be without fast-forward."""
+        self._filler.settle(self._row)
         self._advance(token)
         self._consumed += 1
         forced: list[int] = []
         self._stopped = None
         if self.phase is not _Phase.CONSTRAINED or self._matcher is None:
             return forced
+        until = time.perf_counter() + FORCE_BUDGET_S
         for candidate in self._matcher.compute_ff_tokens()[:most]:
             matcher = self._matcher
             if (
                 matcher is None
                 or self.phase is not _Phase.CONSTRAINED
+                or time.perf_counter() > until
                 or not _only(matcher.compute_bitmask(), candidate)
             ):
                 break
@@ -190,6 +264,7 @@ class ConstrainedSequence:
         position go back to where they stood before them (the step's input stays read)."""
         if count <= 0:
             return
+        self._filler.settle(self._row)
         if self._stopped is not None:
             self._matcher, self.phase, self._stopped = self._stopped, _Phase.CONSTRAINED, None
         if self._matcher is None or not self._matcher.rollback(count):
@@ -214,6 +289,7 @@ class ConstrainedSequence:
         # advances the grammar and fills the masks.
         tokens = self._tokens.read(context)
         mx.async_eval(logits)  # type: ignore[no-untyped-call]
+        self._filler.settle(self._row)
         if len(tokens) < self._consumed:
             self._restart()
         for token in tokens[self._consumed :]:
@@ -229,7 +305,9 @@ class ConstrainedSequence:
             return self._inner(logprobs)
         width = logprobs.shape[-1]
         row = self._filler.row(self._row) if self.phase is _Phase.CONSTRAINED else None
-        if row is not None and self._matcher is not None and (self._matcher.is_error() or not row.any()):
+        if row is None and self.phase is _Phase.CONSTRAINED:  # not ready in time: its fill still holds the matcher
+            self._fail(self._filler.missing(self._row))
+        elif row is not None and self._matcher is not None and (self._matcher.is_error() or not row.any()):
             self._fail(self._matcher.get_error() or "no token can continue the output")
             row = None
         bias = self._end_bias(width) if row is None else self._bias(row, width)

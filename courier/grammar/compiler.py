@@ -4,8 +4,9 @@ Compiling (grammar plus tokenizer into a matcher) takes about a millisecond for 
 `constraint.LIMITS`; a grammar that fails on its first steps (`probe.py`: past a limit llguidance meets only while
 parsing, or with no finite output) is refused like one that does not compile. The compiled matcher is kept, least
 recently used first out, under the constraint's key, and each generation gets a copy (microseconds). The HTTP
-layer compiles a request's constraint in a worker thread before admitting it, so a grammar that does not compile
-is a 400 and the engine, on the MLX thread, finds it cached.
+layer (and the compactor) compiles a request's constraint in a worker thread before admitting it (`compile`), so a
+grammar that does not compile is a 400, and the constraint then carries its compiled grammar: the engine, on the
+MLX thread, copies that one and never compiles, even if the cache has dropped it meanwhile.
 Thread-safe: compiled in worker threads, copied on the MLX thread.
 """
 
@@ -15,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llguidance import LLMatcher, LLTokenizer
@@ -55,13 +56,26 @@ class GrammarCompiler:
         return tuple(int(token) for token in self.tokenizer.eos_tokens)
 
     def matcher(self, constraint: Constraint, param: str = "") -> LLMatcher:
-        """A fresh matcher for `constraint` (a copy of the cached compiled one). Raises `GrammarError`."""
+        """A fresh matcher for `constraint`: a copy of the grammar it carries compiled (`compile`), else of the
+        cached one, compiled now on a miss. Raises `GrammarError`."""
+        if constraint.compiled is not None:
+            return constraint.compiled.deep_copy()
+        return self._template(constraint, param).deep_copy()
+
+    def compile(self, constraint: Constraint, param: str) -> Constraint:
+        """`constraint` carrying its compiled grammar (from the cache, or compiled now), so that whoever generates
+        from it copies that one and never compiles: call it off the MLX thread. Raises `GrammarError` naming
+        `param` if it cannot be compiled or followed."""
+        return replace(constraint, compiled=self._template(constraint, param))
+
+    def _template(self, constraint: Constraint, param: str) -> LLMatcher:
+        """The compiled grammar of `constraint`, cached (never handed out: callers copy it)."""
         with self._lock:
             cached = self._compiled.get(constraint.key)
             if cached is not None:
                 self._compiled.move_to_end(constraint.key)
                 self._hits += 1
-                return cached.deep_copy()
+                return cached
             self._misses += 1
         started = time.perf_counter()
         compiled = LLMatcher(self.tokenizer, constraint.grammar, log_level=0, limits=LIMITS)
@@ -81,7 +95,7 @@ class GrammarCompiler:
             self._compiled.move_to_end(constraint.key)
             while len(self._compiled) > self._capacity:
                 self._compiled.popitem(last=False)
-        return compiled.deep_copy()
+        return compiled
 
     def check(self, constraint: Constraint, param: str) -> None:
         """Compile `constraint` now (it is then cached), raising `GrammarError` naming `param` if it cannot be."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -71,6 +71,9 @@ class Constraint:
     label: str  # what it constrains, for logs and errors ("json_schema 'person'")
     trigger: str = ""
     repeat: bool = True
+    # Its compiled grammar, once `GrammarCompiler.compile` has made it (off the MLX thread): the engine copies this
+    # one, so a grammar the cache has dropped since is never compiled again on the step's thread.
+    compiled: LLMatcher | None = field(default=None, compare=False, repr=False)
 
 
 def json_schema(schema: Any, *, name: str, param: str) -> Constraint:
@@ -258,6 +261,11 @@ def _schema_grammar(schema: dict[str, Any], param: str) -> str:
         raise GrammarError(f"{param}: {error}", param) from None
     _validate(grammar, param)
     return grammar
+
+
+def lark_constraint(grammar: str, *, label: str, param: str) -> Constraint:
+    """Output that is exactly what the Lark `grammar` (llguidance's dialect) accepts, checked against the limits."""
+    return _constraint(_lark_grammar(grammar, param), label=label, param=param)
 
 
 def _lark_grammar(lark: str, param: str) -> str:

@@ -79,7 +79,7 @@ def create_quart_app(context: AppContext) -> Quart:
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
-        return error.response(_envelope())
+        return _for_the_model(error, context).response(_envelope())
 
     @app.errorhandler(Refused)
     async def refused(error: Refused) -> Response:
@@ -102,6 +102,17 @@ def create_quart_app(context: AppContext) -> Quart:
         ).response(_envelope())
 
     return app
+
+
+def _for_the_model(error: ApiError, context: AppContext) -> ApiError:
+    """An image URL that cannot be read, sent to a model that takes no images: what matters is the latter."""
+    if error.code is not FailureCode.INVALID_IMAGE_URL or context.state.model is None:
+        return error
+    if context.state.model.accepts_images:
+        return error
+    model = context.state.model.model_id
+    message = f"The model '{model}' accepts text only, and {error.param} is an image ({error.message})"
+    return ApiError.invalid(message, param=error.param, code=FailureCode.MODEL_NOT_MULTIMODAL)
 
 
 def _envelope() -> Envelope:

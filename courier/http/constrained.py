@@ -1,8 +1,11 @@
 """A request's output spec as the constraint its generation follows, compiled before it is admitted.
 
 Parsing (`grammar/output_spec.py`) refuses what is malformed; here the spec meets the served model (how it writes
-tool calls, whether its tokenizer serves grammars) and the grammar is compiled in a worker thread, so a schema
-that does not compile is a 400 naming its parameter and the engine finds the compiled grammar cached.
+tool calls, whether its tokenizer serves grammars), and the grammar is built, checked against the limits and
+compiled in a worker thread, so a schema that does not compile is a 400 naming its parameter and the request
+carries its compiled grammar to the engine. None of it runs on the event loop (building and checking the grammar
+of 128 tools takes up to a second on a small CPU), and at most `GRAMMAR_WORKERS` grammars are worked on at once:
+a burst of hostile schemas waits its turn instead of taking the cores the batch steps on.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ import anyio.to_thread
 
 from courier.engine.generation import SamplingParams
 from courier.grammar import output_spec
-from courier.grammar.constraint import GrammarError
+from courier.grammar.constraint import Constraint, GrammarError
 from courier.grammar.output_spec import OutputSpec
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 
 T = TypeVar("T")
+
+GRAMMAR_WORKERS = 2  # grammars built and compiled at once, server-wide
+_GRAMMAR_LIMITER = anyio.CapacityLimiter(GRAMMAR_WORKERS)
 
 
 def refusing(parse: Callable[[], T]) -> T:
@@ -32,19 +38,25 @@ def refusing(parse: Callable[[], T]) -> T:
 
 
 async def constrain(context: AppContext, sampling: SamplingParams, output: OutputSpec) -> SamplingParams:
-    """`sampling` with the constraint `output` asks for (unchanged when it asks for none)."""
+    """`sampling` with the constraint `output` asks for, compiled (unchanged when it asks for none)."""
     if not output.constrained:
         return sampling
     context.require_ready()
     state = context.state
     tool_grammar = state.tool_format.grammar if state.tool_format is not None else None
-    constraint = refusing(lambda: output_spec.constraint(output, tool_grammar))
-    if constraint is None:
-        return sampling
     grammars = state.grammars
     param = output.format.param if output.format.kind != "text" else "tools"
+
+    def build() -> Constraint | None:
+        constraint = refusing(lambda: output_spec.constraint(output, tool_grammar))
+        if constraint is None or grammars is None:
+            return constraint
+        return refusing(lambda: grammars.compile(constraint, param))
+
+    constraint = await anyio.to_thread.run_sync(build, limiter=_GRAMMAR_LIMITER)
+    if constraint is None:
+        return sampling
     if grammars is None:
         message = "this model's tokenizer cannot serve constrained decoding (structured outputs, forced tool calls)"
         raise ApiError.invalid(message, param=param)
-    await anyio.to_thread.run_sync(lambda: refusing(lambda: grammars.check(constraint, param)))
     return replace(sampling, constraint=constraint)

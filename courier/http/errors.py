@@ -32,6 +32,21 @@ _STATUS_BY_FAILURE = {
     FailureKind.UNUSABLE_OUTPUT: 422,
     FailureKind.TIMEOUT: 504,
 }
+# The code of an error raised without one of its own: every envelope names a code (docs/api.md, "Errors").
+CODE_BY_STATUS = {
+    400: FailureCode.INVALID_REQUEST,
+    401: FailureCode.INVALID_API_KEY,
+    403: FailureCode.INSUFFICIENT_PERMISSIONS,
+    404: FailureCode.NOT_FOUND,
+    405: FailureCode.METHOD_NOT_ALLOWED,
+    408: FailureCode.BODY_TIMEOUT,
+    413: FailureCode.REQUEST_TOO_LARGE,
+    422: FailureCode.COMPACTION_FAILED,
+    429: FailureCode.QUEUE_FULL,
+    500: FailureCode.INTERNAL_ERROR,
+    503: FailureCode.SERVICE_UNAVAILABLE,
+    504: FailureCode.DEADLINE_EXCEEDED,
+}
 _TYPE_BY_STATUS = {
     404: NOT_FOUND,
     429: "rate_limit_error",
@@ -65,6 +80,12 @@ class Envelope(Enum):
     ANTHROPIC = "anthropic"
 
 
+def default_code(status: int) -> FailureCode:
+    """The code of an error of `status` that names none: the status's, else its class's (4xx, 5xx)."""
+    fallback = FailureCode.INTERNAL_ERROR if status >= 500 else FailureCode.INVALID_REQUEST
+    return CODE_BY_STATUS.get(status, fallback)
+
+
 class ApiError(Exception):
     """Raised anywhere in a route; the app answers it in the envelope of the route's API."""
 
@@ -82,7 +103,7 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.param = param
-        self.code = code
+        self.code = code if code is not None else default_code(status)
         self.error_type = error_type or _TYPE_BY_STATUS.get(status, INVALID_REQUEST)
         self.headers = dict(headers or {})
 
@@ -98,7 +119,7 @@ class ApiError(Exception):
     def from_failure(cls, failure: RequestFailed) -> ApiError:
         status = _STATUS_BY_FAILURE[failure.kind]
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else None
-        return cls(status, failure.message, param=failure.param, code=failure.code, headers=headers)
+        return cls(status, failure.message, param=failure.param, code=failure.failure_code, headers=headers)
 
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}

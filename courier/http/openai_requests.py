@@ -14,6 +14,7 @@ from typing import Any
 
 from courier.conversation.chat_content import IMAGE_PART, chat_content, text_part
 from courier.conversation.chat_render import template_tool_call
+from courier.core.failure_codes import FailureCode
 from courier.core.sampling_defaults import OPENAI, SamplingDefaults
 from courier.core.template_options import TemplateOptionRefused, TemplateOptions, reasoning_effort, template_kwargs
 from courier.engine.generation import SamplingParams
@@ -290,7 +291,7 @@ def _image_url(value: Any, param: str) -> str:
     try:
         parse_image_url(url)
     except MediaRefused as refused:
-        raise ApiError.invalid(f"{param}: {refused}", param=param) from None
+        raise ApiError.invalid(f"{param}: {refused}", param=param, code=FailureCode.INVALID_IMAGE_URL) from None
     return url
 
 

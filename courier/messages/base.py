@@ -31,6 +31,18 @@ class FailureKind(Enum):
     TIMEOUT = "timeout"  # the request ran past its deadline
 
 
+# The code of a failure that names none of its own.
+CODE_OF_KIND = {
+    FailureKind.INVALID_REQUEST: FailureCode.INVALID_REQUEST,
+    FailureKind.NOT_FOUND: FailureCode.NOT_FOUND,
+    FailureKind.OVERLOADED: FailureCode.QUEUE_FULL,
+    FailureKind.UNAVAILABLE: FailureCode.SERVICE_UNAVAILABLE,
+    FailureKind.INTERNAL: FailureCode.INTERNAL_ERROR,
+    FailureKind.UNUSABLE_OUTPUT: FailureCode.COMPACTION_FAILED,
+    FailureKind.TIMEOUT: FailureCode.DEADLINE_EXCEEDED,
+}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestFailed:
     """A per-request failure reply: the actor that sends it keeps serving."""
@@ -38,7 +50,12 @@ class RequestFailed:
     kind: FailureKind
     message: str
     param: str | None = None
-    code: FailureCode | None = None
+    code: FailureCode | None = None  # None: its kind's (`failure_code`)
+
+    @property
+    def failure_code(self) -> FailureCode:
+        """The code the client is told: its own, or its kind's."""
+        return self.code if self.code is not None else CODE_OF_KIND[self.kind]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

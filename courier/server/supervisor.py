@@ -359,6 +359,7 @@ class Supervisor:
             ),
             images=images,
             reasoning=reasoning_format(loaded.tokenizer),
+            grammars=grammars,
         )
         await task_group.start(self._run_actor, compactor, self._compactor_receive, self._compactor_send)
 

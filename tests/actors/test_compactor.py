@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -36,6 +37,7 @@ from courier.engine.generation import (
     SamplingParams,
     TokensGenerated,
 )
+from courier.grammar.summary import summary_chars, summary_constraint
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.compactor import CompactHistory, CompactionResult, CompactorMessage, CompactReply
 from courier.messages.ingress import AdmitGeneration, Admitted, ChatPrompt, IngressMessage, WarmUpConversation
@@ -51,6 +53,7 @@ from courier.runtime.actor import ActorStopped, ask
 from courier.runtime.message import ReplyStream
 from courier.storage.records import JsonObject
 from tests.support.actors import FakeNeighbour, busy_inbox, run_actor, start_neighbours, stopped_inbox
+from tests.support.grammar import smollm2_compiler
 
 pytestmark = pytest.mark.anyio
 
@@ -417,17 +420,48 @@ async def test_each_compaction_is_handled_in_named_spans(span_exporter: InMemory
 # Refusals: the caller's context is never replaced, and nothing is warmed up
 
 
-async def test_nothing_to_compact_when_the_whole_history_is_kept() -> None:
+async def test_a_history_that_all_fits_keep_tokens_gets_one_compaction_item_keeping_it_all() -> None:
+    """What clients expect of a compaction (Codex: exactly one compaction item back), with nothing summarized."""
     counter, ingress = Counter(count_characters), Ingress(admitting(lambda _: summary_events()))
     async with running(compactor(counter.send, ingress.send), counter, ingress) as inbox:
         reply = await compact(inbox, keep_tokens=1_000)
-        await quiet(ingress, [])
-    assert reply == RequestFailed(
-        kind=FailureKind.INVALID_REQUEST,
-        message="nothing to compact: the whole history is kept verbatim",
-        param="input",
-    )
+    assert isinstance(reply, CompactionResult)
+    assert not [message for message in ingress.received if isinstance(message, AdmitGeneration)]  # no summary
+    assert [item["type"] for item in reply.output].count("compaction") == 1
+    capsule = UNSIGNED.decode(reply.compaction_item["encrypted_content"])
+    assert capsule.summary == "" and len(capsule.retained) == len(HISTORY) - 1  # all but the system message
+    assert shown(reply.context) == shown(list(HISTORY))  # replayed: the history as it was, no summary message
+    assert reply.usage["output_tokens"] == 0
     assert counter.kinds == ["TokenizeChat"] * 4
+
+
+@pytest.mark.parametrize(
+    "reasoning", [None, ReasoningFormat(start="<think>", end="</think>", start_tokens=(5,), end_tokens=(6,))]
+)
+async def test_each_summary_pass_follows_a_grammar_bounded_by_what_it_replaces(
+    smollm2_dir: Path, reasoning: ReasoningFormat | None
+) -> None:
+    """Bullet lines of at most one character per token replaced (and `max_output_tokens`), compiled before the
+    pass is admitted; not for a thinking model, whose template may open a block the grammar would not close."""
+    counter, ingress = Counter(count_characters), Ingress(admitting(lambda _: summary_events()))
+    actor = CompactorActor(
+        counter.send,
+        ingress.send,
+        UNSIGNED,
+        LIMITS,
+        images=TEXT_ONLY,
+        reasoning=reasoning,
+        grammars=smollm2_compiler(smollm2_dir),
+    )
+    async with running(actor, counter, ingress) as inbox:
+        assert isinstance(await compact(inbox), CompactionResult)
+    (admitted,) = [message for message in ingress.received if isinstance(message, AdmitGeneration)]
+    constraint = admitted.sampling.constraint
+    if reasoning is not None:
+        assert constraint is None
+        return
+    assert constraint is not None and constraint.compiled is not None  # the engine compiles nothing
+    assert constraint == summary_constraint(summary_chars(SUMMARIZED_TOKENS, MAX_OUTPUT_TOKENS))
 
 
 async def test_a_summary_not_shorter_than_what_it_replaces_is_retried_once_then_refused() -> None:

@@ -69,7 +69,7 @@ def test_a_message_the_template_refuses_is_a_400_naming_it(client: openai.OpenAI
         client.chat.completions.create(model=MODEL, messages=history("That is forbidden."), max_tokens=2)
     error = envelope(raised.value)
     assert error["param"] == "messages[2]"
-    assert error["code"] is None and error["type"] == "invalid_request_error"
+    assert error["code"] == "invalid_request" and error["type"] == "invalid_request_error"
     assert error["message"] == (
         f"messages[2]: the model's chat template cannot render this message ({REFUSED_SENTENCE})"
     )

@@ -211,9 +211,8 @@ def test_a_compaction_reads_each_image_once(http: httpx.Client, media: MediaServ
         {"role": "user", "content": "Thanks."},
     ]
     reply = http.post("/v1/responses/compact", json={"model": MODEL, "input": history, "keep_tokens": 1}, timeout=120)
-    # Random weights never end a summary: the summary was generated (from the images) and cut, a 422.
-    assert reply.status_code == 422, reply.text
-    assert reply.json()["error"]["code"] == "compaction_failed"
+    # The summary was generated (from the images): ended by its grammar's budget, or cut where there is none (422).
+    assert reply.status_code in (200, 422), reply.text
     assert media.requests["/image.png"] == before + 1
 
 
@@ -379,8 +378,9 @@ def test_an_automatically_compacted_turn_reads_each_image_once(http: httpx.Clien
         "context_management": [{"type": "compaction", "compact_threshold": 8}],
     }
     reply = http.post("/v1/responses", json=body, timeout=120)
-    # Random weights never end a summary, so the compaction fails (422); its images were read all the same.
-    assert reply.status_code == 422, reply.text
+    # Random weights never end a summary: its grammar's budget does (200), or it is cut (422) where there is
+    # none; its images were read all the same.
+    assert reply.status_code in (200, 422), reply.text
     assert media.requests["/image.png"] == before + 1
 
 

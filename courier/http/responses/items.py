@@ -182,7 +182,7 @@ def _image_part(part: Mapping[str, Any], param: str) -> JsonObject:
     try:
         parse_image_url(url)  # refused here, naming the part, unless the media fetcher could read it
     except MediaRefused as refused:
-        raise ApiError.invalid(f"{param}: {refused}", param=param) from None
+        raise ApiError.invalid(f"{param}: {refused}", param=param, code=FailureCode.INVALID_IMAGE_URL) from None
     detail = part.get("detail", "auto")
     return {"type": "input_image", "image_url": url, "detail": detail if isinstance(detail, str) else "auto"}
 
