@@ -135,7 +135,8 @@ case "$command" in
         log "mypy --strict"
         "$VENV/bin/mypy"
         log "pytest"
-        exec "$VENV/bin/pytest" "$@"
+        # The 20 slowest tests are listed at the end, so a slow new test shows in CI's log.
+        exec "$VENV/bin/pytest" --durations=20 "$@"
         ;;
     *)
         echo "usage: ./dev serve [courier serve flags] | ./dev test [pytest args]" >&2
