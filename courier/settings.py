@@ -359,7 +359,7 @@ class Settings:
         5.0,
         parse_positive_float,
         "seconds a stream may stay silent (queued, or prefilling a long prompt) before a keep-alive is sent "
-        "(Anthropic's ping event), so clients and proxies do not give up on it",
+        "(an SSE comment on the OpenAI APIs, Anthropic's ping event), so clients and proxies do not give up on it",
         metavar="SECONDS",
     )
     default_max_tokens: int = setting(

@@ -64,15 +64,18 @@ ensure_haproxy() {
     apt_install haproxy "the front's tests"
 }
 
-# The agents the end-to-end tests run against a server: Claude Code (tests/http/anthropic/test_claude_code.py) and
-# Codex CLI (tests/http/test_codex.py), installed into .npm-agents/ (gitignored) when npm is there (~10 s and ~20 s;
-# their postinstall is not needed), else those tests are skipped. The versions are pinned: the recorded requests in
-# tests/data/agents/ are these versions'.
+# The agents the end-to-end tests run against a server: Claude Code (tests/http/anthropic/test_claude_code.py),
+# Codex CLI (tests/http/test_codex.py) and opencode (tests/http/test_agents.py), installed into .npm-agents/
+# (gitignored) when npm is there (~10 s, ~20 s and ~30 s: opencode is a 185 MB binary; their postinstall is not
+# needed), else those tests are skipped. The versions are pinned: the recorded requests in tests/data/agents/ and the
+# set-ups in docs/agents.md are these versions'.
 CLAUDE_CODE_VERSION=2.1.197
 CODEX_VERSION=0.171.0
+OPENCODE_VERSION=1.18.33
 ensure_agents() {
     ensure_agent @anthropic-ai/claude-code "$CLAUDE_CODE_VERSION" "Claude Code"
     ensure_agent @openai/codex "$CODEX_VERSION" "Codex CLI"
+    ensure_agent opencode-ai "$OPENCODE_VERSION" "opencode"
 }
 
 # $1: the npm package, $2: its version, $3: what it is called in the messages.

@@ -7,7 +7,9 @@ it after the terminal event. With prompt caching, asks the snapshot store for a
 request's longest cached prefix before it joins the batch (`LookupPrefix`, in a
 task of its own once the request could join next: the batch steps on while it is
 out, and a request waits for its answer at most the lookup timeout) and tells it
-the snapshots the engine takes (`InsertSnapshot`). Receives
+the snapshots the engine takes (`InsertSnapshot`), a cancelled request's too (what it
+had prefilled). A request whose prompt another request is still prefilling (the same
+request sent again) looks up only once that one's state is in the store. Receives
 `QueueWarmUp` (no reply): run when idle, it extends a conversation's snapshot
 over the reply just given, and pauses as soon as live requests arrive (it keeps its
 place and its progress, and resumes at the next idle moment).
@@ -76,6 +78,8 @@ _BURST_WINDOWS = 5
 STORE_LOOKUP_TIMEOUT_S = 2.0
 # An idle warm-up's lookup waits in the drive loop itself (live requests arriving meanwhile wait for it): shorter.
 WARM_UP_LOOKUP_TIMEOUT_S = 0.5
+# A request waits for another's prefill (`_leader`) only when that covers at least this many tokens of its prompt.
+_LEADER_MIN_TOKENS = 256
 
 
 @dataclass(slots=True, kw_only=True)
@@ -90,6 +94,8 @@ class _Queued:
     # Where its snapshots live: the model's bucket for exactly its images and its tenant (None: no caching).
     bucket: Bucket | None = None
     first_token_seen: bool = False
+    # No event of its generation has come yet (queued, or prefilling): the same request sent again waits for it.
+    prefilling: bool = True
     finished: int = 0  # samples finished (a request of `n` ends with its last)
     # Its prefix lookup: started once it could join the batch next, done when the store answered (or the deadline
     # passed); `prefix` is what it found.
@@ -143,6 +149,9 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._waiting: deque[_Queued] = deque()
         self._running: dict[RequestId, _Queued] = {}
         self._cancelled: list[RequestId] = []
+        # Cancelled requests until the step that took them out of the batch is delivered: it may carry the state one
+        # had prefilled (`engine/cancelled_prefill.py`), which goes to the store under its session.
+        self._leaving: dict[RequestId, _Queued] = {}
         self._wake = anyio.Event()
         self._engine: BatchEngine | None = None
         self._warm_ups: OrderedDict[str, QueueWarmUp] = OrderedDict()
@@ -249,6 +258,8 @@ class SchedulerActor(Actor[SchedulerMessage]):
             outputs = await self._mlx.call(partial(engine.step, added, cancelled, expired))
             self._count_steps(engine)
             self._deliver(outputs)
+            for request_id in cancelled:
+                self._leaving.pop(request_id, None)
 
     def _count_steps(self, engine: BatchEngine) -> None:
         counters, stats = engine.speculation, self._stats.speculation
@@ -283,8 +294,8 @@ class SchedulerActor(Actor[SchedulerMessage]):
             free -= queued.width
             if free < 0:
                 return
-            if queued.lookup_started:
-                continue
+            if queued.lookup_started or self._leader(queued) is not None:
+                continue  # (looked up when what its leader prefills is in the store)
             queued.lookup_started = True
             if not queued.cache_prompt:
                 queued.looked_up = True
@@ -311,6 +322,10 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 break
             if not queued.looked_up:
                 continue
+            if self._leader(queued) is not None:  # it came while its lookup was out: look up again after the leader
+                queued.lookup_started = queued.looked_up = False
+                queued.prefix = None
+                continue
             self._waiting.remove(queued)
             self._running[queued.request.request_id] = queued
             request = queued.request
@@ -318,6 +333,20 @@ class SchedulerActor(Actor[SchedulerMessage]):
             queued.prefix = None  # the engine holds it now
         self._update_counts()
         return added
+
+    def _leader(self, queued: _Queued) -> _Queued | None:
+        """A running (or just cancelled) request still prefilling all of `queued`'s prompt but its last token, for the
+        store (the same request sent again, by a client that gave up on the first or not): `queued` waits for it and
+        then looks up what it left there, rather than prefilling the same tokens beside it or from zero."""
+        if not queued.cache_prompt:
+            return None
+        prompt = queued.request.prompt_tokens
+        for leader in (*self._running.values(), *self._leaving.values()):
+            if leader.prefilling and leader.cache_prompt and leader.bucket == queued.bucket and leader.width == 1:
+                covered = leader.request.prompt_tokens[:-1]
+                if len(covered) >= _LEADER_MIN_TOKENS and prompt[: len(covered)] == covered:
+                    return leader
+        return None
 
     def _bucket(self, media_digest: str, tenant: str) -> Bucket | None:
         return replace(self._caching.bucket, media_digest=media_digest, tenant=tenant) if self._caching else None
@@ -438,11 +467,14 @@ class SchedulerActor(Actor[SchedulerMessage]):
     def _deliver(self, outputs: list[EngineOutput]) -> None:
         for output in outputs:
             running = self._running.get(output.request_id)
+            if isinstance(output.event, SnapshotTaken):
+                owner = running if running is not None else self._leaving.get(output.request_id)
+                if owner is not None:
+                    self._keep_snapshot(owner, output.event)
+                continue
             if running is None:
                 continue
-            if isinstance(output.event, SnapshotTaken):
-                self._keep_snapshot(running, output.event)
-                continue
+            running.prefilling = False
             events = running.events
             if isinstance(output.event, TokensGenerated):
                 self._stats.generated_tokens += len(output.event.token_ids)
@@ -502,6 +534,8 @@ class SchedulerActor(Actor[SchedulerMessage]):
             if counted:
                 self._stats.cancelled += 1
             self._cancelled.append(request_id)
+            if running is not None:
+                self._leaving[request_id] = running
         self._update_counts()
 
     def _fail_everything(self, message: str) -> None:
@@ -509,6 +543,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         streams = [q.events for q in self._waiting] + [q.events for q in self._running.values()]
         self._waiting.clear()
         self._running.clear()
+        self._leaving.clear()
         for events in streams:
             with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
                 events.send_nowait(failure)

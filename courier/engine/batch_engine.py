@@ -1,11 +1,12 @@
 """The batch engine: continuous batching over mlx-lm's `BatchGenerator`, on the MLX thread only.
 
 Each `step` ends the requests past their deadline, admits new requests into the running batch (`admission.py`),
-drops cancelled ones, advances every sequence by one decode step (and new ones by one prefill chunk, sized so that
-a long prompt does not stall the running streams: `core/prefill_budget.py`), and turns the
-raw tokens into events (`step_reader.py`): detokenized text with stop strings and end-of-sequence tokens removed,
-optional logprobs, and a finish when a sequence ends, with the snapshots the store keeps (`step_snapshots.py`). A
-failure inside the batched forward pass starts a fresh generator and isolates the culprit (`recovery.py`).
+drops cancelled ones (keeping what one had prefilled of its prompt: `cancelled_prefill.py`), advances every
+sequence by one decode step (and new ones by one prefill chunk, sized so that a long prompt does not stall the
+running streams: `core/prefill_budget.py`), and turns the raw tokens into events (`step_reader.py`): detokenized
+text with stop strings and end-of-sequence tokens removed, optional logprobs, and a finish when a sequence ends, with
+the snapshots the store keeps (`step_snapshots.py`). A failure inside the batched forward pass starts a fresh
+generator and isolates the culprit (`recovery.py`).
 
 The engine owns the generator's lifecycle: which kind it is (mlx-lm's, or the speculative one that verifies drafts
 and grammar-forced tokens in one pass, `speculative_batch.py`), and a fresh one after a fault. The sequences it
@@ -30,6 +31,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.core.prefill_budget import PrefillBudget
 from courier.engine.admission import Admission
+from courier.engine.cancelled_prefill import prefilled_so_far
 from courier.engine.constrained import MaskFiller
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest
 from courier.engine.generation import RequestId
@@ -115,7 +117,7 @@ class BatchEngine:
         every running sequence by one step."""
         outputs = self._end_at_deadline(expired)
         outputs.extend(self._admission.admit(added, self._generator))
-        self._cancel(cancelled)
+        outputs.extend(self._cancel(cancelled))
         if not self._sequences:
             return outputs
         decoding = sum(1 for sequence in self._sequences if sequence.prompt_done or sequence.generated > 0)
@@ -164,11 +166,16 @@ class BatchEngine:
             return generator
         return BatchGenerator(self._model, **options)
 
-    def _cancel(self, request_ids: Sequence[RequestId]) -> None:
+    def _cancel(self, request_ids: Sequence[RequestId]) -> list[EngineOutput]:
+        """Requests whose consumers left leave the batch; what one had prefilled of its prompt is kept for the store
+        (`cancelled_prefill.py`), so the same request sent again does not prefill it again."""
+        outputs: list[EngineOutput] = []
         for request_id in request_ids:
             taken = self._sequences.take_request(request_id)
             if taken:
+                outputs.extend(prefilled_so_far(taken, self._generator))
                 self._generator.remove([sequence.uid for sequence in taken])
+        return outputs
 
     def _end_at_deadline(self, request_ids: Sequence[RequestId]) -> list[EngineOutput]:
         """Requests past their deadline leave the batch. Each sequence that wrote tokens ends as a length cut with

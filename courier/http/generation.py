@@ -20,6 +20,9 @@ from courier.messages.asking import call
 from courier.messages.ingress import AdmitGeneration, Admitted
 
 SSE_DONE = b"data: [DONE]\n\n"
+# An SSE comment, sent while a stream is silent (queued, or prefilling a long prompt): clients skip it (the openai
+# client's decoder drops lines that begin with a colon), proxies and client read timeouts see bytes arrive.
+SSE_KEEPALIVE = b": keep-alive\n\n"
 
 
 def new_request_id() -> RequestId:

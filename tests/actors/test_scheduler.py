@@ -799,3 +799,122 @@ async def test_a_running_request_at_its_deadline_is_handed_to_the_engine_once_to
         assert await read_all(events) == [text("a", 1), cut]
     assert [step.expired for step in engine.steps[:3]] == [(), (), (RequestId("r1"),)]
     assert (stats.completed, stats.cut_at_deadline, stats.timed_out) == (1, 1, 0)
+
+
+# An agent-sized prompt (past the length under which a request never waits for another's prefill).
+LONG = tuple(range(1000, 1400))
+
+
+async def submit_long(inbox: Inbox, request_id: str, events: EventsSend, prompt: tuple[int, ...] = LONG) -> None:
+    queued: SubmitReply = await ask(
+        inbox,
+        lambda reply: SubmitGeneration(
+            request_id=RequestId(request_id),
+            prompt_tokens=prompt,
+            sampling=SAMPLING,
+            events=events,
+            session="s1",
+            boundary=0,
+            cache_prompt=True,
+            reply=reply,
+        ),
+    )
+    assert isinstance(queued, GenerationQueued)
+
+
+def missed_then_found(state: str, length: int) -> Callable[[SnapshotStoreMessage], LookupReply | None]:
+    """The first lookup misses; later ones find `state` covering the first `length` tokens."""
+    lookups = 0
+
+    def answer(message: SnapshotStoreMessage) -> LookupReply | None:
+        nonlocal lookups
+        if not isinstance(message, LookupPrefix):
+            return None
+        lookups += 1
+        return (
+            PrefixMissed()
+            if lookups == 1
+            else PrefixFound(state=state, length=length, matched=length, trimmed=False, continues=None)
+        )
+
+    return answer
+
+
+def kept_state(tokens: tuple[int, ...], state: str) -> SnapshotTaken:
+    return SnapshotTaken(origin=Origin.BOUNDARY, tokens=tokens, state=state, nbytes=900)
+
+
+@pytest.mark.anyio
+async def test_the_same_request_sent_while_the_first_prefills_waits_and_starts_from_its_state() -> None:
+    """Not a second prefill of the same tokens beside the first: it looks up once the first's state is in the store
+    (the prompt but its last token, the boundary snapshot every caching request takes)."""
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    covered = len(LONG) - 1
+    async with caching_scheduler(engine, stats, missed_then_found("prompt-state", covered)) as (store, inbox):
+        first_send, first = event_stream()
+        await submit_long(inbox, "first", first_send)
+        await engine.wait_for_steps(1)  # the first prefills (its step waits)
+        again_send, again = event_stream()
+        await submit_long(inbox, "again", again_send)
+        engine.then()  # a prefill chunk: nothing to show
+        await engine.wait_for_steps(2)
+        engine.then(out("first", kept_state(LONG[:-1], "prompt-state")), out("first", text("Hi", 7)))
+        await store.wait_for(3)  # its lookup, once the first's state went to the store
+        engine.then(out("first", finished(1)))
+        assert await read_all(first) == [text("Hi", 7), finished(1)]
+        engine.then(out("again", finished(1, cached_tokens=covered)))  # it has joined by this step
+        assert await read_all(again) == [finished(1, cached_tokens=covered)]
+    assert store.kinds == ["LookupPrefix", "InsertSnapshot", "LookupPrefix"]  # the second lookup after the insert
+    (resent,) = [request for step in engine.steps for request in step.added if request.request_id == "again"]
+    assert resent.prefix == CachedPrefix(state="prompt-state", length=covered, matched=covered)
+    assert added_ids(engine)[:2] == [["first"], []]  # not beside the first while it prefilled
+
+
+@pytest.mark.anyio
+async def test_a_resend_after_the_first_was_cancelled_starts_from_what_it_had_prefilled() -> None:
+    """The client gave up on the first (its stream closed) and sent it again: the cancelled request's prefill so far
+    goes to the store under its session (the engine hands it over in the step that takes it out), and the resend,
+    arriving meanwhile, looks up only after that."""
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    async with caching_scheduler(engine, stats, missed_then_found("partial-state", 256)) as (store, inbox):
+        first_send, first = event_stream()
+        await submit_long(inbox, "first", first_send)
+        await engine.wait_for_steps(1)
+        first.close()  # the client gave up
+        engine.then()
+        await engine.wait_for_steps(2)  # the step that takes it out of the batch
+        assert engine.steps[1].cancelled == (RequestId("first"),)
+        again_send, again = event_stream()
+        await submit_long(inbox, "again", again_send)
+        engine.then(out("first", kept_state(LONG[:256], "partial-state")))
+        await engine.wait_for_steps(3)  # nothing else runs: the next step is the one it joins
+        engine.then(out("again", finished(1, cached_tokens=256)))
+        assert await read_all(again) == [finished(1, cached_tokens=256)]
+    assert store.kinds == ["LookupPrefix", "InsertSnapshot", "LookupPrefix"]
+    insert = store.received[1]
+    assert isinstance(insert, InsertSnapshot)
+    assert (insert.session, insert.bucket, insert.tokens, insert.state) == ("s1", BUCKET, LONG[:256], "partial-state")
+    assert added_ids(engine) == [["first"], [], ["again"]]
+    assert engine.steps[2].added[0].prefix == CachedPrefix(state="partial-state", length=256, matched=256)
+    assert stats.cancelled == 1
+
+
+@pytest.mark.anyio
+async def test_a_request_that_only_shares_a_start_with_one_prefilling_does_not_wait_for_it() -> None:
+    stats = SchedulerStats(max_batch=2, max_queue=2)
+    engine = FakeEngine()
+    async with caching_scheduler(engine, stats, lookups_answered(PrefixMissed())) as (store, inbox):
+        first_send, first = event_stream()
+        await submit_long(inbox, "first", first_send)
+        await engine.wait_for_steps(1)
+        other_send, other = event_stream()
+        await submit_long(inbox, "other", other_send, prompt=(*LONG[:300], 1, 2, 3))
+        await store.wait_for(2)  # looked up at once, while the first still prefills
+        engine.then()
+        await engine.wait_for_steps(2)
+        engine.then(out("first", finished(1)), out("other", finished(1)))
+        assert await read_all(first) == [finished(1)]
+        assert await read_all(other) == [finished(1)]
+    assert added_ids(engine)[:2] == [["first"], ["other"]]

@@ -23,7 +23,6 @@ import logging
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import cast
 
 import anyio
 
@@ -40,15 +39,16 @@ from courier.conversation.response_object import (
     response_object,
 )
 from courier.conversation.turn import Plan, Rendered, Turn, TurnServices, admit_turn, compact
-from courier.engine.generation import FinishReason, GenerationFinished, TokenLogprob, TokensGenerated
+from courier.engine.generation import FinishReason, GenerationFinished, TokenLogprob
 from courier.http.context import AppContext
+from courier.http.generation import SSE_KEEPALIVE
 from courier.http.reply import ReplyParsing, assemble, reply_parsing
 from courier.http.responses.events import EventWriter
 from courier.http.responses.in_flight import InFlightResponse
 from courier.http.responses.output import ItemShapes, OutputAssembler, logprob_objects
 from courier.http.responses.tools import responses_tools
 from courier.messages.asking import Refused
-from courier.messages.generation_reader import GenerationCancelled, ended_without_result, generated_events
+from courier.messages.generation_reader import GenerationCancelled, Idle, ended_without_result, events_or_idle
 from courier.storage.records import JsonObject
 
 logger = logging.getLogger(__name__)
@@ -98,15 +98,22 @@ async def run_compaction(context: AppContext, services: TurnServices, plan: Plan
 
 
 async def run_streamed(
-    context: AppContext, services: TurnServices, plan: Plan, turn: Turn | None, emit: EventWriter
+    context: AppContext,
+    services: TurnServices,
+    plan: Plan,
+    turn: Turn | None,
+    emit: EventWriter,
+    *,
+    keepalive_s: float | None = None,
 ) -> AsyncGenerator[bytes]:
     """The full event sequence OpenAI clients expect, ending with the terminal event of the stored response.
 
     `turn` is None when an automatic compaction is due: it runs here, inside the stream. The stream may be closed, or
-    its task cancelled, at any of its awaits or yields: that is a client that disconnected."""
+    its task cancelled, at any of its awaits or yields: that is a client that disconnected. With `keepalive_s` (server-
+    sent events), an SSE comment is sent whenever the generation is silent that long (queued, or a long prefill)."""
     in_progress = response_object(plan.draft, Outcome(status=Status.IN_PROGRESS))
     with context.responses.running(plan.draft.id, in_progress, services.tenant) as entry:
-        stream = _Stream(context, services, plan.draft, entry, emit)
+        stream = _Stream(context, services, plan.draft, entry, emit, keepalive_s=keepalive_s)
         try:
             async with aclosing(stream.events(plan, turn, in_progress)) as events:
                 async for chunk in events:
@@ -126,8 +133,11 @@ class _Stream:
         draft: ResponseDraft,
         entry: InFlightResponse,
         emit: EventWriter,
+        *,
+        keepalive_s: float | None = None,
     ) -> None:
         self._context = context
+        self._keepalive_s = keepalive_s
         self._services = services
         self._draft = draft
         self._entry = entry
@@ -221,12 +231,12 @@ class _Stream:
             finished: GenerationFinished | None = None
             timeout_s = self._context.settings.request_timeout
             # Closed as soon as this stops reading, which takes the request out of the batch before anything else.
-            events = cast(
-                AsyncGenerator[TokensGenerated | GenerationFinished],
-                generated_events(turn.admitted, timeout_s, self._entry.cancellation),
-            )
+            events = events_or_idle(turn.admitted, timeout_s, self._entry.cancellation, idle_s=self._keepalive_s)
             async with aclosing(events):
                 async for event in events:
+                    if isinstance(event, Idle):
+                        yield SSE_KEEPALIVE  # a comment the openai client's responses.stream() skips
+                        continue
                     if isinstance(event, GenerationFinished):
                         finished = event
                         continue

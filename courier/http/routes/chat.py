@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from quart import Blueprint, Response
@@ -14,13 +15,13 @@ from courier.core.tool_calls import ToolCall
 from courier.engine.generation import FinishReason, GenerationFinished
 from courier.http import openai_format
 from courier.http.context import AppContext
-from courier.http.generation import admit, new_request_id, sse
+from courier.http.generation import SSE_KEEPALIVE, admit, new_request_id, sse
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_chat_request
 from courier.http.reply import ReplyAssembler, ReplyParsing, assemble, reply_parsing
 from courier.http.streaming import event_stream_response
-from courier.messages.generation_reader import generated_events
+from courier.messages.generation_reader import Idle, events_or_idle
 from courier.messages.ingress import Admitted, ChatPrompt
 
 
@@ -69,7 +70,8 @@ async def _stream(
     tenant: str,
 ) -> AsyncIterator[bytes]:
     """Chunks of every choice as they come (interleaved, each with its `index`); each choice ends with its own
-    finish chunk, and the usage chunk comes after the last."""
+    finish chunk, and the usage chunk comes after the last. An SSE comment is sent whenever the generation is silent
+    for `--stream-keepalive` seconds."""
     usage_field = request.include_usage
     replies = [ReplyAssembler(_parsing(context, request, admitted)) for _ in range(request.n)]
     finishes: list[GenerationFinished] = []
@@ -79,24 +81,31 @@ async def _stream(
 
     for index in range(request.n):
         yield chunk({"role": "assistant", "content": ""}, index)
-    async for event in generated_events(admitted, context.settings.request_timeout):
-        index = event.choice
-        reply = replies[index]
-        if isinstance(event, GenerationFinished):
-            finishes.append(event)
-            rest, calls = reply.finish(cut=event.reason is FinishReason.LENGTH)
-            if rest.reasoning or rest.content:
-                yield chunk(openai_format.delta(rest.reasoning, rest.content), index)
-            if request.n == 1:
-                _warm_up_next_turn(context, request, reply.content, calls, tenant)
-            if calls:
-                yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)}, index)
-            yield chunk({}, index, finish_reason=_finish_reason(event, calls))
-            continue
-        delta = reply.feed(event)
-        logprobs = delta.logprobs if request.sampling.logprobs else None
-        if delta.reasoning or delta.content or logprobs:
-            yield chunk(openai_format.delta(delta.reasoning, delta.content), index, logprobs=logprobs)
+    # Closed with the stream, so a client that leaves takes its generation out of the batch at once.
+    settings = context.settings
+    events = events_or_idle(admitted, settings.request_timeout, idle_s=settings.stream_keepalive)
+    async with aclosing(events):
+        async for event in events:
+            if isinstance(event, Idle):
+                yield SSE_KEEPALIVE  # silent for a while (queued, or a long prefill): a comment clients skip
+                continue
+            index = event.choice
+            reply = replies[index]
+            if isinstance(event, GenerationFinished):
+                finishes.append(event)
+                rest, calls = reply.finish(cut=event.reason is FinishReason.LENGTH)
+                if rest.reasoning or rest.content:
+                    yield chunk(openai_format.delta(rest.reasoning, rest.content), index)
+                if request.n == 1:
+                    _warm_up_next_turn(context, request, reply.content, calls, tenant)
+                if calls:
+                    yield chunk({"tool_calls": openai_format.tool_call_objects(calls, indexed=True)}, index)
+                yield chunk({}, index, finish_reason=_finish_reason(event, calls))
+                continue
+            delta = reply.feed(event)
+            logprobs = delta.logprobs if request.sampling.logprobs else None
+            if delta.reasoning or delta.content or logprobs:
+                yield chunk(openai_format.delta(delta.reasoning, delta.content), index, logprobs=logprobs)
     if usage_field:
         finishes.sort(key=lambda finished: finished.choice)
         reasoning_tokens = sum(reply.reasoning_tokens for reply in replies)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from quart import Blueprint, Response
@@ -12,12 +13,12 @@ from quart import Blueprint, Response
 from courier.engine.generation import GenerationFinished, TokenLogprob
 from courier.http import openai_format
 from courier.http.context import AppContext
-from courier.http.generation import admit, new_request_id, sse
+from courier.http.generation import SSE_KEEPALIVE, admit, new_request_id, sse
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_completion_request
 from courier.http.streaming import event_stream_response
-from courier.messages.generation_reader import generated_events
+from courier.messages.generation_reader import Idle, events_or_idle, generated_events
 from courier.messages.ingress import Admitted
 
 
@@ -60,7 +61,8 @@ def blueprint(context: AppContext) -> Blueprint:
 async def _stream(
     context: AppContext, request: GenerationRequest, admitted: Admitted, header: Header
 ) -> AsyncIterator[bytes]:
-    """A chunk per piece of text of any choice (each with its `index`), a finish chunk per choice, then the usage."""
+    """A chunk per piece of text of any choice (each with its `index`), a finish chunk per choice, then the usage; an
+    SSE comment whenever the generation is silent for `--stream-keepalive` seconds."""
     usage_field = request.include_usage
     offsets = [0] * request.n
     finishes: list[GenerationFinished] = []
@@ -68,18 +70,26 @@ async def _stream(
     def chunk(choice: dict[str, Any]) -> bytes:
         return sse(openai_format.text_completion(header, [choice], usage_object=None, include_usage=usage_field))
 
-    async for event in generated_events(admitted, context.settings.request_timeout):
-        index = event.choice
-        if isinstance(event, GenerationFinished):
-            finishes.append(event)
-            yield chunk(openai_format.text_choice(index, text="", logprobs=None, finish_reason=event.reason.value))
-            continue
-        logprobs = event.logprobs if request.sampling.logprobs else None
-        choice = openai_format.text_choice(
-            index, text=event.text, logprobs=logprobs, finish_reason=None, text_offset=offsets[index]
-        )
-        yield chunk(choice)
-        offsets[index] += len(event.text)
+    # Closed with the stream, so a client that leaves takes its generation out of the batch at once.
+    settings = context.settings
+    events = events_or_idle(admitted, settings.request_timeout, idle_s=settings.stream_keepalive)
+    async with aclosing(events):
+        async for event in events:
+            if isinstance(event, Idle):
+                yield SSE_KEEPALIVE  # silent for a while (queued, or a long prefill): a comment clients skip
+                continue
+            index = event.choice
+            if isinstance(event, GenerationFinished):
+                finishes.append(event)
+                finish = event.reason.value
+                yield chunk(openai_format.text_choice(index, text="", logprobs=None, finish_reason=finish))
+                continue
+            logprobs = event.logprobs if request.sampling.logprobs else None
+            choice = openai_format.text_choice(
+                index, text=event.text, logprobs=logprobs, finish_reason=None, text_offset=offsets[index]
+            )
+            yield chunk(choice)
+            offsets[index] += len(event.text)
     if usage_field:
         usage = openai_format.usage(sorted(finishes, key=lambda finished: finished.choice))
         yield sse(openai_format.text_completion(header, [], usage_object=usage))

@@ -50,7 +50,7 @@ def blueprint(context: AppContext) -> Blueprint:
             # happens first and a refusal is a plain HTTP error.
             turn = None if plan.compaction_due else await start_turn(services, plan)
             emit = EventWriter()
-            events = run_streamed(context, services, plan, turn, emit)
+            events = run_streamed(context, services, plan, turn, emit, keepalive_s=context.settings.stream_keepalive)
             return event_stream_response(events, done=None, error_event=emit.error)
         return await run_whole(context, services, await start_turn(services, plan))
 
