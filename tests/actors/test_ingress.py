@@ -137,6 +137,7 @@ class Rig:
     admission_stats: AdmissionStats = field(default_factory=AdmissionStats)
     token_counter_capacity: int = INBOX
     journal: list[str] = field(default_factory=list)
+    default_max_tokens: int = 0  # --default-max-tokens (0: what the context leaves)
 
     def __post_init__(self) -> None:
         self.token_counter = FakeNeighbour[TokenCounterMessage](
@@ -157,6 +158,7 @@ class Rig:
             images=images,
             scheduler_stats=self.scheduler_stats,
             stats=self.admission_stats,
+            default_max_tokens=self.default_max_tokens,
         )
 
     def submitted(self, index: int = 0) -> SubmitGeneration:
@@ -742,3 +744,20 @@ async def test_a_generation_whose_asker_left_during_its_render_is_discarded_befo
         while events.statistics().open_receive_streams:
             await anyio.wait_all_tasks_blocked()
     assert rig.journal == ["token_counter.TokenizeText", "scheduler.SubmitGeneration"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("default", "requested", "expected"),
+    [(0, 0, ROOM), (20, 0, 20), (ROOM + 100, 0, ROOM), (20, 8, 8), (20, ROOM, ROOM)],
+)
+async def test_a_request_without_a_limit_gets_the_default_cap_or_the_room_left(
+    default: int, requested: int, expected: int
+) -> None:
+    """`--default-max-tokens` bounds a reply whose request sets no limit, never beyond what the context leaves; a
+    request's own limit is its own."""
+    rig = Rig(default_max_tokens=default)
+    async with serving(rig) as ingress:
+        reply = await ingress.admit(TextPrompt(text="Hello"), max_tokens=requested)
+    assert isinstance(reply, Admitted) and reply.max_tokens == expected
+    assert rig.submitted().sampling.max_tokens == expected
