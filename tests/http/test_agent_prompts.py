@@ -26,9 +26,11 @@ from tests.support.agent_model import build_agent_model
 from tests.support.server import RunningServer, serving
 
 MODEL = "agent-model"
-KEEPALIVE_S = 0.2
+# Far below any prefill of LONG (0.2 s on an idle machine, over a second on a busy one), so comments come whatever
+# the machine's speed.
+KEEPALIVE_S = 0.01
 KEEPALIVE = ": keep-alive"
-LONG = "hello " * 20_000  # ~20K tokens: about a second of prefill here, several keep-alives
+LONG = "hello " * 20_000  # ~20K tokens: 0.2-1 s of prefill here, several keep-alives
 LONGER = "hello " * 60_000  # what a client gives up on: several seconds of prefill
 TOO_LONG = "hello " * 70_000  # past the 64K window
 # Counters that move once a request reaches the scheduler.
@@ -201,7 +203,7 @@ def test_a_resend_after_the_client_gave_up_mid_prefill_starts_from_what_was_pref
         httpx.Client(base_url=server.base_url, timeout=120) as giving_up,
         giving_up.stream("POST", "/v1/chat/completions", json=body) as response,
     ):
-        wait_for_keepalives(response.iter_lines(), 3)
+        wait_for_keepalives(response.iter_lines(), round(0.6 / KEEPALIVE_S))  # 0.6 s of prefill
     # Leaving it unread closed the connection: the server cancels the generation at its next step.
     again = http.post("/v1/chat/completions", json={**body, "stream": False}).json()["usage"]
     assert cached(again) >= 512  # at least one prefill chunk of the first was kept, and read from the store
@@ -220,7 +222,7 @@ def test_an_identical_request_sent_while_the_first_prefills_starts_from_its_stat
     sender = threading.Thread(target=send_again)
     with http.stream("POST", "/v1/chat/completions", json=body) as response:
         lines = response.iter_lines()
-        wait_for_keepalives(lines, 2)
+        wait_for_keepalives(lines, round(0.4 / KEEPALIVE_S))  # 0.4 s of prefill
         sender.start()
         last = [line for line in lines if line.startswith("data: {")][-1]
     sender.join()

@@ -355,6 +355,7 @@ def test_sealed_reasoning_round_trips_without_storage(qwen: Served) -> None:
     after = qwen.client.responses.create(
         model=MODEL,
         input=history(as_codex_sends),
+        temperature=0,  # sampled, the trained reply can wander past its end (seen in CI)
         store=False,
         include=["reasoning.encrypted_content"],
     )
