@@ -114,6 +114,20 @@ def _choice(options: Sequence[str]) -> Callable[[str], str]:
     return parse
 
 
+# Several `--model` declarations in one environment variable are separated by this (a path may hold a comma).
+MODEL_SEPARATOR = ";"
+
+
+def parse_model_specs(text: str) -> tuple[str, ...]:
+    """`[NAME[,ALIAS...]=]MODEL`, several separated by `;` (one per `--model` flag does as well)."""
+    return tuple(spec.strip() for spec in text.split(MODEL_SEPARATOR) if spec.strip())
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    """`a,b` -> ("a", "b"), spaces around each name dropped."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def _path(text: str) -> Path:
     return Path(text).expanduser()
 
@@ -180,6 +194,7 @@ class Option:
     metavar: str | None = None
     is_flag: bool = False
     strict: bool = False
+    repeated: bool = False  # the flag may be given several times; each value parses to a tuple, all joined
 
     @property
     def flag(self) -> str:
@@ -199,6 +214,7 @@ class _OptionMetadata:
     metavar: str | None
     is_flag: bool
     strict: bool
+    repeated: bool
 
 
 _METADATA_KEY = "courier.option"
@@ -213,10 +229,12 @@ def setting(
     metavar: str | None = None,
     flag: bool = False,
     strict: bool = False,
+    repeated: bool = False,
 ) -> _T:
     """Declare a `Settings` field with its option: default, parser, help text, and a metavar or on/off flag.
-    `strict`: an environment value that does not parse stops the server instead of leaving the default."""
-    metadata = _OptionMetadata(parse=parse, help=help, metavar=metavar, is_flag=flag, strict=strict)
+    `strict`: an environment value that does not parse stops the server instead of leaving the default.
+    `repeated`: a tuple setting whose flag may be given several times (`parse` turns one value into a tuple)."""
+    metadata = _OptionMetadata(parse=parse, help=help, metavar=metavar, is_flag=flag, strict=strict, repeated=repeated)
     return field(default=default, metadata={_METADATA_KEY: metadata})
 
 
@@ -232,11 +250,14 @@ class Settings:
         "serve every route under this path (e.g. /courier -> /courier/v1/chat/completions)",
         metavar="PATH",
     )
-    model: str | None = setting(
-        None,
-        _optional_text,
-        "MLX model directory, .gguf file or Hugging Face repo id (default: embedded SmolLM2-135M-Instruct)",
-        metavar="MODEL",
+    model: tuple[str, ...] = setting(
+        (),
+        parse_model_specs,
+        "MLX model directory, .gguf file or Hugging Face repo id, optionally named (NAME[,ALIAS...]=MODEL); repeat "
+        "the flag to serve several, the first being the default (none and no --models-dir: embedded "
+        "SmolLM2-135M-Instruct)",
+        metavar="[NAME=]MODEL",
+        repeated=True,
     )
     served_model_name: str | None = setting(
         None,
@@ -244,6 +265,38 @@ class Settings:
         "model id clients use (default: derived from --model); several comma-separated: the first is the id, the "
         "others aliases a request may name instead (one ending in * matches any name it begins, e.g. claude-*)",
         metavar="NAME[,ALIAS...]",
+    )
+    models_dir: Path | None = setting(  # noqa: RUF009
+        None,
+        _optional_path,
+        "also serve every MLX model directory and .gguf file under this directory, each named by its path below it "
+        "(mlx-community/Qwen3-0.6B-4bit, tiny.Q4_0), loaded when a request names it",
+        metavar="DIR",
+    )
+    models_memory_bytes: int | None = setting(
+        None,
+        parse_positive_bytes,
+        "memory the loaded models may take together (weights, live KV allowance, prompt-cache memory tier); a "
+        "model that does not fit unloads the least recently used idle ones (default: three quarters of the memory "
+        "available at start-up)",
+        metavar="BYTES",
+    )
+    max_loaded_models: int = setting(
+        0, parse_non_negative_int, "most models loaded at once (0: as many as the memory budget holds)", metavar="N"
+    )
+    model_ttl: float = setting(
+        0.0,
+        parse_non_negative_float,
+        "seconds a model stays loaded after its last request ends (0: until its memory is needed); a request's "
+        "keep_alive overrides it",
+        metavar="SECONDS",
+    )
+    pin: tuple[str, ...] = setting(
+        (),
+        parse_names,
+        "models never unloaded, by name (repeat the flag or separate by commas); loaded at start-up",
+        metavar="NAME",
+        repeated=True,
     )
     cache_dir: Path = setting(  # noqa: RUF009
         Path(platformdirs.user_cache_dir("courier")), _path, "where converted models are kept", metavar="DIR"
@@ -588,6 +641,7 @@ def options_of(settings_class: type[Any]) -> tuple[Option, ...]:
                 metavar=metadata.metavar,
                 is_flag=metadata.is_flag,
                 strict=metadata.strict,
+                repeated=metadata.repeated,
             )
         )
     return tuple(options)
@@ -599,7 +653,7 @@ OPTIONS: tuple[Option, ...] = options_of(Settings)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per option; help shows each flag's variable and default."""
     for option in OPTIONS:
-        default = "unset" if option.default is None else option.default
+        default = "unset" if option.default in (None, ()) else option.default
         help_text = f"{option.help} [env {option.env}; default: {default}]"
         if option.is_flag:
             parser.add_argument(
@@ -614,6 +668,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 option.flag,
                 dest=option.name,
                 type=_argparse_type(option),
+                action="extend" if option.repeated else "store",
                 default=argparse.SUPPRESS,
                 metavar=option.metavar,
                 help=help_text,
@@ -626,7 +681,7 @@ def resolve(arguments: argparse.Namespace, environ: Mapping[str, str]) -> Settin
     given = vars(arguments)
     for option in OPTIONS:
         if option.name in given:
-            values[option.name] = given[option.name]
+            values[option.name] = tuple(given[option.name]) if option.repeated else given[option.name]
         elif option.env in environ:
             values[option.name] = _from_environment(option, environ[option.env])
         else:

@@ -31,13 +31,21 @@ def test_defaults_apply_without_flags_or_environment() -> None:
     settings = settings_from([], {})
     assert settings.port == 8000
     assert settings.host == "127.0.0.1"
-    assert settings.model is None
+    assert settings.model == ()
     assert settings.warmup is True
 
 
 def test_environment_overrides_default() -> None:
     settings = settings_from([], {"COURIER_PORT": "9001", "COURIER_WARMUP": "off", "COURIER_MAX_BODY_BYTES": "2MiB"})
     assert (settings.port, settings.warmup, settings.max_body_bytes) == (9001, False, 2 * 1024**2)
+
+
+def test_model_may_be_given_several_times_or_listed_in_the_environment() -> None:
+    settings = settings_from(["--model", "a=/m/a", "--model", "/m/b", "--pin", "a,b", "--pin", "c"], {})
+    assert (settings.model, settings.pin) == (("a=/m/a", "/m/b"), ("a", "b", "c"))
+    settings = settings_from([], {"COURIER_MODEL": "a=/m/a; /m/b", "COURIER_PIN": "a"})
+    assert (settings.model, settings.pin) == (("a=/m/a", "/m/b"), ("a",))
+    assert settings_from(["--model", "/m/c"], {"COURIER_MODEL": "/m/a;/m/b"}).model == ("/m/c",)
 
 
 def test_cli_beats_environment() -> None:

@@ -37,6 +37,9 @@ class FailureCode(StrEnum):
     QUEUE_FULL = "queue_full"
     OVERLOADED = "overloaded"
     MODEL_LOADING = "model_loading"
+    MODEL_NOT_LOADED = "model_not_loaded"  # a figure asked of a model that is not loaded (nothing loads it)
+    MODEL_LOAD_FAILED = "model_load_failed"  # a model a request named could not be loaded (tried again later)
+    MODEL_TOO_LARGE = "model_too_large"  # it cannot fit --models-memory-bytes beside the models that must stay
     SHUTTING_DOWN = "shutting_down"
     SERVICE_UNAVAILABLE = "service_unavailable"
     STORAGE_UNAVAILABLE = "storage_unavailable"  # the database cannot be written (a full disk, an I/O error)

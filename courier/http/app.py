@@ -13,6 +13,7 @@ from courier.http.anthropic import routes as anthropic_routes
 from courier.http.context import AppContext
 from courier.http.cors import CorsMiddleware, CorsPolicy
 from courier.http.errors import ApiError, Envelope
+from courier.http.model_leases import ModelLeaseScope
 from courier.http.routes import (
     cache,
     chat,
@@ -36,7 +37,7 @@ REPLICA_HEADER = "X-Courier-Replica"
 def create_app(context: AppContext) -> Any:
     """The ASGI application Hypercorn serves: the Quart app inside the request-span middleware, and inside the CORS
     layer when `--cors-allow-origins` lists any (so a preflight answered there has its span too)."""
-    app: Any = create_quart_app(context)
+    app: Any = ModelLeaseScope(create_quart_app(context))  # a request's models held until its response ends
     cors = CorsPolicy.from_setting(context.settings.cors_allow_origins)
     if cors is not None:
         app = CorsMiddleware(app, cors)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 from quart import g
 
@@ -15,19 +17,26 @@ from courier.conversation.sealed import KEY_BYTES, ReasoningSeal
 from courier.conversation.turn import TurnServices
 from courier.core.failure_codes import FailureCode
 from courier.core.model_names import ServedNames
+from courier.core.model_residency import parse_keep_alive
 from courier.core.snapshot_store import StoreStats
 from courier.http.auth import ANYONE, ApiKeys, Caller
 from courier.http.errors import ApiError
+from courier.http.json_body import read_json_object
+from courier.http.model_leases import hold
 from courier.http.responses.in_flight import InFlightResponses
-from courier.messages.asking import call
+from courier.messages.asking import Refused, call
 from courier.messages.compactor import CompactorMessage
 from courier.messages.ingress import IngressMessage
 from courier.messages.media import MediaFetcherMessage
+from courier.messages.model_registry import AcquireModel, ModelRegistryMessage
 from courier.messages.snapshot_store import ReadSnapshotStats, SnapshotStoreMessage
 from courier.messages.storage import StorageMessage
 from courier.messages.token_counter import TokenCounterMessage
+from courier.runtime import trace_attributes
+from courier.runtime.tracing import tracer
 from courier.settings import Settings
 from courier.status.metrics import CourierMetrics
+from courier.status.models import ModelsStatus
 from courier.status.service_state import Phase, ServiceState
 
 
@@ -52,6 +61,79 @@ class AppContext:
     seal: ReasoningSeal = field(default_factory=lambda: ReasoningSeal(secrets.token_bytes(KEY_BYTES)))
     responses: InFlightResponses = field(default_factory=InFlightResponses)
     api_keys: ApiKeys = field(default_factory=lambda: ApiKeys(()))
+    # The model registry and what it shows (None: one model, started as the context was built: tests' apps).
+    registry: MemoryObjectSendStream[ModelRegistryMessage] | None = None
+    models: ModelsStatus | None = None
+    names: ServedNames | None = None  # the bound model's names (a context `for_model` made)
+
+    async def for_loaded_model(self, requested: str | None) -> AppContext | None:
+        """`for_model` for a model already loaded (None when it is not, or the server is not serving): figures asked
+        of it never load it."""
+        if self.state.phase is not Phase.READY:
+            return None
+        if self.registry is None or self.models is None:
+            return self if self.state.model is not None else None
+        try:
+            return await self.for_model(requested, if_loaded=True)
+        except Refused as refused:
+            if refused.failure.code is FailureCode.MODEL_NOT_LOADED:
+                return None
+            raise
+
+    async def for_model(
+        self, requested: str | None, *, keep_alive: float | None = None, if_loaded: bool = False
+    ) -> AppContext:
+        """The context of the model `requested` names (None: the default), whose state and outboxes are that
+        model's: loaded if it is not (waiting at most `--request-timeout`), and held until the response has ended
+        (streams included), so it is not unloaded under the request. A 404 for a model not served, a 503 when it
+        cannot be loaded, a 504 when it does not load in time."""
+        self.require_ready()
+        if self.registry is None or self.models is None:
+            self.require_model(requested)
+            return self
+        registry = self.registry
+        attributes = {trace_attributes.MODEL: requested or ""}
+        with tracer().start_as_current_span("model_registry.wait", attributes=attributes):
+            try:
+                with anyio.fail_after(self.settings.request_timeout):
+                    lease = await call(
+                        registry,
+                        lambda reply: AcquireModel(
+                            name=requested, keep_alive=keep_alive, if_loaded=if_loaded, reply=reply
+                        ),
+                    )
+            except TimeoutError:
+                message = f"the model '{requested}' did not load within --request-timeout"
+                raise ApiError(504, message, param="model", code=FailureCode.DEADLINE_EXCEEDED) from None
+        hold(lease)
+        model = self.models.models[lease.model_id]
+        model_outboxes = lease.outboxes
+        outboxes = Outboxes(
+            token_counter=model_outboxes.token_counter,
+            ingress=model_outboxes.ingress,
+            storage=self.outboxes.storage,
+            compactor=model_outboxes.compactor,
+            snapshot_store=model_outboxes.snapshot_store,
+            media_fetcher=model_outboxes.media_fetcher,
+        )
+        return replace(self, state=model.state, outboxes=outboxes, names=model.names)
+
+    async def read_for_model(self) -> tuple[AppContext, dict[str, Any]]:
+        """The request's JSON object body, and the context of the model it names (`for_body`)."""
+        body = await read_json_object()
+        return await self.for_body(body), body
+
+    async def for_body(self, body: dict[str, Any]) -> AppContext:
+        """`for_model` for the model a request body names in `model` (anything but text: the default, and its
+        validation says what is wrong), kept loaded `keep_alive` after it (Ollama's: seconds or a duration)."""
+        model = body.get("model")
+        keep_alive = None
+        if "keep_alive" in body and body["keep_alive"] is not None:
+            try:
+                keep_alive = parse_keep_alive(body["keep_alive"])
+            except ValueError as error:
+                raise ApiError.invalid(str(error), param="keep_alive") from None
+        return await self.for_model(model if isinstance(model, str) else None, keep_alive=keep_alive)
 
     def caller(self) -> Caller:
         """Who sent the request being handled (checked before any route runs)."""
@@ -81,6 +163,8 @@ class AppContext:
     @property
     def served_names(self) -> ServedNames:
         """The served model's id and its aliases (`--served-model-name ID,ALIAS,...`)."""
+        if self.names is not None:
+            return self.names
         names = ServedNames.parse(self.settings.served_model_name, self.state.model_id)
         return ServedNames((self.state.model_id, *names.names[1:]))
 

@@ -541,9 +541,19 @@ def openapi_document(prefix: str = "") -> Schema:
         "/health": {"get": _operation("health", "Readiness, model, device and scheduler counters", errors=(503,))},
         "/metrics": {"get": _operation("metrics", "Prometheus metrics", content_types=("text/plain",), errors=())},
         "/openapi.json": {"get": _operation("openapi", "This document", errors=())},
-        "/v1/models": {"get": _operation("listModels", "The served model", errors=())},
+        "/v1/models": {"get": _operation("listModels", "Every servable model, loaded or not", errors=())},
         "/v1/models/{model_id}": {
             "get": _operation("retrieveModel", "One model", parameters=[_path_parameter("model_id")], errors=(404,))
+        },
+        "/v1/models/{model_id}/load": {
+            "post": _operation(
+                "loadModel", "An operator's load", parameters=[_path_parameter("model_id")], errors=(403, 404, 503)
+            )
+        },
+        "/v1/models/{model_id}/unload": {
+            "post": _operation(
+                "unloadModel", "An operator's unload", parameters=[_path_parameter("model_id")], errors=(403, 404)
+            )
         },
         "/tokenize": {
             "post": _operation("tokenize", "Tokenize a prompt or render chat messages", body=_TOKENIZE_REQUEST)

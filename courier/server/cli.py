@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from courier import __version__
 from courier import settings as settings_module
 from courier.cluster import command as cluster_command
-from courier.model.source import ModelSourceError, resolve_model_source
+from courier.model.catalog import build_catalog
+from courier.model.source import ModelSourceError
 from courier.platform.blas import load_optimized_blas
 from courier.platform.malloc_tuning import pin_malloc_thresholds
 
@@ -81,7 +82,9 @@ def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> in
             blas.detail,
         )
     try:
-        source = resolve_model_source(settings.model)
+        catalog = build_catalog(
+            settings.model, served_model_name=settings.served_model_name, models_dir=settings.models_dir
+        )
     except ModelSourceError as error:
         logger.error("%s", error)
         return EXIT_USAGE
@@ -92,7 +95,7 @@ def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> in
     from courier.server.supervisor import Supervisor
 
     try:
-        anyio.run(Supervisor(settings, source, blas, environ).run)
+        anyio.run(Supervisor(settings, catalog, blas, environ).run)
     except ServerFailed as error:
         logger.error("server stopped: %s", error)
         return EXIT_FAILED

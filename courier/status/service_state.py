@@ -86,5 +86,18 @@ class ServiceState:
             "reasoning": [self.reasoning.start, self.reasoning.end] if self.reasoning is not None else None,
         }
 
+    def mark_unloaded(self) -> None:
+        """The model went (the registry unloaded it): what it served is forgotten, the phase stays the server's."""
+        self.model = None
+        self.reasoning = None
+        self.tool_format = None
+        self.grammars = None
+        self.sampling_defaults = OPENAI
+
+    def mark_serving(self) -> None:
+        """Several models: the server serves once its registry runs, whether or not the default model loaded."""
+        if self.phase is Phase.LOADING:
+            self.phase = Phase.READY
+
     def mark_draining(self) -> None:
         self.phase = Phase.DRAINING

@@ -46,21 +46,21 @@ def blueprint(context: AppContext) -> Blueprint:
 
     @routes.post("/v1/messages")
     async def create_message() -> Response | JsonObject:
-        request = parse_messages_request(await read_json_object(), context.state.sampling_defaults)
-        context.require_ready()
-        context.require_model(request.model)
-        if thinking_budget.enforced(context, request):
-            request = await thinking_budget.prerendered(context, request)
-        tenant = context.caller().tenant  # read now: a stream runs after this view has returned
-        admitted = await admit(context, request.generation, new_request_id(), tenant)
-        run = MessageRun(context, request, admitted, tenant)
+        body = await read_json_object()
+        bound = await context.for_body(body)  # the model the body names, held until the response ends
+        request = parse_messages_request(body, bound.state.sampling_defaults)
+        if thinking_budget.enforced(bound, request):
+            request = await thinking_budget.prerendered(bound, request)
+        tenant = bound.caller().tenant  # read now: a stream runs after this view has returned
+        admitted = await admit(bound, request.generation, new_request_id(), tenant)
+        run = MessageRun(bound, request, admitted, tenant)
         if request.generation.stream:
-            return event_stream_response(_stream(context, request, run, tenant), done=None, error_event=error_event)
+            return event_stream_response(_stream(bound, request, run, tenant), done=None, error_event=error_event)
         async with aclosing(run.parts()) as parts:
             async for _ in parts:
                 pass
         outcome = run.outcome
-        _warm_up_next_turn(context, request, run, tenant)
+        _warm_up_next_turn(bound, request, run, tenant)
         reply = run.reply
         return message_object(
             message_id=new_message_id(),
@@ -74,14 +74,14 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/messages/count_tokens")
     async def count_tokens() -> dict[str, Any]:
         """The tokens the same body's message would prefill (its images counted as the tokens they expand to)."""
-        request = parse_messages_request(await read_json_object(), context.state.sampling_defaults, counting=True)
-        context.require_ready()
-        context.require_model(request.model)
+        body = await read_json_object()
+        bound = await context.for_body(body)
+        request = parse_messages_request(body, bound.state.sampling_defaults, counting=True)
         prompt = request.generation.prompt
         assert isinstance(prompt, ChatPrompt)
-        images = await context.image_admission().admit_for_count(prompt.images, FetchMemo())
+        images = await bound.image_admission().admit_for_count(prompt.images, FetchMemo())
         result = await call(
-            context.outboxes.token_counter,
+            bound.outboxes.token_counter,
             lambda reply: TokenizeChat(
                 messages=prompt.messages,
                 tools=prompt.tools,
@@ -90,7 +90,7 @@ def blueprint(context: AppContext) -> Blueprint:
                 thinking=prompt.thinking,
                 options=prompt.options,
                 images=images,
-                max_tokens=context.context_length,
+                max_tokens=bound.context_length,
             ),
         )
         return {"input_tokens": len(result.tokens)}

@@ -22,6 +22,7 @@ from quart import Response, g, websocket
 from courier.conversation.turn import plan_turn, start_turn
 from courier.http.context import AppContext
 from courier.http.errors import ApiError, Envelope
+from courier.http.model_leases import leases_held
 from courier.http.responses.events import EventWriter
 from courier.http.responses.prepare import prepared
 from courier.http.responses.run import run_streamed
@@ -79,13 +80,15 @@ def _create_body(event: Any) -> dict[str, Any]:
 
 
 async def _respond(context: AppContext, body: dict[str, Any], emit: EventWriter) -> None:
-    parsed = await prepared(context, body)
-    services = context.turn_services()
-    plan = await plan_turn(services, parsed)
-    turn = None if plan.compaction_due else await start_turn(services, plan)
-    async with aclosing(run_streamed(context, services, plan, turn, emit)) as events:
-        async for chunk in events:
-            await websocket.send(chunk.decode())
+    async with leases_held():  # the model this request names, held until its last event is sent
+        bound = await context.for_body(body)
+        parsed = await prepared(bound, body)
+        services = bound.turn_services()
+        plan = await plan_turn(services, parsed)
+        turn = None if plan.compaction_due else await start_turn(services, plan)
+        async with aclosing(run_streamed(bound, services, plan, turn, emit)) as events:
+            async for chunk in events:
+                await websocket.send(chunk.decode())
 
 
 def _error(error: ApiError, stream_id: str | None) -> str:

@@ -1,11 +1,14 @@
-"""GET /v1/cache/stats and POST /v1/cache/reset: the snapshot store, observed and cleared, by message."""
+"""GET /v1/cache/stats and POST /v1/cache/reset: the snapshot store, observed and cleared, by message.
+
+Both are the default model's, or that of `?model=NAME`; stats of a model that is not loaded say so (asking for
+figures never loads a model), a reset loads it."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, request
 
 from courier.core.prefix_divergence import DivergenceReport
 from courier.core.snapshot_rejections import FileRejection
@@ -25,8 +28,11 @@ def blueprint(context: AppContext) -> Blueprint:
         # The scheduler's counters before the store's figures: a warm-up counted as run has already told the store
         # its snapshot, so the store, asked next, answers with it (read after, they could count a warm-up whose
         # snapshot the figures miss).
-        scheduler = replace(context.state.scheduler)
-        store = await context.snapshot_stats()
+        bound = await context.for_loaded_model(request.args.get("model"))  # a figure never loads a model
+        if bound is None:
+            return {"enabled": context.settings.prompt_cache, "model_loaded": False}
+        scheduler = replace(bound.state.scheduler)
+        store = await bound.snapshot_stats()
         if store is None:
             return {"enabled": False}
         counters, limits = store.counters, store.limits
@@ -58,15 +64,15 @@ def blueprint(context: AppContext) -> Blueprint:
             "snapshot_warmups_queued": scheduler.warmups_queued,
             "snapshot_lookups_timed_out": scheduler.lookups_timed_out,
             "snapshot_divergences": counters.divergences,
-            "snapshot_recent_divergences": _divergences(store.divergences, context.caller()),
+            "snapshot_recent_divergences": _divergences(store.divergences, bound.caller()),
             **_tier_figures(store),
         }
 
     @routes.post("/v1/cache/reset")
     async def reset() -> dict[str, Any]:
-        outbox = context.outboxes.snapshot_store
         require_admin(context.caller())
-        context.require_ready()
+        bound = await context.for_model(request.args.get("model"))
+        outbox = bound.outboxes.snapshot_store
         if outbox is None:
             raise ApiError.invalid("the prompt cache is disabled (--no-prompt-cache)")
         entries, memory, disk = await call(outbox, lambda reply: ResetSnapshots(reply=reply))

@@ -31,20 +31,22 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/chat/completions")
     @routes.post("/chat/completions")
     async def chat_completions() -> Response | dict[str, Any]:
-        request = parse_chat_request(await read_json_object(), context.state.sampling_defaults, context.max_n)
+        body = await read_json_object()
+        bound = await context.for_body(body)  # the model the body names, held until the response ends
+        request = parse_chat_request(body, bound.state.sampling_defaults, bound.max_n)
         request_id = new_request_id()
-        admitted = await admit(context, request, request_id)
-        header = Header(completion_id=f"chatcmpl-{request_id}", created=int(time.time()), model=context.state.model_id)
+        admitted = await admit(bound, request, request_id)
+        header = Header(completion_id=f"chatcmpl-{request_id}", created=int(time.time()), model=bound.state.model_id)
         if request.stream:
-            tenant = context.caller().tenant  # read now: the stream runs after this view has returned
-            return event_stream_response(_stream(context, request, admitted=admitted, header=header, tenant=tenant))
-        replies = [ReplyAssembler(_parsing(context, request, admitted)) for _ in range(request.n)]
-        finishes = await assemble(admitted, context.settings.request_timeout, replies)
+            tenant = bound.caller().tenant  # read now: the stream runs after this view has returned
+            return event_stream_response(_stream(bound, request, admitted=admitted, header=header, tenant=tenant))
+        replies = [ReplyAssembler(_parsing(bound, request, admitted)) for _ in range(request.n)]
+        finishes = await assemble(admitted, bound.settings.request_timeout, replies)
         choices = []
         for index, (reply, finished) in enumerate(zip(replies, finishes, strict=True)):
             _, calls = reply.finish(cut=finished.reason is FinishReason.LENGTH)
             if request.n == 1:
-                _warm_up_next_turn(context, request, reply.content, calls, context.caller().tenant)
+                _warm_up_next_turn(bound, request, reply.content, calls, bound.caller().tenant)
             choices.append(
                 openai_format.chat_choice(
                     index,

@@ -28,16 +28,18 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/completions")
     @routes.post("/completions")
     async def completions() -> Response | dict[str, Any]:
-        request = parse_completion_request(await read_json_object(), context.state.sampling_defaults, context.max_n)
+        body = await read_json_object()
+        bound = await context.for_body(body)  # the model the body names, held until the response ends
+        request = parse_completion_request(body, bound.state.sampling_defaults, bound.max_n)
         request_id = new_request_id()
-        admitted = await admit(context, request, request_id)
-        header = Header(completion_id=f"cmpl-{request_id}", created=int(time.time()), model=context.state.model_id)
+        admitted = await admit(bound, request, request_id)
+        header = Header(completion_id=f"cmpl-{request_id}", created=int(time.time()), model=bound.state.model_id)
         if request.stream:
-            return event_stream_response(_stream(context, request, admitted, header))
+            return event_stream_response(_stream(bound, request, admitted, header))
         texts: list[list[str]] = [[] for _ in range(request.n)]
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(request.n)]
         finishes: dict[int, GenerationFinished] = {}
-        async for event in generated_events(admitted, context.settings.request_timeout):
+        async for event in generated_events(admitted, bound.settings.request_timeout):
             if isinstance(event, GenerationFinished):
                 finishes[event.choice] = event
             else:

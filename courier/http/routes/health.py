@@ -1,4 +1,4 @@
-"""GET /health: phase, model, device, BLAS and weight format; 503 unless ready."""
+"""GET /health: phase, the default model, device, BLAS and weight format, every model's residency; 503 unless ready."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ def blueprint(context: AppContext) -> Blueprint:
             "model_info": model.as_dict() if model else None,
             "capabilities": state.capabilities() if model else None,
             "scheduler": state.scheduler_view(),
+            # Every servable model: loaded or not, its memory, a load's progress (several models: load on demand).
+            "models": context.models.view(time.monotonic()) if context.models is not None else None,
             "speculation": state.scheduler.speculation.view(),
             "connections": state.connections.as_dict(),
             "memory": mlx_memory().as_dict(),

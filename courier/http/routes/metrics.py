@@ -15,7 +15,8 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.get("/metrics")
     async def metrics() -> Response:
         try:
-            snapshot_stats = await context.snapshot_stats()
+            bound = await context.for_loaded_model(None)  # the default model's store, when it is loaded
+            snapshot_stats = await bound.snapshot_stats() if bound is not None else None
         except Refused:
             snapshot_stats = None  # a store too busy to answer: its family is left out of this scrape
         return Response(context.metrics.render(snapshot_stats), content_type=CONTENT_TYPE_LATEST)

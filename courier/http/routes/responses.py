@@ -40,41 +40,40 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/v1/responses")
     @routes.post("/responses")
     async def create_response() -> Response | JsonObject:
-        parsed = await prepared(context, await read_json_object())
-        services = context.turn_services()
+        bound, body = await context.read_for_model()  # the model the body names, held until the response ends
+        parsed = await prepared(bound, body)
+        services = bound.turn_services()
         plan = await plan_turn(services, parsed)
         if parsed.compaction_requested and not parsed.stream:
-            return await run_compaction(context, services, plan)
+            return await run_compaction(bound, services, plan)
         if parsed.stream:
             # A due compaction runs inside the stream, so its progress can be streamed; otherwise admission
             # happens first and a refusal is a plain HTTP error.
             turn = None if plan.compaction_due else await start_turn(services, plan)
             emit = EventWriter()
-            events = run_streamed(context, services, plan, turn, emit, keepalive_s=context.settings.stream_keepalive)
+            events = run_streamed(bound, services, plan, turn, emit, keepalive_s=bound.settings.stream_keepalive)
             return event_stream_response(events, done=None, error_event=emit.error)
-        return await run_whole(context, services, await start_turn(services, plan))
+        return await run_whole(bound, services, await start_turn(services, plan))
 
     @routes.post("/v1/responses/input_tokens")
     @routes.post("/responses/input_tokens")
     async def count_input_tokens() -> JsonObject:
         body = await read_json_object()
-        parsed = parse_responses_request(body, context.state.sampling_defaults, unsupported_fields.INPUT_TOKENS)
-        context.require_ready()
-        context.require_model(parsed.model)
-        services = context.turn_services()
-        items = [*await history_items(services, parsed), *unsealed(context.seal, parsed.input_items)]
+        bound = await context.for_body(body)
+        parsed = parse_responses_request(body, bound.state.sampling_defaults, unsupported_fields.INPUT_TOKENS)
+        services = bound.turn_services()
+        items = [*await history_items(services, parsed), *unsealed(bound.seal, parsed.input_items)]
         rendered = render(services.capsules, parsed, items)
         return {"object": "response.input_tokens", "input_tokens": await count_tokens(services, parsed, rendered)}
 
     @routes.post("/v1/responses/compact")
     @routes.post("/responses/compact")
     async def compact_response() -> JsonObject:
-        parsed = parse_compact_request(await read_json_object())
-        context.require_ready()
-        context.require_model(parsed.model)
-        shown = replayed(context.capsules, unsealed(context.seal, parsed.input_items), parsed.instructions)
+        bound, body = await context.read_for_model()
+        parsed = parse_compact_request(body)
+        shown = replayed(bound.capsules, unsealed(bound.seal, parsed.input_items), parsed.instructions)
         result = await call(
-            context.outboxes.compactor,
+            bound.outboxes.compactor,
             lambda reply: CompactHistory(
                 context=shown,
                 request_items=parsed.input_items,
@@ -84,11 +83,11 @@ def blueprint(context: AppContext) -> Blueprint:
                 max_output_tokens=parsed.max_output_tokens,
                 session=parsed.session,
                 reply=reply,
-                tenant=context.caller().tenant,
+                tenant=bound.caller().tenant,
             ),
         )
         return {
-            "id": new_response_id(context.settings.replica_id),
+            "id": new_response_id(bound.settings.replica_id),
             "object": "response.compaction",
             "created_at": int(time.time()),
             "output": list(result.output),

@@ -24,16 +24,14 @@ from courier.runtime.message import ReplyStream
 
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("tokenize", __name__)
-    outbox = context.outboxes.token_counter
 
     @routes.post("/tokenize")
     async def tokenize() -> dict[str, Any]:
         body = await read_json_object()
-        context.require_ready()
-        context.require_model(optional_str(body, "model"))
-        build = _tokenize_message(body, context.context_length)
-        result = await call(outbox, build)
-        model = context.state.model
+        bound = await context.for_model(optional_str(body, "model"))
+        build = _tokenize_message(body, bound.context_length)
+        result = await call(bound.outboxes.token_counter, build)
+        model = bound.state.model
         return {
             "count": len(result.tokens),
             "max_model_len": model.context_length if model else None,
@@ -43,10 +41,9 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/detokenize")
     async def detokenize() -> dict[str, Any]:
         body = await read_json_object()
-        context.require_ready()
-        context.require_model(optional_str(body, "model"))
+        bound = await context.for_model(optional_str(body, "model"))
         tokens = tuple(token_list(body, "tokens"))
-        result = await call(outbox, lambda reply: Detokenize(tokens=tokens, reply=reply))
+        result = await call(bound.outboxes.token_counter, lambda reply: Detokenize(tokens=tokens, reply=reply))
         return {"prompt": result.text}
 
     return routes
