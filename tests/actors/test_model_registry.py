@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,6 +39,7 @@ from courier.status.service_state import ServiceState
 pytestmark = pytest.mark.anyio
 BLAS = BlasReport(library="reference", path=None, optimized=False, detail="test")
 GiB = 1024**3
+TURNS = 10_000  # scheduler turns `until` gives a condition: far more than any of these needs
 
 
 class Clock:
@@ -98,9 +99,17 @@ class FakeLoader:
         return runtime
 
     async def finish(self, model_id: str) -> None:
-        while model_id not in self._gates:
-            await anyio.sleep(0.001)
+        await until(lambda: model_id in self._gates, f"{model_id} loading")
         self._gates.pop(model_id).set()
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Let the registry and its tasks run (no clock involved) until `check()` holds."""
+    for _ in range(TURNS):
+        if check():
+            return
+        await anyio.sleep(0)
+    raise AssertionError(f"never: {what}")
 
 
 def catalog(*names: str) -> ModelCatalog:
@@ -121,12 +130,22 @@ class Registry:
     status: ModelsStatus
     loader: FakeLoader
     clock: Clock
+    asked: int = 0  # `AcquireModel`s sent
 
     def model(self, name: str) -> ModelStatus:
         return self.status.models[name]
 
     async def acquire(self, name: str | None, keep_alive: float | None = None) -> ModelLease:
-        return await call(self.inbox, lambda reply: AcquireModel(name=name, keep_alive=keep_alive, reply=reply))
+        def ask(reply: Any) -> AcquireModel:
+            self.asked += 1
+            return AcquireModel(name=name, keep_alive=keep_alive, reply=reply)
+
+        return await call(self.inbox, ask)
+
+    async def read(self, asked: int) -> None:
+        """Until `asked` acquires have been sent and the registry has taken every message from its inbox: what
+        it is sent next is handled after them."""
+        await until(lambda: self.asked == asked and not self.inbox.statistics().current_buffer_used, "inbox read")
 
     async def settle(self) -> None:
         """Let the registry handle what its tasks told it."""
@@ -187,7 +206,7 @@ async def test_a_request_loads_its_model_and_concurrent_ones_wait_on_that_one_lo
             requests.start_soon(acquire, "a-alias")
             requests.start_soon(acquire, "a")
             await test.loader.started.wait()
-            await anyio.sleep(0.01)
+            await test.read(asked=3)
             assert test.model("a").residency is Residency.LOADING
             await test.loader.finish("a")
         assert test.loader.loads == ["a"]
@@ -268,7 +287,7 @@ async def test_a_busy_model_is_unloaded_only_once_its_requests_end() -> None:
 
         async with anyio.create_task_group() as requests:
             requests.start_soon(acquire_b)
-            await anyio.sleep(0.05)
+            await until(lambda: "waiting for memory: a" in (test.model("b").progress or ""), "b waiting for a")
             assert test.model("a").residency is Residency.UNLOADING
             assert test.model("b").residency is Residency.LOADING
             assert "waiting for memory: a" in (test.model("b").progress or "")
@@ -291,9 +310,9 @@ async def test_a_request_for_a_model_being_unloaded_loads_it_again() -> None:
 
         async with anyio.create_task_group() as requests:
             requests.start_soon(acquire, "b")
-            await anyio.sleep(0.02)
+            await until(lambda: test.model("a").residency is Residency.UNLOADING, "a unloading for b")
             requests.start_soon(acquire, "a")
-            await anyio.sleep(0.02)
+            await test.read(asked=3)  # a's second request is held while a unloads
             streaming.release()
         assert results == ["b", "a"]
         assert test.loader.loads == ["a", "b", "a"]
@@ -348,7 +367,7 @@ async def test_an_operator_loads_and_unloads_by_hand() -> None:
 
         async with anyio.create_task_group() as operator:
             operator.start_soon(unload)
-            await anyio.sleep(0.02)
+            await until(lambda: test.model("b").residency is Residency.UNLOADING, "b unloading")
             assert test.model("b").residency is Residency.UNLOADING  # waits for the request in flight
             assert not unloading
             lease.release()
