@@ -351,6 +351,19 @@ def prepare_reference(cache_dir: Path, prompts: Sequence[str], args: argparse.Na
     )
 
 
+def report_runs(args: argparse.Namespace, blas: BlasReport, in_process: InProcess, runs: list[Measured]) -> None:
+    """The tables on stdout and the JSON, of every server measured so far."""
+    settings = {
+        **{key: getattr(args, key) for key in ("concurrency", "max_tokens", "single_tokens", "single_repeats")},
+        **{"servers": args.servers, "quiet_load": args.quiet_load},
+        **{"baseline_tree": str(args.baseline_tree) if args.baseline_tree else None, "weights": in_process.weights},
+        **{"openblas_kernels": blas.kernels, "openblas_kernel_choice": blas.kernel_choice},
+    }
+    report = Report(environment=environment(blas), settings=settings, in_process=in_process, servers=runs)
+    print_report(report, args)
+    write_json(report, args.json)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     f32 = any(server in args.servers for server in F32_KINDS)
@@ -363,35 +376,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     blas = load_optimized_blas()
     prompts = essay_prompts(args.single_repeats)
     runs: list[Measured] = []
-    with cache_directory(args.cache_dir) as cache_dir:
-        wait_for_quiet(args.quiet_load, args.quiet_timeout)
-        in_process = prepare_reference(cache_dir, prompts, args, blas)
-        launcher = Launcher(
-            bench="throughput",
-            cache_dir=cache_dir,
-            log_dir=cache_dir / "bench-logs",
-            openblas=args.openblas,
-            kernels=blas.kernels,
-            baseline_tree=args.baseline_tree,
-        )
-        for name in args.servers:
-            load, waited = wait_for_quiet(args.quiet_load, args.quiet_timeout)
-            run = Measured(name=name, load_at_start=load, waited_for_quiet_s=waited)
-            runs.append(run)
+    in_process: InProcess | None = None
+    try:
+        with cache_directory(args.cache_dir) as cache_dir:
+            wait_for_quiet(args.quiet_load, args.quiet_timeout)
+            in_process = prepare_reference(cache_dir, prompts, args, blas)
+            launcher = Launcher(
+                bench="throughput",
+                cache_dir=cache_dir,
+                log_dir=cache_dir / "bench-logs",
+                openblas=args.openblas,
+                kernels=blas.kernels,
+                baseline_tree=args.baseline_tree,
+            )
+            for name in args.servers:
+                load, waited = wait_for_quiet(args.quiet_load, args.quiet_timeout)
+                run = Measured(name=name, load_at_start=load, waited_for_quiet_s=waited)
+                runs.append(run)
 
-            def measured(server: Server, run: Measured = run) -> None:
-                asyncio.run(measure(server, run, prompts, args))
+                def measured(server: Server, run: Measured = run) -> None:
+                    asyncio.run(measure(server, run, prompts, args))
 
-            run.server, _ = launcher.run(spec(name, args.dir4, args.dir_f32, max(args.concurrency)), measured)
-    settings = {
-        **{key: getattr(args, key) for key in ("concurrency", "max_tokens", "single_tokens", "single_repeats")},
-        **{"servers": args.servers, "quiet_load": args.quiet_load},
-        **{"baseline_tree": str(args.baseline_tree) if args.baseline_tree else None, "weights": in_process.weights},
-        **{"openblas_kernels": blas.kernels, "openblas_kernel_choice": blas.kernel_choice},
-    }
-    report = Report(environment=environment(blas), settings=settings, in_process=in_process, servers=runs)
-    print_report(report, args)
-    write_json(report, args.json)
+                run.server, _ = launcher.run(spec(name, args.dir4, args.dir_f32, max(args.concurrency)), measured)
+    finally:  # also when stopped (a time limit's SIGINT): what was measured is reported
+        if in_process is not None:
+            report_runs(args, blas, in_process, runs)
     return 1 if any(run.server is None or run.server.error for run in runs) else 0
 
 

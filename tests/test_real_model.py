@@ -12,6 +12,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from courier.model.device import active_device
 from tests.support.server import RunningServer, running_server
 
 pytestmark = pytest.mark.real_model
@@ -68,7 +69,7 @@ def test_default_server_serves_embedded_smollm2_and_traces_a_request(cache_dir: 
     assert answer.choices[0].finish_reason == "stop"
     assert streamed_text == answer.choices[0].message.content
     assert health["status"] == "ok"
-    assert health["device"] == "cpu"
+    assert health["device"] == active_device()  # the server's MLX device is this process's: cpu, cuda or metal
     assert health["weight_format"] == "float32 (from 4-bit affine, group size 32)"
     assert health["model_info"]["context_length"] == 8192
     assert "What is the capital of France?<|im_end|>" in text

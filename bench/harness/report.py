@@ -22,6 +22,15 @@ def progress(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
+def _version(distribution: str) -> str:
+    """A distribution's version; run from a checkout on PYTHONPATH (as on a GPU machine with no index), Courier has
+    no installed metadata, and the report still gets written."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed (run from a checkout)"
+
+
 def environment(blas: BlasReport, *packages: str) -> dict[str, object]:
     """Versions, machine and MLX device, for the report's head and its JSON (`packages`: more versions)."""
     import mlx.core as mx
@@ -31,7 +40,7 @@ def environment(blas: BlasReport, *packages: str) -> dict[str, object]:
     names = ("mlx", "mlx-lm", "courier", "openai", *packages)
     return {
         "python": platform.python_version(),
-        **{name: metadata.version(name) for name in names},
+        **{name: _version(name) for name in names},
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor() or "unknown",

@@ -25,6 +25,7 @@ from courier.engine.generation import (
 )
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill
 from tests.support import tiny_models
+from tests.support.device import STATE_ATOL, bitwise_across_shapes
 from tests.support.faulty_model import FailingModel
 
 LIMITS = BatchLimits(max_batch=4, prefill_batch=4, prefill_step_size=64)
@@ -345,8 +346,8 @@ def test_a_dense_boundary_snapshot_is_cut_from_the_prompt_state_without_a_second
     assert cut.nbytes == nbytes
     for got, want in zip(cut.state, expected, strict=True):
         assert got.offset == want.offset == boundary
-        assert mx.allclose(got.keys, want.keys, atol=1e-4).item()
-        assert mx.allclose(got.values, want.values, atol=1e-4).item()
+        assert mx.allclose(got.keys, want.keys, atol=STATE_ATOL).item()
+        assert mx.allclose(got.values, want.values, atol=STATE_ATOL).item()
 
 
 # ---------------------------------------------------------------- n samples of one prompt
@@ -376,6 +377,7 @@ def test_samples_of_one_prompt_prefill_it_once(family: tuple[Any, Any]) -> None:
     assert by_choice(outputs) == {0: single, 1: single, 2: single}  # greedy: every sample is the same reply
 
 
+@bitwise_across_shapes
 def test_seeded_samples_draw_from_their_own_seeds(loaded: tuple[Any, Any]) -> None:
     model, tokenizer = loaded
     sampling = SamplingParams(max_tokens=16, temperature=1.0, seed=7)

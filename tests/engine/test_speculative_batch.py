@@ -28,6 +28,7 @@ from courier.model.loader import load_model
 from courier.model.progress import Progress
 from courier.model.source import resolve_model_source
 from tests.support import tiny_models
+from tests.support.device import LOGPROB_ABS, bitwise_across_shapes
 from tests.support.faulty_model import FailingModel
 from tests.support.grammar import VOCAB_SIZE
 
@@ -84,7 +85,7 @@ def assert_same(plain: dict[str, Outcome], speculative: dict[str, Outcome]) -> N
         assert got.token_ids == expected.token_ids, name
         assert got.finish == expected.finish, name
         assert got.snapshots == expected.snapshots, name
-        assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-3), name
+        assert got.logprobs == pytest.approx(expected.logprobs, abs=LOGPROB_ABS), name
 
 
 def request(name: str, prompt: tuple[int, ...], max_tokens: int = 40, **sampling: Any) -> EngineRequest:
@@ -145,6 +146,7 @@ def test_a_single_stream_gives_what_it_gives_without_drafts(tiny: tuple[Any, Any
         assert_same(plain, speculative)
 
 
+@bitwise_across_shapes
 def test_a_mixed_batch_gives_what_it_gives_without_drafts_and_drafts_land(tiny: tuple[Any, Any]) -> None:
     model, tokenizer = tiny
     requests = tiny_table(tokenizer)
@@ -156,6 +158,7 @@ def test_a_mixed_batch_gives_what_it_gives_without_drafts_and_drafts_land(tiny: 
     assert counters.steps < sum(outcome.finish[1] for outcome in plain.values())
 
 
+@bitwise_across_shapes
 def test_samples_of_one_prompt_and_requests_sharing_a_prefix_are_unchanged(tiny: tuple[Any, Any]) -> None:
     model, tokenizer = tiny
     shared = loop_prompt(tokenizer, TINY_TEXTS["repeat"] + " " + TINY_TEXTS["code"])
