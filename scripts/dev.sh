@@ -98,7 +98,6 @@ ensure_agent() {
 ensure_venv() {
     local target=$1 stamp
     require_python
-    ensure_openblas
     if [ ! -x "$VENV/bin/python" ]; then
         log "creating $VENV"
         "$PYTHON_BIN" -m venv "$VENV"
@@ -124,22 +123,40 @@ command=${1:-}
 [ $# -gt 0 ] && shift
 case "$command" in
     serve)
+        ensure_openblas
         ensure_venv "."
         exec "$VENV/bin/courier" serve "$@"
         ;;
     test)
+        # The system packages and the agents install beside the venv (each mostly waits on its download), and
+        # pytest waits for them; ruff and mypy need only the venv.
+        log_dir=$(mktemp -d)
+        (ensure_openblas || true; ensure_postgresql || true; ensure_haproxy) >"$log_dir/apt.log" 2>&1 &  # one apt-get at a time
+        apt_job=$!
+        ensure_agents >"$log_dir/npm.log" 2>&1 &
+        npm_job=$!
         ensure_venv ".[dev,vision]"
-        ensure_postgresql
-        ensure_haproxy
-        ensure_agents
         log "ruff"
         "$VENV/bin/ruff" check courier tests bench traces
         "$VENV/bin/ruff" format --check courier tests bench traces
-        log "mypy --strict"
-        "$VENV/bin/mypy"
-        log "pytest"
+        # mypy (a minute and more of one core, uncached) checks while the tests run; its verdict comes after them.
+        "$VENV/bin/mypy" >"$log_dir/mypy.log" 2>&1 &
+        mypy_job=$!
+        wait "$apt_job" || log "WARNING: installing OpenBLAS / PostgreSQL / HAProxy failed (see below)"
+        wait "$npm_job" || log "WARNING: installing the agents failed; their end-to-end tests will be skipped"
+        cat "$log_dir/apt.log" "$log_dir/npm.log" >&2
+        log "pytest (mypy --strict beside it)"
         # The 20 slowest tests are listed at the end, so a slow new test shows in CI's log.
-        exec "$VENV/bin/pytest" --durations=20 "$@"
+        tests_status=0
+        "$VENV/bin/pytest" --durations=20 "$@" || tests_status=$?
+        mypy_status=0
+        wait "$mypy_job" || mypy_status=$?
+        log "mypy --strict"
+        cat "$log_dir/mypy.log"
+        rm -rf "$log_dir"
+        [ "$mypy_status" = 0 ] || log "mypy --strict failed"
+        [ "$tests_status" = 0 ] || exit "$tests_status"
+        exit "$mypy_status"
         ;;
     *)
         echo "usage: ./dev serve [courier serve flags] | ./dev test [pytest args]" >&2
