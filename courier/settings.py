@@ -128,6 +128,20 @@ def parse_names(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
+EMBEDDING_POOLINGS = ("mean", "last")
+
+
+def parse_embedding_pooling(text: str) -> tuple[str, ...]:
+    """`[NAME=]mean|last`, several separated by commas: kept as `NAME=POOLING` (no NAME: the default model)."""
+    specs = []
+    for spec in parse_names(text):
+        name, _, pooling = spec.rpartition("=")
+        if pooling.strip() not in EMBEDDING_POOLINGS:
+            raise ValueError(f"{spec!r}: the pooling is one of {', '.join(EMBEDDING_POOLINGS)}")
+        specs.append(f"{name.strip()}={pooling.strip()}")
+    return tuple(specs)
+
+
 def _path(text: str) -> Path:
     return Path(text).expanduser()
 
@@ -296,6 +310,14 @@ class Settings:
         parse_names,
         "models never unloaded, by name (repeat the flag or separate by commas); loaded at start-up",
         metavar="NAME",
+        repeated=True,
+    )
+    embedding_pooling: tuple[str, ...] = setting(
+        (),
+        parse_embedding_pooling,
+        "let a generative model answer /v1/embeddings, its hidden states pooled by their mean or its last token "
+        "(NAME=POOLING; no NAME: the default model; repeat the flag or separate by commas)",
+        metavar="[NAME=]mean|last",
         repeated=True,
     )
     cache_dir: Path = setting(  # noqa: RUF009

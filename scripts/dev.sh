@@ -94,7 +94,7 @@ ensure_agent() {
         log "WARNING: $name did not install; its end-to-end test will be skipped"
 }
 
-# $1: the pip install target ("." or ".[dev,vision]"); reinstalls when pyproject.toml changes.
+# $1: the pip install target ("." or ".[dev,vision,embeddings]"); reinstalls when pyproject.toml changes.
 ensure_venv() {
     local target=$1 stamp
     require_python
@@ -135,7 +135,7 @@ case "$command" in
         apt_job=$!
         ensure_agents >"$log_dir/npm.log" 2>&1 &
         npm_job=$!
-        ensure_venv ".[dev,vision]"
+        ensure_venv ".[dev,vision,embeddings]"
         log "ruff"
         "$VENV/bin/ruff" check courier tests bench traces
         "$VENV/bin/ruff" format --check courier tests bench traces

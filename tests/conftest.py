@@ -26,6 +26,7 @@ from courier.runtime.tracing import configure_tracing  # noqa: E402
 from tests.support import tiny_models, tool_model  # noqa: E402
 from tests.support.postgres_cluster import PostgresCluster, private_cluster  # noqa: E402
 from tests.support.server import TINY_MODEL, RunningServer, error_lines, running_server  # noqa: E402
+from tests.support.tiny_embedding_model import build_bert  # noqa: E402
 from tests.support.tiny_vision_model import build_tiny_vision_model  # noqa: E402
 
 # What end-to-end modules use to start servers (a `courier serve` subprocess, a local cluster, HAProxy): a test in
@@ -93,6 +94,13 @@ def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight SmolVLM (needs mlx-vlm, the `vision` extra)."""
     pytest.importorskip("mlx_vlm")
     return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight BERT embedding model (needs mlx-embeddings, the `embeddings` extra)."""
+    pytest.importorskip("mlx_embeddings")
+    return build_bert(smollm2_dir, tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from courier.settings import (
     parse_api_prefix,
     parse_bool,
     parse_bytes,
+    parse_embedding_pooling,
     parse_positive_int,
     parse_replica_id,
     parse_storage_url,
@@ -230,3 +231,12 @@ def test_replica_id_by_flag_or_environment_and_a_bad_one_stops_the_start() -> No
     assert settings_from(["--replica-id", "r3"], {"COURIER_REPLICA_ID": "r2"}).replica_id == "r3"
     with pytest.raises(SettingsError, match="COURIER_REPLICA_ID"):  # no token would route this replica's ids
         settings_from([], {"COURIER_REPLICA_ID": "Replica_2"})
+
+
+def test_embedding_pooling_is_a_name_and_a_pooling_each() -> None:
+    assert parse_embedding_pooling("mean") == ("=mean",)
+    assert parse_embedding_pooling("chat=last, coder = mean") == ("chat=last", "coder=mean")
+    with pytest.raises(ValueError, match="mean, last"):
+        parse_embedding_pooling("chat=max")
+    given = settings_from(["--embedding-pooling", "a=mean", "--embedding-pooling", "b=last"], {})
+    assert given.embedding_pooling == ("a=mean", "b=last")

@@ -21,6 +21,8 @@ class FailureCode(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     MODEL_NOT_FOUND = "model_not_found"
     MODEL_NOT_MULTIMODAL = "model_not_multimodal"
+    # The route asks what the model does not do: an embedding model to generate, a generative one to embed.
+    MODEL_NOT_SUPPORTED = "model_not_supported"
     INVALID_COMPACTION_ITEM = "invalid_compaction_item"
     INVALID_ENCRYPTED_CONTENT = "invalid_encrypted_content"  # a sealed reasoning item this server did not seal
     RESPONSE_NOT_CANCELLABLE = "response_not_cancellable"

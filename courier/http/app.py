@@ -19,6 +19,7 @@ from courier.http.routes import (
     chat,
     completions,
     conversations,
+    embeddings,
     health,
     metrics,
     models,
@@ -51,7 +52,8 @@ def create_quart_app(context: AppContext) -> Quart:
     app.config["RESPONSE_TIMEOUT"] = None
     # A body must arrive whole within --body-timeout, however slowly it trickles in (408 beyond).
     app.config["BODY_TIMEOUT"] = context.settings.body_timeout
-    for module in (health, models, tokenize, chat, completions, responses, conversations, cache, metrics, openapi):
+    modules = (health, models, tokenize, chat, completions, responses, embeddings, conversations, cache, metrics)
+    for module in (*modules, openapi):
         app.register_blueprint(module.blueprint(context), url_prefix=context.settings.api_prefix or None)
     app.register_blueprint(anthropic_routes.blueprint(context), url_prefix=context.settings.api_prefix or None)
 

@@ -26,6 +26,7 @@ from courier.http.model_leases import hold
 from courier.http.responses.in_flight import InFlightResponses
 from courier.messages.asking import Refused, call
 from courier.messages.compactor import CompactorMessage
+from courier.messages.embedder import EmbedderMessage
 from courier.messages.ingress import IngressMessage
 from courier.messages.media import MediaFetcherMessage
 from courier.messages.model_registry import AcquireModel, ModelRegistryMessage
@@ -48,6 +49,7 @@ class Outboxes:
     compactor: MemoryObjectSendStream[CompactorMessage]
     snapshot_store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None
     media_fetcher: MemoryObjectSendStream[MediaFetcherMessage] | None = None  # served only for a vision model
+    embedder: MemoryObjectSendStream[EmbedderMessage] | None = None  # a model that embeds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,15 +83,23 @@ class AppContext:
             raise
 
     async def for_model(
-        self, requested: str | None, *, keep_alive: float | None = None, if_loaded: bool = False
+        self,
+        requested: str | None,
+        *,
+        keep_alive: float | None = None,
+        if_loaded: bool = False,
+        embeddings: bool = False,
     ) -> AppContext:
         """The context of the model `requested` names (None: the default), whose state and outboxes are that
         model's: loaded if it is not (waiting at most `--request-timeout`), and held until the response has ended
         (streams included), so it is not unloaded under the request. A 404 for a model not served, a 503 when it
-        cannot be loaded, a 504 when it does not load in time."""
+        cannot be loaded, a 504 when it does not load in time; a 400 for an embedding model asked to generate, or,
+        `embeddings`, for a model that does not embed."""
         self.require_ready()
         if self.registry is None or self.models is None:
             self.require_model(requested)
+            if embeddings and self.outboxes.embedder is None:
+                raise _does_not_embed(self.state.model_id)
             return self
         registry = self.registry
         attributes = {trace_attributes.MODEL: requested or ""}
@@ -108,13 +118,22 @@ class AppContext:
         hold(lease)
         model = self.models.models[lease.model_id]
         model_outboxes = lease.outboxes
+        if embeddings and model_outboxes.embedder is None:
+            raise _does_not_embed(lease.model_id)
+        if model_outboxes.ingress is None and not embeddings:
+            message = f"the model '{lease.model_id}' is an embedding model: it answers POST /v1/embeddings only"
+            raise ApiError.invalid(message, param="model", code=FailureCode.MODEL_NOT_SUPPORTED)
+        base = self.outboxes  # an embedding model's generation outboxes stay the unbound ones (closed)
         outboxes = Outboxes(
-            token_counter=model_outboxes.token_counter,
-            ingress=model_outboxes.ingress,
-            storage=self.outboxes.storage,
-            compactor=model_outboxes.compactor,
+            token_counter=model_outboxes.token_counter
+            if model_outboxes.token_counter is not None
+            else base.token_counter,
+            ingress=model_outboxes.ingress if model_outboxes.ingress is not None else base.ingress,
+            storage=base.storage,
+            compactor=model_outboxes.compactor if model_outboxes.compactor is not None else base.compactor,
             snapshot_store=model_outboxes.snapshot_store,
             media_fetcher=model_outboxes.media_fetcher,
+            embedder=model_outboxes.embedder,
         )
         return replace(self, state=model.state, outboxes=outboxes, names=model.names)
 
@@ -123,7 +142,7 @@ class AppContext:
         body = await read_json_object()
         return await self.for_body(body), body
 
-    async def for_body(self, body: dict[str, Any]) -> AppContext:
+    async def for_body(self, body: dict[str, Any], *, embeddings: bool = False) -> AppContext:
         """`for_model` for the model a request body names in `model` (anything but text: the default, and its
         validation says what is wrong), kept loaded `keep_alive` after it (Ollama's: seconds or a duration)."""
         model = body.get("model")
@@ -133,7 +152,8 @@ class AppContext:
                 keep_alive = parse_keep_alive(body["keep_alive"])
             except ValueError as error:
                 raise ApiError.invalid(str(error), param="keep_alive") from None
-        return await self.for_model(model if isinstance(model, str) else None, keep_alive=keep_alive)
+        requested = model if isinstance(model, str) else None
+        return await self.for_model(requested, keep_alive=keep_alive, embeddings=embeddings)
 
     def caller(self) -> Caller:
         """Who sent the request being handled (checked before any route runs)."""
@@ -209,3 +229,11 @@ class AppContext:
         if outbox is None or self.state.model is None:
             return None
         return await call(outbox, lambda reply: ReadSnapshotStats(reply=reply))
+
+
+def _does_not_embed(model_id: str) -> ApiError:
+    message = (
+        f"the model '{model_id}' is a generative model and does not embed; an operator may let it, its hidden "
+        "states pooled (--embedding-pooling NAME=mean or NAME=last)"
+    )
+    return ApiError.invalid(message, param="model", code=FailureCode.MODEL_NOT_SUPPORTED)

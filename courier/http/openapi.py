@@ -12,6 +12,7 @@ from typing import Any
 
 from courier.core.template_options import REASONING_EFFORTS
 from courier.http.anthropic import schema as anthropic
+from courier.http.embeddings_request import EMBEDDINGS_REQUEST_SCHEMA
 from courier.http.listing import MAX_LIMIT
 from courier.http.openai_requests import (
     MAX_LOGIT_BIAS,
@@ -559,6 +560,11 @@ def openapi_document(prefix: str = "") -> Schema:
             "post": _operation("tokenize", "Tokenize a prompt or render chat messages", body=_TOKENIZE_REQUEST)
         },
         "/detokenize": {"post": _operation("detokenize", "Token ids to text", body=_DETOKENIZE_REQUEST)},
+        "/v1/embeddings": {
+            "post": _operation(
+                "createEmbedding", "Embeddings", body=EMBEDDINGS_REQUEST_SCHEMA, errors=(400, 404, 503, 504)
+            )
+        },
         "/v1/chat/completions": {
             "post": _operation(
                 "createChatCompletion",

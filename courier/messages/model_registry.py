@@ -15,6 +15,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from courier.core.model_residency import Leases
 from courier.messages.base import Request
 from courier.messages.compactor import CompactorMessage
+from courier.messages.embedder import EmbedderMessage
 from courier.messages.ingress import IngressMessage
 from courier.messages.media import MediaFetcherMessage
 from courier.messages.snapshot_store import SnapshotStoreMessage
@@ -26,9 +27,13 @@ from courier.runtime.message import Message
 class ModelOutboxes:
     """A loaded model's actors, as the routes talk to them."""
 
-    token_counter: MemoryObjectSendStream[TokenCounterMessage]
-    ingress: MemoryObjectSendStream[IngressMessage]
-    compactor: MemoryObjectSendStream[CompactorMessage]
+    # None for all three: an embedding model, which generates nothing.
+    token_counter: MemoryObjectSendStream[TokenCounterMessage] | None = None
+    ingress: MemoryObjectSendStream[IngressMessage] | None = None
+    compactor: MemoryObjectSendStream[CompactorMessage] | None = None
+    embedder: MemoryObjectSendStream[EmbedderMessage] | None = (
+        None  # it embeds (--embedding-pooling for a generative one)
+    )
     snapshot_store: MemoryObjectSendStream[SnapshotStoreMessage] | None = None  # prompt cache on
     media_fetcher: MemoryObjectSendStream[MediaFetcherMessage] | None = None  # a vision model
 

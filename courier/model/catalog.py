@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from courier.core.model_names import ServedNames
+from courier.model.embedding_models import embedding_problem, is_embedding_model, pooling_by_model
 from courier.model.source import ModelSource, ModelSourceError, SourceKind, resolve_model_source
 
 NAMES_SEPARATOR = "="
@@ -47,6 +48,18 @@ class ModelCatalog:
     @property
     def several(self) -> bool:
         return len(self.models) > 1
+
+    def pooling(self, specs: tuple[str, ...]) -> dict[str, str]:
+        """`--embedding-pooling` by model id; `ModelSourceError` for a name no model answers to."""
+
+        def model_id(name: str | None) -> str | None:
+            found = self.find(name)
+            return found.model_id if found is not None else None
+
+        try:
+            return pooling_by_model(model_id, specs)
+        except ValueError as error:
+            raise ModelSourceError(str(error)) from None
 
     def find(self, requested: str | None) -> ModelDeclaration | None:
         """The model `requested` names (None: the default): an id first, then an exact alias, then a pattern, each
@@ -184,6 +197,8 @@ def _directory_problem(location: Path) -> str | None:
         return f"{config_file} names no model_type"
     if not any(location.glob("*.safetensors")):
         return f"{location} holds no .safetensors weights"
+    if is_embedding_model(location):
+        return embedding_problem(location)
     own_code = "model_file" in config  # its own architecture file (--trust-remote-code)
     if not own_code and "text_config" not in config and not _known_architecture(model_type):
         return f"mlx-lm has no '{model_type}' architecture (config.json model_type)"

@@ -85,6 +85,7 @@ def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> in
         catalog = build_catalog(
             settings.model, served_model_name=settings.served_model_name, models_dir=settings.models_dir
         )
+        catalog.pooling(settings.embedding_pooling)  # a name no model answers to is a usage error, now
     except ModelSourceError as error:
         logger.error("%s", error)
         return EXIT_USAGE

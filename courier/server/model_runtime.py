@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import partial
@@ -46,12 +46,21 @@ from courier.media.fetcher import FetchLimits, MediaFetcher
 from courier.messages.model_registry import ModelOutboxes
 from courier.messages.snapshot_store import FlushSnapshots
 from courier.model.catalog import ModelDeclaration, check_files
-from courier.model.loader import LoadedModel, grammar_compiler, load_model, reasoning_format, tool_call_format
+from courier.model.embedding_models import EmbeddingModelError
+from courier.model.loader import (
+    LoadedModel,
+    ModelLoadError,
+    grammar_compiler,
+    load_model,
+    reasoning_format,
+    tool_call_format,
+)
 from courier.model.progress import Progress, Step
 from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.faults import FaultCounter
 from courier.runtime.message import Message
 from courier.runtime.mlx_thread import MlxThread
+from courier.server.embedding_runtime import embeds_only, start_embedding_model, start_pooled_embedder
 from courier.server.prompt_cache import PromptCache, open_prompt_cache
 from courier.settings import Settings
 from courier.status.models import ModelStatus
@@ -147,10 +156,11 @@ class Runtime:
 
 
 class ModelRuntimes:
-    """The model registry's loader."""
+    """The model registry's loader. `pooling`: the generative models that also embed, by id (mean or last)."""
 
-    def __init__(self, services: SharedServices) -> None:
+    def __init__(self, services: SharedServices, pooling: Mapping[str, str] | None = None) -> None:
         self._services = services
+        self._pooling = dict(pooling or {})
 
     def check(self, declaration: ModelDeclaration) -> str | None:
         return check_files(declaration.source)
@@ -158,6 +168,8 @@ class ModelRuntimes:
     async def load(self, declaration: ModelDeclaration, status: ModelStatus) -> Runtime:
         services, settings = self._services, self._services.settings
         runtime = Runtime(declaration.model_id, services, status)
+        if embeds_only(declaration):
+            return await _load_embedding_model(runtime, declaration, status)
         load = partial(
             load_model,
             declaration.source,
@@ -175,6 +187,10 @@ class ModelRuntimes:
             status.progress = "starting its actors"
             runtime.loaded = loaded
             await _start_actors(runtime, loaded, grammars)
+            pooling = self._pooling.get(declaration.model_id)
+            if pooling is not None:
+                embedder = await start_pooled_embedder(runtime.start, services.mlx, loaded, pooling, status)
+                runtime._outboxes = replace(runtime.outboxes, embedder=embedder)
             status.progress = "weighing it"
             runtime.weights_bytes, per_token = await services.mlx.call(partial(_weigh, loaded))
         except BaseException:
@@ -189,6 +205,21 @@ class ModelRuntimes:
             info, tool_call_format(loaded.tokenizer), grammars, defaults, reasoning=reasoning_format(loaded.tokenizer)
         )
         return runtime
+
+
+async def _load_embedding_model(runtime: Runtime, declaration: ModelDeclaration, status: ModelStatus) -> Runtime:
+    """An embedding model: its embedder alone, charged its weights."""
+    try:
+        embedder, weights = await start_embedding_model(runtime.start, runtime._services.mlx, declaration, status)
+    except EmbeddingModelError as error:
+        raise ModelLoadError(str(error)) from error
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await runtime.unload()
+        raise
+    runtime._outboxes = ModelOutboxes(embedder=embedder)
+    runtime.weights_bytes = runtime.charge_bytes = weights
+    return runtime
 
 
 async def _start_actors(runtime: Runtime, loaded: LoadedModel, grammars: Any) -> None:

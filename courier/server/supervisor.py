@@ -225,7 +225,11 @@ class Supervisor:
             budget_bytes=self._budget.bytes, max_loaded=self._settings.max_loaded_models, ttl_s=self._settings.model_ttl
         )
         registry = ModelRegistryActor(
-            self._catalog, self._models, ModelRuntimes(services), limits, self._registry_send.clone()
+            self._catalog,
+            self._models,
+            ModelRuntimes(services, self._catalog.pooling(self._settings.embedding_pooling)),
+            limits,
+            self._registry_send.clone(),
         )
         await task_group.start(self._run_actor, registry, self._registry_receive, self._registry_send)
 

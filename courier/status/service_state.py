@@ -44,6 +44,8 @@ class ServiceState:
     reasoning: ReasoningFormat | None = None  # the model's reasoning markers (None: it does not think in tags)
     grammars: GrammarCompiler | None = None  # constrained decoding (None: the tokenizer cannot serve it)
     sampling_defaults: SamplingDefaults = OPENAI  # temperature and top_p for requests that send none
+    # What `/v1/embeddings` gets from the model (dimensions, pooling, max_input_tokens); None: it does not embed.
+    embeddings: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -84,11 +86,14 @@ class ServiceState:
             "structured_outputs": ["text", "json_object", "json_schema"] if constrained else ["text"],
             # The markers its reasoning is split out by (reasoning_content, reasoning items); None: it has none.
             "reasoning": [self.reasoning.start, self.reasoning.end] if self.reasoning is not None else None,
+            "generation": self.model is not None,  # False: an embedding model, which answers /v1/embeddings only
+            "embeddings": self.embeddings,
         }
 
     def mark_unloaded(self) -> None:
         """The model went (the registry unloaded it): what it served is forgotten, the phase stays the server's."""
         self.model = None
+        self.embeddings = None
         self.reasoning = None
         self.tool_format = None
         self.grammars = None

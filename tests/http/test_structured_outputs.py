@@ -403,6 +403,8 @@ EXPECTED_CAPABILITIES = {
     "tool_choice": ["auto", "none", "required", "function"],
     "structured_outputs": ["text", "json_object", "json_schema"],
     "reasoning": None,  # its tokenizer has no reasoning markers
+    "generation": True,
+    "embeddings": None,  # no --embedding-pooling for it
 }
 
 
