@@ -10,7 +10,7 @@ from typing import TextIO, TypeVar
 
 from courier.cluster import up_command
 from courier.cluster.haproxy_config import FrontOptions, haproxy_config
-from courier.cluster.replicas import ReplicaError, parse_replicas
+from courier.cluster.replicas import ReplicaError, parse_replicas, with_models
 from courier.settings import parse_api_prefix, parse_bytes, parse_port, parse_positive_float
 
 logger = logging.getLogger("courier.cluster")
@@ -25,7 +25,8 @@ def add_arguments(cluster: argparse.ArgumentParser) -> None:
         "haproxy-config",
         help="print an HAProxy configuration for replicas",
         description="Print an HAProxy (2.6+) configuration that sends each conversation to the replica holding its "
-        "prompt cache: response ids' routing tokens, then a consistent hash of prompt_cache_key, conversation or user "
+        "prompt cache (among the replicas that serve its model, with --replica-models): response ids' routing tokens, "
+        "then a consistent hash of prompt_cache_key, conversation or user "
         "with bounded load; health checks on /health. See docs/deploy.md.",
     )
     config.add_argument(
@@ -34,6 +35,15 @@ def add_arguments(cluster: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=HOST:PORT",
         help="a replica, named by its --replica-id (repeat per replica); HOST:PORT alone is named r<position>",
+    )
+    config.add_argument(
+        "--replica-models",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL[,MODEL...]",
+        help="the models replica NAME serves, as requests name them (a name ending in * matches any it begins; "
+        "repeat per replica): requests naming one go only to the replicas that serve it; a replica not given "
+        "here serves any model",
     )
     config.add_argument("--bind", default=_DEFAULTS.bind, metavar="HOST", help=f"default: {_DEFAULTS.bind}")
     config.add_argument(
@@ -103,7 +113,7 @@ def run(arguments: argparse.Namespace, environ: Mapping[str, str], out: TextIO) 
 def print_haproxy_config(arguments: argparse.Namespace, out: TextIO) -> str | None:
     """Print the configuration to `out`; the reason when the flags describe none."""
     try:
-        replicas = parse_replicas(arguments.replica)
+        replicas = with_models(parse_replicas(arguments.replica), arguments.replica_models)
         options = FrontOptions(
             bind=arguments.bind,
             port=arguments.port,

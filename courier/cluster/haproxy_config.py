@@ -11,6 +11,13 @@ with no key has no hash data, and HAProxy then goes round robin, within the same
 One backend rather than a hashing and a least-connection one: one server per replica means
 one load count that keyed and unkeyed requests both see, and one health check per replica.
 
+Replicas may serve different models (`Replica.models`). Then the front reads the body's `model` first: a model
+some replica lists goes to a backend of its own whose servers are the replicas that serve it (those listing it,
+and those listing nothing, which serve any), routed within it by (a) to (c) as above; exact names are matched
+before names ending in `*` (prefixes), as a replica matches its own names. A request naming no model, or one no
+replica lists, goes to the backend of every replica. A model backend's servers `track` the main backend's, so each
+replica is still health-checked once.
+
 The body is JSON, so the front reads it before routing (`option http-buffer-request`), and a
 buffer (`tune.bufsize`) must hold the largest body Courier accepts plus its headers: a field
 beyond the buffer is invisible, and the request would silently lose its affinity.
@@ -73,6 +80,7 @@ class FrontOptions:
 def haproxy_config(replicas: Sequence[Replica], options: FrontOptions) -> str:
     """The configuration text: `haproxy -f FILE` serves it on `options.bind:options.port`."""
     names = ", ".join(replica.name for replica in replicas)
+    routes = model_routes(replicas)
     sections = [
         [
             f"# Courier front for {len(replicas)} replica(s): {names}.",
@@ -80,8 +88,14 @@ def haproxy_config(replicas: Sequence[Replica], options: FrontOptions) -> str:
         ],
         _global(options),
         _defaults(options),
-        ["frontend courier", f"    bind {options.bind}:{options.port}", f"    default_backend {BACKEND}"],
+        [
+            "frontend courier",
+            f"    bind {options.bind}:{options.port}",
+            *_model_rules(routes),
+            f"    default_backend {BACKEND}",
+        ],
         _backend(replicas, options),
+        *(_model_backend(route, options) for route in routes),
     ]
     return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
 
@@ -145,6 +159,56 @@ def _backend(replicas: Sequence[Replica], options: FrontOptions) -> list[str]:
         "    http-check expect status 200",
         f"    default-server check inter {_milliseconds(options.check_interval_s)}ms fall 2 rise 2",
         *(f"    server {r.name} {r.haproxy_address} id {r.ring_id}" for r in replicas),
+    ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRoute:
+    """Requests naming `model` (a prefix when it ends in *) go to `backend`, whose servers are `replicas`."""
+
+    model: str
+    backend: str
+    replicas: tuple[Replica, ...]
+
+
+def model_routes(replicas: Sequence[Replica]) -> list[ModelRoute]:
+    """A route per model some replica lists, exact names first, each in the order the replicas list them; none
+    when no replica lists a model (every replica serves every model)."""
+    listed = list(dict.fromkeys(model for replica in replicas for model in replica.models))
+    ordered = [model for model in listed if not model.endswith("*")] + [
+        model for model in listed if model.endswith("*")
+    ]
+    return [
+        ModelRoute(
+            model=model,
+            backend=f"{BACKEND}_model_{index}",
+            replicas=tuple(replica for replica in replicas if not replica.models or model in replica.models),
+        )
+        for index, model in enumerate(ordered, start=1)
+    ]
+
+
+def _model_rules(routes: Sequence[ModelRoute]) -> list[str]:
+    if not routes:
+        return []
+    rules = [
+        "    # Replicas serve different models: the body's model picks the backend of the replicas that serve it.",
+        "    http-request set-var(txn.courier_model) req.body,json_query('$.model')",
+    ]
+    for route in routes:
+        match = f"-m beg {route.model[:-1]}" if route.model.endswith("*") else f"-m str {route.model}"
+        rules.append(f"    use_backend {route.backend} if {{ var(txn.courier_model) {match} }}")
+    return rules
+
+
+def _model_backend(route: ModelRoute, options: FrontOptions) -> list[str]:
+    routing = _affinity_rules(route.replicas, options) if options.affinity else ["    balance roundrobin"]
+    served_by = ", ".join(replica.name for replica in route.replicas)
+    return [
+        f"backend {route.backend}",
+        f"    # model {route.model}: served by {served_by}; each server's state is its own in {BACKEND}",
+        *routing,
+        *(f"    server {r.name} {r.haproxy_address} id {r.ring_id} track {BACKEND}/{r.name}" for r in route.replicas),
     ]
 
 

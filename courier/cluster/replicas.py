@@ -13,10 +13,12 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from courier.settings import parse_replica_id
 
+# A model name the front can match on: no spaces, quotes or braces an HAProxy ACL would read as syntax.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*\*?")
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
 # HAProxy server ids are positive; a ring id stays below 2**31 so any build reads it as an int.
 _RING_IDS = 2**31 - 1
@@ -31,6 +33,8 @@ class Replica:
     name: str  # the replica's --replica-id, and its server's name in the front
     host: str  # a host name, an IPv4 address, or an IPv6 address in brackets
     port: int
+    # The model names it serves, as requests name them (a name ending in * matches any it begins); empty: any model.
+    models: tuple[str, ...] = ()
 
     @property
     def address(self) -> str:
@@ -85,3 +89,23 @@ def parse_replicas(texts: Sequence[str]) -> tuple[Replica, ...]:
                 raise ReplicaError(f"replicas {seen[value].name} and {replica.name} share the {attribute} {value}")
             seen[value] = replica
     return replicas
+
+
+def with_models(replicas: Sequence[Replica], specs: Sequence[str]) -> tuple[Replica, ...]:
+    """`--replica-models NAME=MODEL[,MODEL...]` given to the replicas it names (one not named serves any model)."""
+    models: dict[str, tuple[str, ...]] = {}
+    by_name = {replica.name: replica for replica in replicas}
+    for spec in specs:
+        name, equals, listed = spec.strip().partition("=")
+        names = tuple(model.strip() for model in listed.split(",") if model.strip())
+        if not equals or not names:
+            raise ReplicaError(f"expected NAME=MODEL[,MODEL...], not {spec!r}")
+        if name not in by_name:
+            raise ReplicaError(f"--replica-models {spec}: no replica is named {name!r}")
+        bad = next((model for model in names if _MODEL_NAME.fullmatch(model) is None), None)
+        if bad is not None:
+            raise ReplicaError(
+                f"{bad!r} is not a model name the front can route on (letters, digits, ._:/@+-, a * last)"
+            )
+        models[name] = models.get(name, ()) + names
+    return tuple(replace(replica, models=models.get(replica.name, ())) for replica in replicas)

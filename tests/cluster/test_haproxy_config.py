@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from courier.cluster.front_process import unavailable_reason
-from courier.cluster.haproxy_config import COURIER_DEFAULTS, KEY_FIELDS, FrontOptions, haproxy_config
-from courier.cluster.replicas import parse_replicas
+from courier.cluster.haproxy_config import BACKEND, COURIER_DEFAULTS, KEY_FIELDS, FrontOptions, haproxy_config
+from courier.cluster.replicas import ReplicaError, parse_replicas, with_models
 from tests.support.haproxy import check_config
 
 REPLICAS = parse_replicas(["10.0.0.1:8000", "gpu-b=10.0.0.2:8000", "[::1]:8002"])
+WITH_MODELS = with_models(REPLICAS, ["r1=qwen,claude-*", "gpu-b=llama", "gpu-b=qwen"])
 needs_haproxy = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 
 
@@ -108,7 +109,7 @@ def test_a_balance_factor_is_above_100_or_0(factor: int) -> None:
     ids=["defaults", "small-body", "long-requests"],
 )
 def test_haproxy_accepts_it_without_warnings(options: FrontOptions, tmp_path: Path) -> None:
-    for replicas in (REPLICAS, parse_replicas(["127.0.0.1:8000"])):
+    for replicas in (REPLICAS, parse_replicas(["127.0.0.1:8000"]), WITH_MODELS):
         result = check_config(haproxy_config(replicas, options), tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "WARNING" not in result.stdout + result.stderr, result.stdout + result.stderr
@@ -118,3 +119,38 @@ def test_haproxy_accepts_it_without_warnings(options: FrontOptions, tmp_path: Pa
 def test_haproxy_accepts_the_stats_socket(tmp_path: Path) -> None:
     result = check_config(haproxy_config(REPLICAS, FrontOptions(stats_socket=tmp_path / "admin.sock")), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_without_replica_models_nothing_reads_the_model() -> None:
+    assert "courier_model" not in haproxy_config(REPLICAS, FrontOptions())
+
+
+def test_a_model_goes_to_the_replicas_serving_it_exact_names_before_prefixes() -> None:
+    text = haproxy_config(WITH_MODELS, FrontOptions())
+    rules = [line for line in lines(text) if line.startswith("use_backend")]
+    assert rules == [
+        f"use_backend {BACKEND}_model_1 if {{ var(txn.courier_model) -m str qwen }}",
+        f"use_backend {BACKEND}_model_2 if {{ var(txn.courier_model) -m str llama }}",
+        f"use_backend {BACKEND}_model_3 if {{ var(txn.courier_model) -m beg claude- }}",
+    ]
+    assert value(text, "default_backend") == BACKEND
+    # r3 lists no model: it serves any, so it is in every model's backend; each server tracks its one health check.
+    servers = {
+        backend.split()[0]: [line.split()[1] for line in lines(backend) if line.startswith("server")]
+        for backend in text.split("\nbackend ")[1:]
+    }
+    assert servers[f"{BACKEND}_model_1"] == ["r1", "gpu-b", "r3"]
+    assert servers[f"{BACKEND}_model_2"] == ["gpu-b", "r3"]
+    assert servers[f"{BACKEND}_model_3"] == ["r1", "r3"]
+    model_1 = text.split(f"\nbackend {BACKEND}_model_1\n")[1]
+    tracked = [line for line in lines(model_1) if line.startswith("server")]
+    assert all(line.endswith(f"track {BACKEND}/{line.split()[1]}") for line in tracked), tracked
+
+
+@pytest.mark.parametrize(
+    ("specs", "says"),
+    [(["nobody=qwen"], "no replica is named"), (["r1="], "NAME=MODEL"), (["r1=q w"], "not a model name")],
+)
+def test_replica_models_that_name_nothing_routable_are_refused(specs: list[str], says: str) -> None:
+    with pytest.raises(ReplicaError, match=says):
+        with_models(REPLICAS, specs)
