@@ -114,6 +114,24 @@ def _choice(options: Sequence[str]) -> Callable[[str], str]:
     return parse
 
 
+def parse_prompt_cache_bits(text: str) -> int | None:
+    """`8` or `4`; `off` (or empty, `none`, `0`) stores snapshots as the model computes them."""
+    lowered = text.strip().lower()
+    if lowered in ("", "off", "none", "0"):
+        return None
+    if lowered not in ("8", "4"):
+        raise ValueError(f"prompt-cache bits are 8, 4 or off, not {text!r}")
+    return int(lowered)
+
+
+def parse_prompt_cache_group_size(text: str) -> int:
+    """32, 64 or 128: the group sizes MLX's affine quantization supports."""
+    value = int(text)
+    if value not in (32, 64, 128):
+        raise ValueError(f"a group size is 32, 64 or 128, not {text!r}")
+    return value
+
+
 # Several `--model` declarations in one environment variable are separated by this (a path may hold a comma).
 MODEL_SEPARATOR = ";"
 
@@ -535,6 +553,21 @@ class Settings:
         "byte budget of the prompt cache's disk tier, which keeps conversations warm through evictions and "
         "restarts; 0 turns it off (default: sized from the model's state, at most half the free disk space)",
         metavar="BYTES",
+    )
+    prompt_cache_bits: int | None = setting(
+        None,
+        parse_prompt_cache_bits,
+        "store the prompt cache's attention KV quantized to 8 or 4 bits, in memory and on disk, so the same budgets "
+        "hold about 2-6x the conversations (recurrent layers stay exact; see docs/prompt-cache.md for what it costs "
+        "in quality); off: as the model computes it",
+        metavar="BITS",
+    )
+    prompt_cache_group_size: int = setting(
+        64,
+        parse_prompt_cache_group_size,
+        "values sharing one scale and bias in quantized snapshots (32, 64 or 128); it must divide the model's "
+        "attention head dimension, or that model does not load",
+        metavar="N",
     )
     prompt_cache_min_prefix: int = setting(
         16,

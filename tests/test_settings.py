@@ -17,6 +17,8 @@ from courier.settings import (
     parse_bytes,
     parse_embedding_pooling,
     parse_positive_int,
+    parse_prompt_cache_bits,
+    parse_prompt_cache_group_size,
     parse_replica_id,
     parse_storage_url,
     resolve,
@@ -240,3 +242,35 @@ def test_embedding_pooling_is_a_name_and_a_pooling_each() -> None:
         parse_embedding_pooling("chat=max")
     given = settings_from(["--embedding-pooling", "a=mean", "--embedding-pooling", "b=last"], {})
     assert given.embedding_pooling == ("a=mean", "b=last")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("8", 8), ("4", 4), (" 8 ", 8), ("off", None), ("", None), ("none", None), ("0", None)]
+)
+def test_the_bits_setting(text: str, expected: int | None) -> None:
+    assert parse_prompt_cache_bits(text) == expected
+
+
+@pytest.mark.parametrize("text", ["16", "2", "eight", "8.0"])
+def test_the_bits_setting_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="8, 4 or off"):
+        parse_prompt_cache_bits(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("32", 32), ("64", 64), ("128", 128)])
+def test_the_group_size_setting(text: str, expected: int) -> None:
+    assert parse_prompt_cache_group_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["16", "48", "256", "x"])
+def test_the_group_size_setting_refuses(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_prompt_cache_group_size(text)
+
+
+def test_quantized_snapshots_are_off_unless_asked_for_by_flag_or_environment() -> None:
+    assert settings_from([], {}).prompt_cache_bits is None
+    assert settings_from([], {}).prompt_cache_group_size == 64
+    chosen = settings_from(["--prompt-cache-bits", "4"], {"COURIER_PROMPT_CACHE_GROUP_SIZE": "32"})
+    assert (chosen.prompt_cache_bits, chosen.prompt_cache_group_size) == (4, 32)
+    assert settings_from([], {"COURIER_PROMPT_CACHE_BITS": "8"}).prompt_cache_bits == 8

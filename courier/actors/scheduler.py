@@ -408,7 +408,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         if paused is not None and paused[0] is message:
             job = paused[1]  # resumed where live work interrupted it
         else:
-            job = await self._mlx.call(partial(WarmUp, engine.model, tokens, prefix))
+            job = await self._mlx.call(partial(WarmUp, engine.model, tokens, prefix, engine.snapshot_quantization))
         while not job.finished:
             if self._running or self._waiting:
                 self._pause(message, job)  # live work first, always; this one keeps its place

@@ -65,6 +65,7 @@ from typing import Any
 
 from courier.core.prefix_divergence import Divergence, DivergenceReport, divergence
 from courier.core.radix_index import PathMatch, RadixIndex
+from courier.core.snapshot_quantization import KvQuantization
 from courier.core.snapshot_rejections import FileRejection
 
 ANONYMOUS_SESSION = ""
@@ -132,6 +133,8 @@ class StoreLimits:
     ttl_s: float
     min_prefix: int
     disk_capacity_bytes: int = 0  # 0: no disk tier
+    # How the snapshots it holds store attention KV (None: as computed): reported, never needed by the store.
+    quantization: KvQuantization | None = None
 
     def __post_init__(self) -> None:
         if self.capacity_bytes <= 0 or self.max_entries <= 0 or self.ttl_s <= 0 or self.min_prefix < 1:

@@ -200,7 +200,8 @@ class Admission:
             # in-batch shared prefix that ends there: keep that state for this conversation too, or its next turn
             # would find nothing of its own to extend.
             self._sequences.of_request(request.request_id)[-1].took_snapshot(start)
-            return [EngineOutput(request.request_id, snapshot(Origin.BOUNDARY, prompt[:start], cache))]
+            kept = snapshot(Origin.BOUNDARY, prompt[:start], cache, quantization=self._limits.snapshot_quantization)
+            return [EngineOutput(request.request_id, kept)]
         return []
 
     def _fork(self, request: EngineRequest, generator: Any, start: int, cache: Any, cached: int) -> list[EngineOutput]:
@@ -215,7 +216,9 @@ class Admission:
                 if request.snapshots and start < request.boundary < len(prompt) - 1:
                     cache = prefill(self._model, prompt[start : request.boundary], cache)
                     start = request.boundary
-                    outputs.append(EngineOutput(request.request_id, snapshot(Origin.BOUNDARY, prompt[:start], cache)))
+                    quantization = self._limits.snapshot_quantization
+                    history = snapshot(Origin.BOUNDARY, prompt[:start], cache, quantization=quantization)
+                    outputs.append(EngineOutput(request.request_id, history))
                 if start < len(prompt) - 1:
                     cache = prefill(self._model, prompt[start:-1], cache)
                     start = len(prompt) - 1

@@ -30,6 +30,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.core.prefill_budget import PrefillBudget
+from courier.core.snapshot_quantization import KvQuantization
 from courier.engine.admission import Admission
 from courier.engine.cancelled_prefill import prefilled_so_far
 from courier.engine.constrained import MaskFiller
@@ -82,7 +83,7 @@ class BatchEngine:
             grammars=grammars,
             masks=self.masks,
         )
-        self._reader = StepReader(tokenizer, self._eos, self._sequences)
+        self._reader = StepReader(tokenizer, self._eos, self._sequences, limits.snapshot_quantization)
         self._recovery = Recovery(model, self._sequences, self._admission, stream=self._stream)
         self._prefill = PrefillBudget(
             stall_s=limits.prefill_stall_s, largest=limits.prefill_step_size, costs=limits.prefill_costs()
@@ -92,6 +93,11 @@ class BatchEngine:
     @property
     def model(self) -> Any:
         return self._model
+
+    @property
+    def snapshot_quantization(self) -> KvQuantization | None:
+        """How the snapshots it takes store attention KV (an idle warm-up's too)."""
+        return self._limits.snapshot_quantization
 
     @property
     def active(self) -> int:
@@ -139,7 +145,9 @@ class BatchEngine:
         if responses and not self.speculating:  # a speculative generator counts its own steps
             self.speculation.steps += 1
             self.speculation.tokens += len(responses)
-        outputs.extend(boundary_snapshots(prompt_responses, self._sequences, self._generator))
+        outputs.extend(
+            boundary_snapshots(prompt_responses, self._sequences, self._generator, self._limits.snapshot_quantization)
+        )
         for response in responses:
             sequence = self._sequences.get(response.uid)
             if sequence is not None:
@@ -173,7 +181,7 @@ class BatchEngine:
         for request_id in request_ids:
             taken = self._sequences.take_request(request_id)
             if taken:
-                outputs.extend(prefilled_so_far(taken, self._generator))
+                outputs.extend(prefilled_so_far(taken, self._generator, self._limits.snapshot_quantization))
                 self._generator.remove([sequence.uid for sequence in taken])
         return outputs
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from courier.core.snapshot_quantization import KvQuantization
 from courier.core.snapshot_store import Origin
 from courier.engine.engine_io import EngineOutput
 from courier.engine.sequences import RunningSequence
@@ -25,7 +26,9 @@ from courier.engine.step_snapshots import snapshot
 MIN_KEPT_TOKENS = 16
 
 
-def prefilled_so_far(taken: Sequence[RunningSequence], generator: Any) -> list[EngineOutput]:
+def prefilled_so_far(
+    taken: Sequence[RunningSequence], generator: Any, quantization: KvQuantization | None = None
+) -> list[EngineOutput]:
     """Boundary snapshots of the `taken` sequences (cancelled, still in `generator`) that were prefilling, each the
     state after the prompt tokens it had prefilled. Call before the generator lets go of them."""
     prefilling = {
@@ -41,6 +44,6 @@ def prefilled_so_far(taken: Sequence[RunningSequence], generator: Any) -> list[E
         kept_before = max(sequence.cached_tokens, sequence.snapshot_prompt_tokens)
         if len(tokens) - kept_before < MIN_KEPT_TOKENS:
             continue  # not yet prefilled (still waiting in the generator), or too little of it
-        state = snapshot(Origin.BOUNDARY, tokens, cache)
+        state = snapshot(Origin.BOUNDARY, tokens, cache, quantization=quantization)
         outputs.append(EngineOutput(sequence.request.request_id, state))
     return outputs

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from courier.core.prompt_lookup import LookupLimits
+from courier.core.snapshot_quantization import KvQuantization
 from courier.core.snapshot_store import Origin
 from courier.core.verify_width import StepCosts
 from courier.engine import shared_prefix
@@ -69,3 +70,5 @@ class BatchLimits:
     # and how a step is costed for that (fitted to timed steps; tests pin a line).
     prefill_stall_s: float = 0.0
     prefill_costs: Callable[[], StepCosts] = StepCosts
+    # How the snapshots it hands the store hold attention KV (`--prompt-cache-bits`; None: as computed).
+    snapshot_quantization: KvQuantization | None = None

@@ -21,6 +21,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from courier.core.snapshot_quantization import KvQuantization
 from courier.core.snapshot_rejections import FileRejection
 from courier.engine.snapshot_files import (
     SUFFIX,
@@ -69,9 +70,11 @@ class SnapshotDirectory:
             self._lock = -1
 
 
-def open_directory(root: Path, identity: str, layout: StateLayout) -> SnapshotDirectory:
-    """Create (0700), lock, key and scan `root/<identity>` for files of the served model (`layout`: its state's).
-    Raises `DirectoryBusy` or `OSError`."""
+def open_directory(
+    root: Path, identity: str, layout: StateLayout, quantization: KvQuantization | None = None
+) -> SnapshotDirectory:
+    """Create (0700), lock, key and scan `root/<identity>` for files of the served model (`layout`: its state's as
+    stored, `quantization`: how its attention KV is stored). Raises `DirectoryBusy` or `OSError`."""
     directory = root / identity[:32]
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -82,7 +85,7 @@ def open_directory(root: Path, identity: str, layout: StateLayout) -> SnapshotDi
         os.close(lock)
         raise DirectoryBusy(f"{directory} is in use by another Courier process") from None
     try:
-        trust = FileTrust(identity, load_or_create_key(directory), layout)
+        trust = FileTrust(identity, load_or_create_key(directory), layout, quantization)
         found, rejected = _scan(directory, trust)
     except BaseException:
         os.close(lock)

@@ -6,18 +6,18 @@ HMAC-SHA256 of all of those under the directory's key (`snapshot_key`): the MAC
 covers header and payload through their digests, and only a server holding the key
 can make a file that verifies. The header (JSON) says whose state it is (the model
 identity and the store's bucket, session, origin and prompt length), the token
-vector's length and digest, the layer layout and every array's dtype, shape and
-place. The payload is the token vector (int32, little-endian) and then the arrays'
-bytes.
+vector's length and digest, how attention KV is stored (quantized or as computed),
+the layer layout and every array's dtype, shape and place. The payload is the token
+vector (int32, little-endian) and then the arrays' bytes.
 
 Writes go to a temporary name in the same directory (0600), are fsynced, renamed
 into place and the directory fsynced: a crash leaves the old state or the new,
 never half a file under a real name. Reads check the MAC, both digests, the
 identity, the token digest and every declared array against the served model's
 layout (`snapshot_layout`) before anything is built from it: a truncated, altered,
-forged or foreign file, one of another format version or one whose state the model
-could not have, raises `UnreadableSnapshot` with the reason (the caller deletes it
-and counts a miss).
+forged or foreign file, one of another format version, one stored at other bits or
+group size, or one whose state the model could not have, raises `UnreadableSnapshot`
+with the reason (the caller deletes it and counts a miss).
 Plain files and threads: no MLX here (see `snapshot_codec`).
 """
 
@@ -37,14 +37,18 @@ from typing import Any
 
 import orjson
 
+from courier.core.snapshot_quantization import KvQuantization
 from courier.core.snapshot_rejections import FileRejection
 from courier.core.snapshot_store import DISK_HEADER_ALLOWANCE, Bucket, Origin
 from courier.engine.snapshot_codec import EncodedState
 from courier.engine.snapshot_layout import LayoutMismatch, StateLayout
 
 MAGIC = b"COURIER-SNAPSHOT"
-# 2: the MAC. A file of another version is discarded (counted as `format`), never read on trust.
-FORMAT_VERSION = 2
+# 2: the MAC. 3: the header says how attention KV is stored (`quantization`). A format-2 file is read as stored
+# as computed; a file of any other version is discarded (counted as `format`), never read on trust.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
+_QUANTIZATION_SINCE = 3
 SUFFIX = ".snap"
 TEMPORARY_SUFFIX = ".tmp"
 _PREFIX = struct.Struct("<16sII32s32s32s")  # magic, version, header length, header digest, payload digest, MAC
@@ -59,11 +63,12 @@ _BUCKET_FIELDS = ("model_id", "adapter_id", "template_signature", "media_digest"
 @dataclass(frozen=True, slots=True)
 class FileTrust:
     """What every file of one directory must be: of the served model's identity, MAC'd under the directory's key,
-    holding a state of the served model's layout."""
+    holding a state of the served model's layout, stored as the server stores it (`quantization`)."""
 
     identity: str
     key: bytes = field(repr=False)
     layout: StateLayout = field(repr=False)
+    quantization: KvQuantization | None = None
 
     def seal(self, authenticated: bytes) -> bytes:
         return hmac.new(self.key, authenticated, hashlib.sha256).digest()
@@ -89,6 +94,7 @@ class SnapshotHeader:
     nbytes: int  # the arrays' bytes (what the memory tier is charged)
     layout: Any
     arrays: list[tuple[str, tuple[int, ...], int, int]]  # dtype, shape, offset in the arrays' part, length
+    quantization: KvQuantization | None = None  # how attention KV is stored (None: as computed)
 
 
 @dataclass(slots=True)
@@ -136,6 +142,7 @@ def write_snapshot(
             "token_count": len(tokens),
             "token_digest": hashlib.sha256(token_bytes).hexdigest(),
             "nbytes": encoded.nbytes,
+            "quantization": trust.quantization.header() if trust.quantization is not None else None,
             "layout": encoded.layout,
             "arrays": [[dtype, list(shape), start, length] for dtype, shape, start, length in offsets],
         }
@@ -179,8 +186,8 @@ def read_index_entry(path: Path, trust: FileTrust) -> tuple[SnapshotHeader, tupl
     descriptor, status = _open_regular(path)
     with os.fdopen(descriptor, "rb") as file:
         prefix = file.read(_PREFIX.size)
-        length, header_digest = _check_prefix(prefix, trust)
-        header = _parse_header(file.read(length), header_digest, trust)
+        length, header_digest, version = _check_prefix(prefix, trust)
+        header = _parse_header(file.read(length), header_digest, trust, version)
         token_size = header.token_count * _TOKEN.size
         declared = _PREFIX.size + length + token_size + sum(nbytes for *_, nbytes in header.arrays)
         if declared != status.st_size:  # also bounds the token vector read next by the file's size
@@ -210,12 +217,12 @@ def read_snapshot(path: Path, trust: FileTrust, max_bytes: int) -> ReadSnapshot:
     whole = memoryview(data)
     views: list[memoryview] = [whole]
     try:
-        length, header_digest = _check_prefix(bytes(whole[: _PREFIX.size]), trust)
+        length, header_digest, version = _check_prefix(bytes(whole[: _PREFIX.size]), trust)
         payload_digest = bytes(whole[_PAYLOAD_DIGEST_AT : _PAYLOAD_DIGEST_AT + 32])
         start = _PREFIX.size + length
         if start > size:
             raise UnreadableSnapshot(f"{path.name}: truncated inside its header")
-        header = _parse_header(bytes(whole[_PREFIX.size : start]), header_digest, trust)
+        header = _parse_header(bytes(whole[_PREFIX.size : start]), header_digest, trust, version)
         payload = whole[start:]
         views.append(payload)
         expected = header.token_count * _TOKEN.size + sum(length for *_, length in header.arrays)
@@ -273,15 +280,17 @@ def _read_exactly(file: Any, data: bytearray, path: Path) -> None:
             filled += count
 
 
-def _check_prefix(prefix: bytes, trust: FileTrust) -> tuple[int, bytes]:
-    """The header's length and digest, once the prefix is of this format and its MAC verifies under the key."""
+def _check_prefix(prefix: bytes, trust: FileTrust) -> tuple[int, bytes, int]:
+    """The header's length and digest and the format version, once the prefix is of a format this server reads and
+    its MAC verifies under the key."""
     if len(prefix) < _VERSIONED.size:
         raise UnreadableSnapshot("truncated before its header")
     magic, version = _VERSIONED.unpack_from(prefix)
     if magic != MAGIC:
         raise UnreadableSnapshot("not a Courier snapshot file")
-    if version != FORMAT_VERSION:
-        raise UnreadableSnapshot(f"snapshot format {version}, this server reads {FORMAT_VERSION}", FileRejection.FORMAT)
+    if version not in READABLE_VERSIONS:
+        readable = " and ".join(map(str, READABLE_VERSIONS))
+        raise UnreadableSnapshot(f"snapshot format {version}, this server reads {readable}", FileRejection.FORMAT)
     if len(prefix) < _PREFIX.size:
         raise UnreadableSnapshot("truncated before its header")
     _, _, length, header_digest, _, mac = _PREFIX.unpack(prefix)
@@ -289,16 +298,22 @@ def _check_prefix(prefix: bytes, trust: FileTrust) -> tuple[int, bytes]:
         raise UnreadableSnapshot("not written under this directory's key", FileRejection.UNAUTHENTICATED)
     if length > DISK_HEADER_ALLOWANCE:
         raise UnreadableSnapshot(f"a header of {length} bytes")
-    return length, header_digest
+    return length, header_digest, version
 
 
-def _parse_header(raw: bytes, digest: bytes, trust: FileTrust) -> SnapshotHeader:
+def _parse_header(raw: bytes, digest: bytes, trust: FileTrust, version: int = FORMAT_VERSION) -> SnapshotHeader:
     if hashlib.sha256(raw).digest() != digest:
         raise UnreadableSnapshot("the header does not match its digest")
     try:
         fields = orjson.loads(raw)
         if fields["identity"] != trust.identity:
             raise UnreadableSnapshot("written for another model", FileRejection.FOREIGN)
+        # Format 2 predates quantized snapshots: its states are as computed.
+        stored = fields["quantization"] if version >= _QUANTIZATION_SINCE else None
+        quantization = KvQuantization.from_header(stored)
+        if quantization != trust.quantization:
+            form = quantization.label if quantization is not None else "as computed"
+            raise UnreadableSnapshot(f"attention KV stored {form}, not as this server stores it", FileRejection.FOREIGN)
         bucket_fields = [str(item) for item in fields["bucket"]]
         arrays = [
             (str(dtype), tuple(_count(size) for size in shape), _count(offset), _count(length))
@@ -315,6 +330,7 @@ def _parse_header(raw: bytes, digest: bytes, trust: FileTrust) -> SnapshotHeader
             nbytes=_count(fields["nbytes"]),
             layout=fields["layout"],
             arrays=arrays,
+            quantization=quantization,
         )
     except UnreadableSnapshot:
         raise

@@ -9,8 +9,11 @@ counts, head dimension, dtypes, recurrent state sizes) must be exactly the model
 A file's header is checked with Python integers and every dimension bounded, so a
 declared shape whose int64 product would wrap, a dtype or head count the model does
 not have, an array length that does not match its shape, or arrays that do not tile
-the payload are a `LayoutMismatch`, never a failure inside MLX. Only `measure_layout`
-touches MLX.
+the payload are a `LayoutMismatch`, never a failure inside MLX. With quantized
+snapshots (`--prompt-cache-bits`) the layout is measured on the stored form: an
+attention layer is a `QuantizedKVCache` whose keys and values are uint32 packed
+values, scales and biases (shapes per `core/snapshot_quantization.py`), its group
+size and bits exactly the served ones. Only `measure_layout` touches MLX.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from courier.core.snapshot_quantization import STORED_CLASS, KvQuantization
 from courier.engine.model_state import compact_copy, prefill
 from courier.engine.snapshot_codec import EncodedState, encode_state
 
@@ -105,9 +109,11 @@ class StateLayout:
             _check_layer(index, entry, expected=expected, arrays=arrays, token_count=token_count, specs=self.arrays)
 
 
-def measure_layout(model: Any) -> StateLayout:
-    """On the MLX thread: the model's state layout, from its cache after a few prompt tokens."""
-    short, long = (encode_state(compact_copy(prefill(model, [0] * count))[0]) for count in _PROBE_TOKENS)
+def measure_layout(model: Any, quantization: KvQuantization | None = None) -> StateLayout:
+    """On the MLX thread: the layout of the model's state as stored, from its cache after a few prompt tokens."""
+    short, long = (
+        encode_state(compact_copy(prefill(model, [0] * count), quantization=quantization)[0]) for count in _PROBE_TOKENS
+    )
     return StateLayout.derive(short, long)
 
 
@@ -151,10 +157,12 @@ def _check_layer(
     if not isinstance(entry, dict) or entry.keys() != expected.keys() or entry["class"] != expected["class"]:
         raise LayoutMismatch(f"layer {index} is not the model's {expected['class']}")
     _check_node(index, entry["state"], expected["state"], token_count)
-    if expected["class"] == "KVCache" and _is_kv_template(expected["state"], specs):
+    kv = _kv_arrays(expected["class"], expected["state"], specs)
+    if kv is not None:
         # A KV cache whose offset is past its arrays' positions fails on its next update: offset <= positions.
-        keys, values, offset = entry["state"][_LIST]
-        positions = min(arrays[keys[_ARRAY]][1][2], arrays[values[_ARRAY]][1][2])
+        items = entry["state"][_LIST]
+        offset = items[kv]
+        positions = min(arrays[leaf[_ARRAY]][1][2] for leaf in _leaves(items[:kv]))
         if offset[_VALUE] > positions:
             raise LayoutMismatch(f"layer {index} declares offset {offset[_VALUE]} past its {positions} positions")
 
@@ -185,10 +193,29 @@ def _check_node(layer: int, node: Any, expected: Any, token_count: int) -> None:
             _check_node(layer, item, expected_value[key], token_count)
 
 
-def _is_kv_template(state: Any, specs: Sequence[ArraySpec]) -> bool:
-    """mlx-lm's KVCache state as this server writes it: keys, values (positions growing on axis 2), offset."""
+def _kv_arrays(name: str, state: Any, specs: Sequence[ArraySpec]) -> int | None:
+    """Where the offset is in mlx-lm's KV cache state as this server writes it (keys and values, each an array or a
+    quantized triple with positions growing on axis 2, then the offset): None for any other state."""
     items = state.get(_LIST)
-    if not isinstance(items, list) or [next(iter(item)) for item in items] != [_ARRAY, _ARRAY, _GROWS]:
-        return False
-    shapes = [specs[item[_ARRAY]].shape for item in items[:2]]
-    return all(len(shape) == 4 and shape[2] is None for shape in shapes)
+    if name not in ("KVCache", STORED_CLASS) or not isinstance(items, list) or len(items) < 3:
+        return None
+    if next(iter(items[2])) != _GROWS:
+        return None
+    leaves = _leaves(items[:2])
+    if name == STORED_CLASS and (len(leaves) != 6 or any(_LIST not in item for item in items[:2])):
+        return None
+    if name == "KVCache" and [next(iter(item)) for item in items] != [_ARRAY, _ARRAY, _GROWS]:
+        return None
+    shapes = [specs[leaf[_ARRAY]].shape for leaf in leaves]
+    return 2 if all(len(shape) == 4 and shape[2] is None for shape in shapes) else None
+
+
+def _leaves(nodes: Sequence[Any]) -> list[Any]:
+    """The array nodes among `nodes` and inside their lists (one level: a quantized triple)."""
+    leaves: list[Any] = []
+    for node in nodes:
+        if _ARRAY in node:
+            leaves.append(node)
+        elif _LIST in node:
+            leaves.extend(item for item in node[_LIST] if _ARRAY in item)
+    return leaves

@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.core.failure_codes import FailureCode
+from courier.core.snapshot_quantization import KvQuantization
 from courier.engine.engine_io import EngineOutput
 from courier.engine.generation import (
     FinishReason,
@@ -44,10 +45,17 @@ class _StepRead:
 
 
 class StepReader:
-    def __init__(self, tokenizer: TokenizerWrapper, eos: frozenset[int], sequences: Sequences) -> None:
+    def __init__(
+        self,
+        tokenizer: TokenizerWrapper,
+        eos: frozenset[int],
+        sequences: Sequences,
+        quantization: KvQuantization | None = None,
+    ) -> None:
         self._tokenizer = tokenizer
         self._eos = eos
         self._sequences = sequences
+        self._quantization = quantization  # how completion snapshots store attention KV
 
     def advance(self, sequence: RunningSequence, response: Any, generator: Any) -> list[EngineOutput]:
         """A step's tokens for one sequence (one, or several from a verified draft), as one event; and its finish
@@ -67,7 +75,7 @@ class StepReader:
         if reason is None:
             return outputs
         if sequence.request.snapshots and finish is not None:
-            taken = completion_snapshot(sequence, response)
+            taken = completion_snapshot(sequence, response, self._quantization)
             if taken is not None:
                 outputs.append(EngineOutput(request_id, taken))
         self._sequences.remove(sequence)

@@ -13,6 +13,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from courier.core.snapshot_quantization import KvQuantization
 from courier.core.snapshot_store import Origin
 from courier.engine.engine_io import SnapshotTaken
 from courier.engine.model_state import CachedPrefix, compact_copy, resume, state_arrays
@@ -21,9 +22,16 @@ CHUNK_TOKENS = 64
 
 
 class WarmUp:
-    def __init__(self, model: Any, tokens: tuple[int, ...], prefix: CachedPrefix | None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokens: tuple[int, ...],
+        prefix: CachedPrefix | None,
+        quantization: KvQuantization | None = None,
+    ) -> None:
         self._model = model
         self._tokens = tokens
+        self._quantization = quantization  # how its snapshot stores attention KV
         start, cache = resume(prefix, len(tokens) + 1)
         self._cache = cache if cache is not None else make_prompt_cache(model)
         self._done = start
@@ -40,5 +48,5 @@ class WarmUp:
         self._done += len(chunk)
 
     def snapshot(self) -> SnapshotTaken:
-        state, nbytes = compact_copy(self._cache)
+        state, nbytes = compact_copy(self._cache, quantization=self._quantization)
         return SnapshotTaken(origin=Origin.BOUNDARY, tokens=self._tokens, state=state, nbytes=nbytes)

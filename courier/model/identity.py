@@ -4,8 +4,11 @@ Two runs get the same identity only when they would compute the same model state
 the same tokens: the same weight files (name, size, modification time, and the
 SHA-256 of their first and last MiB, so a file rewritten in place with other
 weights of the same size is told apart without reading gigabytes), the same config
-and tokenizer files, the same serving weight format, chat template and adapter, and
-the same mlx / mlx-lm versions (their cache layouts are what the files hold).
+and tokenizer files, the same serving weight format, chat template and adapter, the
+same mlx / mlx-lm versions (their cache layouts are what the files hold), and the
+same prompt-cache quantization (`--prompt-cache-bits` and group size: a state
+stored at other bits is another state). Stored as computed, the identity is what it
+was before quantized snapshots existed, so those files stay usable.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".npz", ".bin")
 _SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
-def model_identity(location: str, *, weight_format: str, template_signature: str, adapter_id: str = "") -> str:
-    """A hex digest naming this model as served."""
+def model_identity(
+    location: str, *, weight_format: str, template_signature: str, adapter_id: str = "", stored_as: str = ""
+) -> str:
+    """A hex digest naming this model as served (`stored_as`: the snapshots' quantization, empty: as computed)."""
     digest = hashlib.sha256()
     for part in (weight_format, template_signature, adapter_id, _version("mlx"), _version("mlx-lm")):
         digest.update(part.encode() + b"\0")
+    if stored_as:
+        digest.update(b"snapshots " + stored_as.encode() + b"\0")
     path = Path(location)
     files = sorted(_model_files(path)) if path.exists() else []
     if not files:

@@ -39,6 +39,7 @@ from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
 from courier.core.prompt_lookup import LookupLimits
 from courier.core.sampling_defaults import resolve
+from courier.core.snapshot_quantization import KvQuantization
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import BatchLimits
 from courier.engine.snapshot_budget import available_memory, default_budget, measure_footprint
@@ -61,7 +62,7 @@ from courier.runtime.faults import FaultCounter
 from courier.runtime.message import Message
 from courier.runtime.mlx_thread import MlxThread
 from courier.server.embedding_runtime import embeds_only, start_embedding_model, start_pooled_embedder
-from courier.server.prompt_cache import PromptCache, open_prompt_cache
+from courier.server.prompt_cache import PromptCache, open_prompt_cache, snapshot_quantization
 from courier.settings import Settings
 from courier.status.models import ModelStatus
 
@@ -182,11 +183,12 @@ class ModelRuntimes:
         )
         loaded = await services.mlx.call(load)
         try:
+            quantization = await snapshot_quantization(settings, loaded, services.mlx)
             status.progress = "preparing constrained decoding"
             grammars = await anyio.to_thread.run_sync(grammar_compiler, loaded, settings.grammar_cache)
             status.progress = "starting its actors"
             runtime.loaded = loaded
-            await _start_actors(runtime, loaded, grammars)
+            await _start_actors(runtime, loaded, grammars, quantization)
             pooling = self._pooling.get(declaration.model_id)
             if pooling is not None:
                 embedder = await start_pooled_embedder(runtime.start, services.mlx, loaded, pooling, status)
@@ -222,7 +224,9 @@ async def _load_embedding_model(runtime: Runtime, declaration: ModelDeclaration,
     return runtime
 
 
-async def _start_actors(runtime: Runtime, loaded: LoadedModel, grammars: Any) -> None:
+async def _start_actors(
+    runtime: Runtime, loaded: LoadedModel, grammars: Any, quantization: KvQuantization | None
+) -> None:
     """In dependency order: the ingress needs the token counter and the scheduler."""
     services, settings = runtime._services, runtime._services.settings
     limits = BatchLimits(
@@ -233,6 +237,7 @@ async def _start_actors(runtime: Runtime, loaded: LoadedModel, grammars: Any) ->
         speculation=LookupLimits(settings.speculative_ngram, settings.speculative_tokens)
         if settings.speculation
         else None,
+        snapshot_quantization=quantization,
     )
     vision = loaded.vision
     media = await runtime.start(_media_fetcher(settings), MEDIA_INBOX) if vision is not None else None
@@ -245,7 +250,7 @@ async def _start_actors(runtime: Runtime, loaded: LoadedModel, grammars: Any) ->
         ),
         TOKEN_COUNTER_INBOX,
     )
-    caching = await _start_snapshot_store(runtime, loaded) if settings.prompt_cache else None
+    caching = await _start_snapshot_store(runtime, loaded, quantization) if settings.prompt_cache else None
     scheduler = SchedulerActor(
         services.mlx,
         lambda: BatchEngine(
@@ -298,7 +303,9 @@ async def _start_actors(runtime: Runtime, loaded: LoadedModel, grammars: Any) ->
     )
 
 
-async def _start_snapshot_store(runtime: Runtime, loaded: LoadedModel) -> PromptCaching:
+async def _start_snapshot_store(
+    runtime: Runtime, loaded: LoadedModel, quantization: KvQuantization | None
+) -> PromptCaching:
     services = runtime._services
     settings = services.settings
     if services.snapshot_ceiling is not None and settings.prompt_cache_snapshot_capacity_bytes is None:
@@ -313,7 +320,7 @@ async def _start_snapshot_store(runtime: Runtime, loaded: LoadedModel) -> Prompt
             services.snapshot_ceiling,
         )
         settings = replace(settings, prompt_cache_snapshot_capacity_bytes=capacity)
-    cache = await open_prompt_cache(settings, loaded, services.mlx)
+    cache = await open_prompt_cache(settings, loaded, services.mlx, quantization)
     runtime._cache = cache
     tokenizer = loaded.tokenizer
     actor = SnapshotStoreActor(cache.store, cache.disk, decode=lambda tokens: str(tokenizer.decode(list(tokens))))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from courier.core.snapshot_quantization import KvQuantization
 from courier.engine.engine_io import EngineOutput, EngineRequest
 from courier.engine.generation import RequestId
 from courier.engine.speculative_batch import SpeculationCounters
@@ -34,6 +35,7 @@ class FakeEngine:
     """
 
     speculation_mode = "off (a scripted engine)"
+    snapshot_quantization: KvQuantization | None = None  # what a warm-up's snapshot is stored as
 
     def __init__(self) -> None:
         self.steps: list[Step] = []

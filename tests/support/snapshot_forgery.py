@@ -1,8 +1,8 @@
 """Snapshot files as an attacker makes them: taken apart, altered and put back together with every digest recomputed.
 
 Written from the format as docs/prompt-cache.md describes it, not from the server's code: prefix (magic, version,
-header length, SHA-256 of the header and of the payload, then in version 2 an HMAC-SHA256 of those), JSON header,
-payload (the int32 token vector, then the arrays' bytes).
+header length, SHA-256 of the header and of the payload, then since version 2 an HMAC-SHA256 of those), JSON header
+(since version 3 with a `quantization` field), payload (the int32 token vector, then the arrays' bytes).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import orjson
 MAGIC = b"COURIER-SNAPSHOT"
 PREFIX = struct.Struct("<16sII32s32s32s")
 VERSION_1_PREFIX = struct.Struct("<16sII32s32s")
+CURRENT_VERSION = 3
 TOKEN = struct.Struct("<i")
 MAC_AT = PREFIX.size - 32
 
@@ -36,7 +37,7 @@ class SnapshotParts:
 
 
 def take_apart(path: Path) -> SnapshotParts:
-    """A version 2 file's header, token vector and arrays (nothing is checked)."""
+    """A version 2 or 3 file's header, token vector and arrays (nothing is checked)."""
     data = path.read_bytes()
     _, _, length, *_ = PREFIX.unpack_from(data)
     header = orjson.loads(data[PREFIX.size : PREFIX.size + length])
@@ -45,9 +46,9 @@ def take_apart(path: Path) -> SnapshotParts:
     return SnapshotParts(header=header, tokens=tokens, arrays=data[token_end:])
 
 
-def put_together(parts: SnapshotParts, *, key: bytes | None = None, version: int = 2) -> bytes:
+def put_together(parts: SnapshotParts, *, key: bytes | None = None, version: int = CURRENT_VERSION) -> bytes:
     """The file of `parts`, its token count and every digest recomputed; MAC'd with `key` (a random key of the
-    attacker's own when None). Version 1: the format before the MAC."""
+    attacker's own when None). Version 1: the format before the MAC; 2: before the header's `quantization`."""
     token_bytes = b"".join(TOKEN.pack(token) for token in parts.tokens)
     header = orjson.dumps(
         {**parts.header, "token_count": len(parts.tokens), "token_digest": hashlib.sha256(token_bytes).hexdigest()}

@@ -103,3 +103,22 @@ def _save(model: nn.Module, config: dict[str, Any], tokenizer_dir: Path, out_dir
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, out_dir / name)
     return out_dir
+
+
+# Quantized prompt-cache snapshots need a head dimension MLX's group sizes (32, 64, 128) divide: the tiny models'
+# 16 does not, so these variants have 64 (SmolLM2's).
+WIDE_HEAD_DIM = 64
+
+
+def build_wide_llama(tokenizer_dir: Path, out_dir: Path) -> Path:
+    """The tiny float32 llama with 64-dimension attention heads."""
+    mx.random.seed(0)
+    config = {**LLAMA_CONFIG, "head_dim": WIDE_HEAD_DIM}
+    return _save(llama.Model(llama.ModelArgs.from_dict(config)), config, tokenizer_dir, out_dir)
+
+
+def build_wide_qwen3_next(tokenizer_dir: Path, out_dir: Path) -> Path:
+    """The tiny hybrid qwen3_next with 64-dimension attention heads (its gated-delta layers as before)."""
+    mx.random.seed(0)
+    config = {**QWEN3_NEXT_CONFIG, "head_dim": WIDE_HEAD_DIM}
+    return _save(qwen3_next.Model(qwen3_next.ModelArgs.from_dict(config)), config, tokenizer_dir, out_dir)

@@ -56,6 +56,9 @@ def blueprint(context: AppContext) -> Blueprint:
             "snapshot_rejections_oversized": counters.rejections_oversized,
             "snapshot_self_evictions": counters.self_evictions,
             "snapshot_bytes_per_entry": store.nbytes // store.memory_entries if store.memory_entries else 0,
+            # Attention KV as stored: quantized to these bits in groups of this size, or null for as computed.
+            "snapshot_bits": limits.quantization.bits if limits.quantization else None,
+            "snapshot_group_size": limits.quantization.group_size if limits.quantization else None,
             "tokens_reused": counters.tokens_reused,
             "snapshot_warmups_run": scheduler.warmups_run,
             "snapshot_warmups_skipped": scheduler.warmups_skipped,
