@@ -21,7 +21,7 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import suppress
 from functools import partial
 from typing import Any, TypeVar
@@ -106,7 +106,7 @@ class Supervisor:
         self._budget = memory_budget(settings)
         self._models = model_statuses(catalog, settings, self._state, self._budget)
         self._api_keys = ApiKeys(())
-        self._metrics = CourierMetrics(self._state)
+        self._metrics = CourierMetrics(self._state, self._models)
 
     async def run(self) -> None:
         self._capsules = load_capsule_codec(self._settings)
@@ -210,8 +210,7 @@ class Supervisor:
         logger.info("ready: %d models: %s; BLAS %s", len(self._models.models), shown, self._state.blas.library)
 
     async def _start_registry(self, task_group: TaskGroup) -> None:
-        histogram = self._metrics.time_to_first_token
-        observe: Callable[[str], Callable[[float], None]] = lambda model_id: histogram.observe  # noqa: E731
+        observe = self._metrics.observe_time_to_first_token
         services = SharedServices(
             settings=self._settings,
             mlx=self._mlx,

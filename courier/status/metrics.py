@@ -8,7 +8,7 @@ time-to-first-token needs its own instrument.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -19,6 +19,8 @@ from courier.core.snapshot_store import StoreStats
 from courier.platform.malloc_tuning import malloc_usage
 from courier.platform.mlx_memory import mlx_memory
 from courier.status.gateway_metrics import gateway_gauges
+from courier.status.model_metrics import model_families, model_ttft_histogram
+from courier.status.models import ModelsStatus
 from courier.status.service_state import ServiceState
 from courier.storage.breaker import BreakerState, CircuitBreaker
 
@@ -26,9 +28,11 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
 class CourierMetrics:
-    def __init__(self, state: ServiceState) -> None:
+    """`models`: every declared model (several models: per-model families labelled `model` as well)."""
+
+    def __init__(self, state: ServiceState, models: ModelsStatus | None = None) -> None:
         self.registry = CollectorRegistry()
-        self._collector = _StateCollector(state)
+        self._collector = _StateCollector(state, models)
         self.registry.register(self._collector)
         self.time_to_first_token = Histogram(
             "courier_time_to_first_token_seconds",
@@ -36,6 +40,17 @@ class CourierMetrics:
             buckets=TTFT_BUCKETS,
             registry=self.registry,
         )
+        self._model_ttft = model_ttft_histogram(self.registry, TTFT_BUCKETS)
+
+    def observe_time_to_first_token(self, model_id: str) -> Callable[[float], None]:
+        """What a model's scheduler reports its time to first token to: the server's histogram and the model's."""
+        labelled = self._model_ttft.labels(model=model_id)
+
+        def observe(seconds: float) -> None:
+            self.time_to_first_token.observe(seconds)
+            labelled.observe(seconds)
+
+        return observe
 
     def render(self, snapshot_stats: StoreStats | None) -> bytes:
         """The Prometheus text exposition, with the snapshot store's figures as its actor reported them."""
@@ -47,8 +62,9 @@ class CourierMetrics:
 
 
 class _StateCollector(Collector):
-    def __init__(self, state: ServiceState) -> None:
+    def __init__(self, state: ServiceState, models: ModelsStatus | None) -> None:
         self._state = state
+        self._models = models
         self.snapshot_stats: StoreStats | None = None  # set for the length of one synchronous scrape
 
     def collect(self) -> Iterator[Metric]:
@@ -59,6 +75,8 @@ class _StateCollector(Collector):
         yield from self._prompt_cache()
         yield from self._grammars()
         yield from self._mlx_memory()
+        if self._models is not None:
+            yield from model_families(self._models)
 
     def _grammars(self) -> Iterator[Metric]:
         grammars = self._state.grammars

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.server import RunningServer, running_server
 
@@ -250,3 +251,23 @@ def test_keep_alive_keeps_a_model_or_lets_it_go_at_once(pinned: RunningServer) -
         wait_until(lambda: state(http, "c") == "not_loaded", "c unloaded as its request ended")
         bad = chat(http, "c", keep_alive="soon")
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+
+
+def test_metrics_carry_each_models_figures_by_label(server: RunningServer) -> None:
+    with server.http() as http:
+        for model in ("a", "b"):
+            assert chat(http, model).status_code == 200
+        samples = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(http.get("/metrics").text)
+            for sample in family.samples
+        }
+    for model in ("a", "b"):
+        completed = samples[("courier_model_requests_total", (("model", model), ("outcome", "completed")))]
+        assert completed >= 1
+        assert samples[("courier_model_time_to_first_token_seconds_count", (("model", model),))] >= 1
+        assert samples[("courier_model_loads_total", (("model", model),))] >= 1
+    states = [(labels, value) for (name, labels), value in samples.items() if name == "courier_model_state"]
+    for model in ("a", "b", "broken"):
+        assert sum(value for labels, value in states if ("model", model) in labels) == 1  # one state each
+    assert samples[("courier_models_memory_budget_bytes", ())] == 60 * 1024**2
