@@ -19,7 +19,7 @@ import openai
 from bench.harness import cli
 from bench.harness.clients import async_client, user
 from bench.harness.models import cache_directory, float32_dir, prepare_4bit_dir
-from bench.harness.report import ms, num, progress, table, write_json
+from bench.harness.report import ms, num, progress, table, verdict, write_json
 from bench.harness.servers import COURIER, MLX_LM_F32, Launcher, Server, ServerSpec, tuned_flags
 from bench.harness.stats import percentile
 
@@ -107,6 +107,29 @@ def spec(arm: str, f32_dir: Path | None, args: argparse.Namespace) -> ServerSpec
     return ServerSpec(name=arm, kind=MLX_LM_F32, model_dir=f32_dir, flags=tuned_flags(args.streams + 2))
 
 
+# The bound: with its prefill budget Courier's streams' gap p95 and a short request's TTFT while a long prompt is
+# admitted are at most half of what they are without it (a whole prefill chunk each step, mlx-lm's way).
+BOUND = 0.5
+
+
+def bounds(results: list[RoundResult]) -> dict[str, float] | None:
+    """Courier's figures over courier-no-budget's (gap p95, short TTFT p50), when both arms ran."""
+    by_arm = {arm: [result for result in results if result.arm == arm] for arm in ("courier", "courier-no-budget")}
+    if not all(by_arm.values()):
+        return None
+
+    def gap_p95(arm: str) -> float:
+        return percentile([gap for result in by_arm[arm] for gap in result.gaps_s], 0.95)
+
+    def short_p50(arm: str) -> float:
+        return percentile(sorted(result.short_ttft_s for result in by_arm[arm]), 0.5)
+
+    return {
+        "gap p95": gap_p95("courier") / gap_p95("courier-no-budget"),
+        "short TTFT": short_p50("courier") / short_p50("courier-no-budget"),
+    }
+
+
 def print_report(results: list[RoundResult], args: argparse.Namespace) -> None:
     print(
         f"{args.streams} streams of {args.stream_tokens} tokens decoding; a prompt of {args.long_words} words "
@@ -129,6 +152,11 @@ def print_report(results: list[RoundResult], args: argparse.Namespace) -> None:
         "arm | streams' gap p50 (ms) | gap p95 (ms) | gap max (ms) | long prompt TTFT p50 (s) | short TTFT p50 (s)",
         rows,
     )
+    ratios = bounds(results)
+    if ratios is not None:
+        print("\nCourier with its prefill budget over Courier without it:")
+        for name, ratio in ratios.items():
+            print(f"- {name}: {verdict(ratio, BOUND, at_most=True)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -151,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.extend(measured or [])
     print_report(results, args)
     write_json(results, args.json)
-    return 0
+    ratios = bounds(results)
+    return 1 if ratios is not None and any(ratio > BOUND for ratio in ratios.values()) else 0
 
 
 if __name__ == "__main__":
