@@ -27,6 +27,7 @@ from bench.harness.clients import Messages, Streamed, async_client, stream_chat,
 from bench.harness.models import (
     TINY_MODELS,
     WARMUP_PROMPT,
+    WIDE_TINY_MODELS,
     cache_directory,
     float32_dir,
     prepare_4bit_dir,
@@ -45,16 +46,19 @@ from bench.harness.servers import (
     ServerRecord,
     ServerSpec,
     baseline_ready,
-    is_courier,
     openblas_missing,
 )
+from bench.harness.servers import is_courier as courier_kind
 from bench.harness.stats import median_or_none, percentile, share
 from courier.platform.blas import load_optimized_blas
 
 PARTS = ("a", "b", "c", "d")
 DEFAULT_PARTS = ("a", "b", "c")  # part d only when asked for: it starts 23 servers and takes about 27 minutes
 A_SERVERS = (COURIER, MLX_LM_F32, MLX_LM_4BIT)
-B_SERVERS = (COURIER, COURIER_BASELINE, MLX_LM_F32)
+# Courier storing its prompt cache's attention KV quantized (`--prompt-cache-bits`): asked for by name only.
+COURIER_8BIT, COURIER_4BIT = "courier-8bit", "courier-4bit"
+QUANTIZED_COURIERS = {COURIER_8BIT: 8, COURIER_4BIT: 4}
+B_SERVERS = (COURIER, COURIER_BASELINE, MLX_LM_F32, *QUANTIZED_COURIERS)
 DEFAULT_BUDGET, ANCHOR_BUDGET, EQUAL_BUDGET = "default", "size100", "equal"
 B_BUDGETS = (DEFAULT_BUDGET, ANCHOR_BUDGET, EQUAL_BUDGET)
 ANCHOR_CACHE_SIZE = 100  # the issue's anchor: mlx_lm.server --prompt-cache-size 100
@@ -85,7 +89,8 @@ LOOKUP_MISS = "lookup: unrelated prompt (miss)"
 
 # Part d: the disk tier.
 D_SECTIONS = ("1", "2", "3")
-D_SERVERS = (COURIER, MLX_LM_F32)
+D_SERVERS = (COURIER, MLX_LM_F32, *QUANTIZED_COURIERS)
+D_DEFAULT_SERVERS = (COURIER, MLX_LM_F32)
 D_CONVERSATIONS = [8, 32, 128]
 D_TURNS = 4
 D_BUDGET_CONVERSATIONS = 8  # the memory budget holds this many conversations (model states at their last prompt)
@@ -356,9 +361,17 @@ class Report:
 # ---------------------------------------------------------------- turns and servers
 
 
+def is_courier(label: str) -> bool:
+    """A Courier server under any of this bench's names (those storing quantized snapshots too)."""
+    return courier_kind(label) or label in QUANTIZED_COURIERS
+
+
 def spec(label: str, model_dir: Path | None, *flags: str) -> ServerSpec:
     """Courier on `model_dir` (a tiny model served as "tiny"; None: the embedded SmolLM2), or mlx_lm.server."""
     served = TINY_SERVED_NAME if is_courier(label) and model_dir is not None else None
+    if label in QUANTIZED_COURIERS:
+        bits = ("--prompt-cache-bits", str(QUANTIZED_COURIERS[label]))
+        return ServerSpec(name=label, kind=COURIER, model_dir=model_dir, served_name=served, flags=(*flags, *bits))
     return ServerSpec(name=label, model_dir=model_dir, served_name=served, flags=flags)
 
 
@@ -1131,6 +1144,10 @@ def print_launches(records: Sequence[ServerRecord]) -> None:
     print()
 
 
+def count_text(count: float | None) -> str:
+    return "n/a" if count is None else f"{count:.0f}"
+
+
 def ratio_text(ours: float | None, theirs: float | None, show: Callable[[float | None], str]) -> str:
     """Both figures and their ratio, as in "97.1% / 97.0% = 1.001x"."""
     return f"{show(ours)} / {show(theirs)} = {'n/a' if ours is None or not theirs else f'{ours / theirs:.3f}x'}"
@@ -1233,6 +1250,12 @@ def print_part_b(runs: Sequence[Run], budgets: Sequence[ByteBudget], args: argpa
         if (model, COURIER_BASELINE) in held:
             count = ratio_text(mine, held[model, COURIER_BASELINE][2], lambda n: "n/a" if n is None else f"{n:.0f}")
             print(f"- {model}: courier / courier-baseline = {count}")
+        for label in (label for label in QUANTIZED_COURIERS if (model, label) in held):
+            quantized = held[model, label][2]
+            print(
+                f"- {model}: {label} / courier = {ratio_text(quantized, mine, count_text)}, {label} / mlx_lm.server "
+                f"= {ratio_text(quantized, peer, count_text)} (goals: 8-bit >= 1.9x, 4-bit >= 3.5x courier's count)"
+            )
     print()
 
 
@@ -1306,7 +1329,7 @@ def print_part_d1(report: Report, args: argparse.Namespace) -> None:
         if run.conversations == top and is_courier(run.server.name):
             print(
                 f"- target, >= {D_TARGET_SHARE:.0%} of turns-2+ prompt tokens cached at K={top}, {run.model}: "
-                f"courier {share_text}, {met(cached_share(run.turns), D_TARGET_SHARE)}"
+                f"{run.server.name} {share_text}, {met(cached_share(run.turns), D_TARGET_SHARE)}"
             )
         elif run.conversations == top:
             print(f"- {run.model}, K={top}: {run.server.name} {share_text}")
@@ -1453,7 +1476,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     b.add_argument(
         "--b-max-tokens", type=int, default=DEFAULT_MAX_TOKENS_B, help=f"max_tokens per turn ({DEFAULT_MAX_TOKENS_B})"
     )
-    b.add_argument("--b-models", type=cli.names(TINY_MODELS), default=list(TINY_MODELS), help="llama,qwen3_next")
+    b.add_argument(
+        "--b-models",
+        type=cli.names((*TINY_MODELS, *WIDE_TINY_MODELS)),
+        default=list(TINY_MODELS),
+        help="llama,qwen3_next (-wide: 64-dimension heads, for courier-8bit and courier-4bit)",
+    )
     b.add_argument("--b-servers", type=cli.names(B_SERVERS), default=None, help=f"{','.join(B_SERVERS)}")
     b.add_argument(
         "--b-system-tokens", type=int, default=DEFAULT_SYSTEM_TOKENS_B, help="tokens of each system prompt (550)"
@@ -1477,9 +1505,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     d = parser.add_argument_group("part d: the disk tier")
     d.add_argument("--d-sections", type=cli.names(D_SECTIONS), default=list(D_SECTIONS), help="sections (1,2,3)")
     d.add_argument(
-        "--d-models", type=cli.names(TINY_MODELS), default=list(TINY_MODELS), help="d1, d2 models (llama,qwen3_next)"
+        "--d-models",
+        type=cli.names((*TINY_MODELS, *WIDE_TINY_MODELS)),
+        default=list(TINY_MODELS),
+        help="d1, d2 models (llama,qwen3_next; -wide for courier-8bit and courier-4bit)",
     )
-    d.add_argument("--d-servers", type=cli.names(D_SERVERS), default=list(D_SERVERS), help="courier,mlx-lm-f32")
+    d.add_argument(
+        "--d-servers", type=cli.names(D_SERVERS), default=list(D_DEFAULT_SERVERS), help=f"{','.join(D_SERVERS)}"
+    )
     d.add_argument("--d-conversations", type=cli.positive_ints, default=D_CONVERSATIONS, help="d1: K values (8,32,128)")
     d.add_argument("--d-turns", type=int, default=D_TURNS, help=f"d1, d2: turns per conversation ({D_TURNS})")
     d.add_argument(
@@ -1509,7 +1542,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     cli.add_baseline(parser)
     args = parser.parse_args(argv)
     args.a_servers = cli.choose_servers(parser, "--a-servers", args.a_servers, A_SERVERS, args.baseline_tree)
-    default_b = [label for label in B_SERVERS if label != COURIER_BASELINE]
+    default_b = [label for label in B_SERVERS if label != COURIER_BASELINE and label not in QUANTIZED_COURIERS]
     args.b_servers = cli.choose_servers(parser, "--b-servers", args.b_servers, default_b, args.baseline_tree)
     args.d_restart_signals = [D_STOP_SIGNALS[name] for name in args.d_restart_signals]
     return args

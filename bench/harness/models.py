@@ -30,6 +30,8 @@ WEIGHT_LABELS = {
 }
 WARMUP_PROMPT = "Say hello in one short sentence."
 TINY_MODELS = ("llama", "qwen3_next")
+# The same with 64-dimension attention heads (the tiny ones' 16 allow no quantized prompt-cache snapshots).
+WIDE_TINY_MODELS = ("llama-wide", "qwen3_next-wide")
 
 
 @contextmanager

@@ -5,14 +5,20 @@ The imports are late: the tiny models import MLX, which must come after the benc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 
 def build_tiny(kind: str, tokenizer_dir: Path, target: Path) -> Path:
-    """The tiny random-weight `llama` (float32, trimmable cache) or `qwen3_next` (hybrid) in `target`."""
-    from tests.support.tiny_models import build_llama, build_qwen3_next
+    """The tiny random-weight `llama` (float32, trimmable cache) or `qwen3_next` (hybrid) in `target`; `-wide`: with
+    64-dimension attention heads, which quantized prompt-cache snapshots need."""
+    from tests.support.tiny_models import build_llama, build_qwen3_next, build_wide_llama, build_wide_qwen3_next
 
+    if kind == "llama-wide":
+        return build_wide_llama(tokenizer_dir, target)
+    if kind == "qwen3_next-wide":
+        return build_wide_qwen3_next(tokenizer_dir, target)
     return (
         build_llama(tokenizer_dir, target, quantized=False)
         if kind == "llama"
@@ -41,6 +47,13 @@ def png_header(width: int, height: int) -> bytes:
     from tests.support.media_server import png_header as header
 
     return header(width, height)
+
+
+def measure_drift(model: Any, prompt: Sequence[int], quantizations: Sequence[Any], count: int) -> dict[str, Any]:
+    """tests/support/kv_drift.py's `measure`: per stored form, its drift against full precision after a restore."""
+    from tests.support.kv_drift import measure
+
+    return dict(measure(model, prompt, quantizations, count))
 
 
 def hostile_grammars() -> Any:
