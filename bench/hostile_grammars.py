@@ -1,17 +1,20 @@
-"""Another client's small chat while a hostile grammar request runs (issue 30, item 8), on the embedded SmolLM2.
+"""Another client's small chat while a hostile grammar request runs (issue 30, items 7 and 8), on the embedded SmolLM2.
 
-Each shape of tests/support/hostile_grammars.py (128 functions with `tool_choice: "required"`, a function of 600
-optional properties, 128 functions with pattern bombs, a JSON schema beside 128 tools in `auto`) is sent once; half
-a second later two-token chats are sent one after another while it runs (at most `--chats`). Reported: what the
-hostile request got (status, finish reason, seconds) and the small chats' latency against the bound, a few seconds.
-`courier-baseline` (`--baseline-tree DIR`) measures another commit the same way; `--wide-window` serves the tiny
-random llama with a 32K window instead, where every shape's prompt fits.
+Each shape of tests/support/hostile_grammars.py is sent once: the three JSON schemas no generation can follow (no
+finite instance, `anyOf` 8x8x8, 2,000 properties) and the four tool sets (128 functions with `tool_choice:
+"required"`, a function of 600 optional properties, 128 functions with pattern bombs, a JSON schema beside 128 tools
+in `auto`). `--head-start` (0.05 s) later, two-token chats are sent one after another while it runs (at most
+`--chats`). Reported: what the hostile request got (status, finish reason or error code and param, seconds), the
+small chats' latency against the bound (a few seconds) and, for comparison, the small chat alone; with the load
+average before each. `courier-baseline` (`--baseline-tree DIR`) measures another commit the same way;
+`--wide-window` serves the tiny random llama with a 32K window instead, where every shape's prompt fits.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -29,7 +32,6 @@ from bench.harness.stats import percentile
 
 BOUND_S = 5.0  # "a small chat is answered within a few seconds"
 ALONE_CHATS = 5
-HEAD_START_S = 0.5
 TIMEOUT_S = 600.0
 WIDE_MODEL = "wide-window-llama"
 
@@ -44,6 +46,7 @@ class ShapeResult:
     prompt_tokens: int | None = None
     chats_s: list[float] = field(default_factory=list)
     chat_failures: int = 0
+    load: float = 0.0  # the 1-minute load average before it was sent
 
 
 async def small_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> float | None:
@@ -55,13 +58,13 @@ async def small_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> float |
 async def one_shape(server: Server, shape: str, args: argparse.Namespace) -> ShapeResult:
     shapes = support.hostile_grammars()
     model = server.spec.model
-    result = ShapeResult(server=server.spec.name, shape=shape)
+    result = ShapeResult(server=server.spec.name, shape=shape, load=os.getloadavg()[0])
     async with httpx.AsyncClient(base_url=server.base_url, timeout=TIMEOUT_S) as client:
         started = time.perf_counter()
         hostile = asyncio.create_task(
             client.post("/v1/chat/completions", json=shapes.hostile_body(model, shape, args.max_tokens))
         )
-        await asyncio.sleep(HEAD_START_S)
+        await asyncio.sleep(args.head_start)
         while not hostile.done() and len(result.chats_s) + result.chat_failures < args.chats:
             latency = await small_chat(client, shapes.small_chat_body(model))
             if latency is None:
@@ -72,13 +75,16 @@ async def one_shape(server: Server, shape: str, args: argparse.Namespace) -> Sha
         result.seconds = time.perf_counter() - started
     result.status = reply.status_code
     body = reply.json()
-    result.finish = body["choices"][0]["finish_reason"] if reply.status_code == 200 else body["error"]["code"]
+    if reply.status_code == 200:
+        result.finish = body["choices"][0]["finish_reason"]
+    else:
+        result.finish = f"{body['error']['code']} ({body['error']['param']})"
     result.prompt_tokens = body["usage"]["prompt_tokens"] if reply.status_code == 200 else None
     return result
 
 
 async def alone(server: Server) -> ShapeResult:
-    result = ShapeResult(server=server.spec.name, shape="(none: the small chat alone)")
+    result = ShapeResult(server=server.spec.name, shape="(none: the small chat alone)", load=os.getloadavg()[0])
     async with httpx.AsyncClient(base_url=server.base_url, timeout=TIMEOUT_S) as client:
         for _ in range(ALONE_CHATS):
             latency = await small_chat(client, support.hostile_grammars().small_chat_body(server.spec.model))
@@ -97,7 +103,10 @@ def measure(server: Server, args: argparse.Namespace) -> list[ShapeResult]:
 
 
 def print_report(results: Sequence[ShapeResult], args: argparse.Namespace) -> None:
-    print(f"the hostile request asks for {args.max_tokens} tokens; small chats: 2 tokens each, one after another\n")
+    print(
+        f"the hostile request asks for {args.max_tokens} tokens; small chats: 2 tokens each, one after another from "
+        f"{args.head_start:g} s after it while it runs\n"
+    )
     rows = []
     for result in results:
         chats = sorted(result.chats_s)
@@ -107,17 +116,22 @@ def print_report(results: Sequence[ShapeResult], args: argparse.Namespace) -> No
         if result.prompt_tokens is not None:
             answer += f" ({result.prompt_tokens} prompt tokens)"
         median = num(percentile(chats, 0.5) if chats else None)
-        rows.append(f"{result.server} | {result.shape} | {answer} | {len(chats)} | {median} | {num(worst)} | {within}")
-    table(f"server | hostile request | it got | small chats | p50 (s) | max (s) | within {BOUND_S:g} s", rows)
+        chat_cells = f"{len(chats)} | {median} | {num(worst)} | {within}"
+        rows.append(f"{result.server} | {result.shape} | {answer} | {chat_cells} | {result.load:.1f}")
+    table(
+        f"server | hostile request | it got | small chats | p50 (s) | max (s) | within {BOUND_S:g} s | load before",
+        rows,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    shapes = list(support.hostile_grammars().SHAPES)
+    shapes = list(support.hostile_grammars().ALL_SHAPES)
     parser = cli.parser(__doc__)
     parser.add_argument("--shapes", type=cli.names(shapes), default=shapes, help="the shapes to send (all)")
     parser.add_argument("--servers", type=cli.names((COURIER, COURIER_BASELINE)), default=None)
     parser.add_argument("--max-tokens", type=cli.positive_int, default=64, help="the hostile request's (64)")
     parser.add_argument("--chats", type=cli.positive_int, default=8, help="most small chats per shape (8)")
+    parser.add_argument("--head-start", type=float, default=0.05, help="seconds before the first small chat (0.05)")
     parser.add_argument("--wide-window", action="store_true", help="the tiny 32K-window llama, not SmolLM2")
     cli.add_baseline(parser)
     cli.add_results(parser)

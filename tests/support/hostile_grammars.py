@@ -1,10 +1,16 @@
-"""Requests whose grammars are as large as a client may make them (issue 30, item 8), for the tests and the bench.
+"""Requests whose grammars are as large as a client may make them (issue 30, items 7 and 8), for the tests and the
+bench.
 
-Four shapes, each a chat body without `model` and `messages`: 128 functions with `tool_choice: "required"`, one
-function of 600 optional properties, 128 functions whose parameter is a regular expression whose automaton
-explodes (a "pattern bomb": `(a|b)*a(a|b){N}` needs 2^N states as a DFA), and a JSON schema answer offered beside
-128 tools in `auto`. The functions carry no descriptions, so the prompt that describes them (generic mode) stays
-inside SmolLM2's 8K window, except the 128 pattern bombs (about 9K tokens: a 400 there, served on a wider window).
+Three schemas no generation can follow (item 7, `SCHEMA_SHAPES`): a `$ref` that requires itself (no finite
+instance), `anyOf` nested 8 x 8 x 8 over distinct objects, and an object of 2,000 properties; each made llguidance
+fail on the reply's first token while compiling had passed.
+
+Four tool shapes (item 8, `SHAPES`), each a chat body's fields beside `model`, `messages` and `max_tokens`: 128
+functions with `tool_choice: "required"`, one function of 600 optional properties, 128 functions whose parameter is
+a regular expression whose automaton explodes (a "pattern bomb": `(a|b)*a(a|b){N}` needs 2^N states as a DFA), and
+a JSON schema answer offered beside 128 tools in `auto`. The functions carry no descriptions, so the prompt that
+describes them (generic mode) stays inside SmolLM2's 8K window, except the 128 pattern bombs (about 9K tokens: a
+400 there, served on a wider window).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ ANSWER_SCHEMA: dict[str, Any] = {
     "required": ["answer", "confidence"],
 }
 QUESTION = "Call a tool for the weather in Paris."
+JSON_QUESTION = "Reply with JSON."
 SMALL_CHAT = "Hi"
 
 
@@ -49,9 +56,54 @@ def pattern_bombs(count: int = TOOLS, pattern: str = BOMB) -> list[dict[str, Any
     return [function(f"b{index}", bomb) for index in range(count)]
 
 
-# Each shape's body fields (beside model, messages and max_tokens), by the name the docs' table gives it.
+def anyof_8x8x8() -> dict[str, Any]:
+    leaves = iter(range(8**3))
+
+    def level(depth: int) -> dict[str, Any]:
+        if depth == 0:
+            leaf = next(leaves)
+            properties = {f"x{leaf}": {"type": "integer"}, "y": {"type": "string"}}
+            return {"type": "object", "properties": properties, "required": ["y"]}
+        return {"anyOf": [level(depth - 1) for _ in range(8)]}
+
+    return level(3)
+
+
+NO_FINITE_INSTANCE: dict[str, Any] = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"next": {"$ref": "#/$defs/node"}},
+            "required": ["next"],
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+PROPERTIES_2000: dict[str, Any] = {"type": "object", "properties": {f"p{index}": {} for index in range(2000)}}
+UNSATISFIABLE: dict[str, dict[str, Any]] = {
+    "no finite instance": NO_FINITE_INSTANCE,
+    "anyOf 8x8x8": anyof_8x8x8(),
+    "2000 properties": PROPERTIES_2000,
+}
+
+
+def json_schema_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+# Item 7's shapes: a JSON schema answer, asked for as such.
+SCHEMA_SHAPES: dict[str, dict[str, Any]] = {
+    f"a schema: {name}": {
+        "messages": [{"role": "user", "content": JSON_QUESTION}],
+        "response_format": json_schema_format(schema),
+    }
+    for name, schema in UNSATISFIABLE.items()
+}
+
+# Item 8's shapes: each one's body fields beside model, messages and max_tokens, named as in reliability.md.
 SHAPES: dict[str, dict[str, Any]] = {
-    "128 functions, tool_choice required": {"tools": ordinary_tools(), "tool_choice": "required"},
+    "128 functions with tool_choice required": {"tools": ordinary_tools(), "tool_choice": "required"},
     "a function of 600 optional properties": {"tools": wide_function(), "tool_choice": "required"},
     "128 functions with pattern bombs": {"tools": pattern_bombs(), "tool_choice": "required"},
     "a json_schema beside 128 tools in auto": {
@@ -60,6 +112,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}},
     },
 }
+ALL_SHAPES: dict[str, dict[str, Any]] = {**SCHEMA_SHAPES, **SHAPES}
 
 
 def hostile_body(model: str, shape: str, max_tokens: int) -> dict[str, Any]:
@@ -67,7 +120,7 @@ def hostile_body(model: str, shape: str, max_tokens: int) -> dict[str, Any]:
         "model": model,
         "messages": [{"role": "user", "content": QUESTION}],
         "max_tokens": max_tokens,
-        **SHAPES[shape],
+        **ALL_SHAPES[shape],
     }
 
 
