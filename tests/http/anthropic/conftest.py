@@ -1,6 +1,7 @@
 """One server for the Messages API's end-to-end modules: a tiny random-weight llama with a 64K window that ends its
 replies within a few tokens (tests/support/agent_model.py), served as MODEL, with an exact alias and `claude-*`,
-behind the two keys Claude Code's recorded requests carry, with keep-alives every half second.
+behind the two keys Claude Code's recorded requests carry, with keep-alives every 20 ms (far below any long prefill:
+40K tokens take 0.4 s on an idle machine, so a half-second interval sent none there).
 
 Tests on it must not depend on each other (a test that reads the prompt cache sends a prefix of its own). Modules
 that need another model (tools, thinking, images) start their own server under another fixture name.
@@ -21,7 +22,7 @@ from tests.support.server import RunningServer, serving
 
 MODEL = NAMED_MODEL  # the id Claude Code names with ANTHROPIC_MODEL in the recorded bearer run
 ALIAS = "courier-alias"
-KEEPALIVE_S = 0.5
+KEEPALIVE_S = 0.02
 
 
 @pytest.fixture(scope="package")
