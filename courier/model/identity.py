@@ -24,12 +24,21 @@ _SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "gener
 
 
 def model_identity(
-    location: str, *, weight_format: str, template_signature: str, adapter_id: str = "", stored_as: str = ""
+    location: str,
+    *,
+    weight_format: str,
+    template_signature: str,
+    adapter_id: str = "",
+    stored_as: str = "",
+    served_as: str = "",
 ) -> str:
-    """A hex digest naming this model as served (`stored_as`: the snapshots' quantization, empty: as computed)."""
+    """A hex digest naming this model as served (`stored_as`: the snapshots' quantization, empty: as computed;
+    `served_as`: the name it is served under, so the same files declared under two names never share state)."""
     digest = hashlib.sha256()
     for part in (weight_format, template_signature, adapter_id, _version("mlx"), _version("mlx-lm")):
         digest.update(part.encode() + b"\0")
+    if served_as:
+        digest.update(b"served " + served_as.encode() + b"\0")
     if stored_as:
         digest.update(b"snapshots " + stored_as.encode() + b"\0")
     path = Path(location)

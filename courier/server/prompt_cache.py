@@ -171,6 +171,9 @@ async def _open_disk_directory(
                 weight_format=info.weight_format,
                 template_signature=signature,
                 stored_as=stored_as,
+                # One directory per served name: the same files declared twice (`--model chat=X --model pooled=X`)
+                # are two models whose files must never meet (loading one used to delete the other's).
+                served_as=info.model_id,
             )
         )
         return await anyio.to_thread.run_sync(open_directory, root, identity, layout, quantization)

@@ -33,6 +33,7 @@ import pytest
 
 from tests.support.agent_model import build_agent_model
 from tests.support.logging_proxy import for_courier
+from tests.support.polling import attempts
 from tests.support.server import RunningServer, serving
 
 AGENTS = Path(__file__).resolve().parents[1] / "data" / "agents"
@@ -105,7 +106,7 @@ def started(request: pytest.FixtureRequest) -> float:
 
 def _until_idle(http: httpx.Client) -> None:
     """Polled (a request each), never slept."""
-    for _ in range(5000):
+    for _ in attempts():
         stats = http.get("/v1/cache/stats").json()
         done = stats["snapshot_warmups_run"] + stats["snapshot_warmups_skipped"]
         if done == stats["snapshot_warmups_queued"] and stats["snapshot_warmups_pending"] == 0:

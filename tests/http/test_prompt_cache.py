@@ -12,6 +12,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 
+from tests.support.polling import attempts
 from tests.support.server import RunningServer, running_server
 
 SYSTEM = "You are a careful assistant who answers in full sentences. " * 6  # well past the minimum prefix
@@ -190,7 +191,7 @@ def wait_until_idle(server: RunningServer, queued_at_least: int = 0) -> dict[str
 
     A reply queues its conversation's warm-up through the ingress, and the scheduler runs it when idle.
     """
-    for _ in range(5000):
+    for _ in attempts():
         stats = cache_stats(server)
         finished = stats["snapshot_warmups_run"] + stats["snapshot_warmups_skipped"]
         queued = stats["snapshot_warmups_queued"]

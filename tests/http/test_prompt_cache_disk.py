@@ -17,6 +17,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests.support.polling import attempts
 from tests.support.server import RunningServer, running_server
 
 GENERATION_PROMPT = 3  # "<|im_start|>assistant\n": only a trimmable cache can skip it
@@ -63,7 +64,7 @@ def stats(server: RunningServer) -> dict[str, Any]:
 
 def settled(server: RunningServer) -> dict[str, Any]:
     """Stats once every idle warm-up has run and the disk has done all it was asked (polled, never slept)."""
-    for _ in range(5000):
+    for _ in attempts():
         figures = stats(server)
         warmups_done = figures["snapshot_warmups_run"] + figures["snapshot_warmups_skipped"]
         if (

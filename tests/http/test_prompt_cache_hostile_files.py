@@ -21,6 +21,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.http.test_prompt_cache_disk import Conversations, serving, snapshot_files
+from tests.support.polling import attempts
 from tests.support.server import RunningServer
 from tests.support.snapshot_forgery import put_together, take_apart, with_wrapping_keys
 
@@ -59,7 +60,7 @@ def http_of(server: RunningServer) -> httpx.Client:
 def figures(server: RunningServer) -> dict[str, Any]:
     """/v1/cache/stats once every warm-up has run and the disk has done all it was asked (polled, never slept)."""
     with http_of(server) as http:
-        for _ in range(5000):
+        for _ in attempts():
             stats: dict[str, Any] = http.get("/v1/cache/stats").json()
             warmups_done = stats["snapshot_warmups_run"] + stats["snapshot_warmups_skipped"]
             if (

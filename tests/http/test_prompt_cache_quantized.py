@@ -17,6 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support import tiny_models
+from tests.support.polling import attempts
 from tests.support.server import RunningServer, running_server
 
 # At 2,048 B/token as computed, a ~200-token conversation takes ~410 KB: 1 MiB holds two. At 8-bit/64 (576 B/token,
@@ -54,7 +55,7 @@ def stats(server: RunningServer) -> dict[str, Any]:
 
 def settled(server: RunningServer) -> dict[str, Any]:
     """Stats once every idle warm-up has run and the disk has done all it was asked (polled, never slept)."""
-    for _ in range(5000):
+    for _ in attempts():
         figures = stats(server)
         done = figures["snapshot_warmups_run"] + figures["snapshot_warmups_skipped"]
         idle = not figures["snapshot_warmups_pending"] and not figures["snapshot_disk_pending"]
