@@ -9,10 +9,12 @@ model's do. The vectors' width is measured by one forward pass at load, whatever
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 from anyio.streams.memory import MemoryObjectSendStream
 from mlx.utils import tree_flatten
 
@@ -21,8 +23,9 @@ from courier.engine.embedding import EmbeddingModel, Pooling, embed_batch, encod
 from courier.messages.embedder import EmbedderMessage
 from courier.model.catalog import ModelDeclaration
 from courier.model.embedding_models import is_embedding_model, load_embedding_model
+from courier.model.hub import fetch_repo
 from courier.model.loader import LoadedModel
-from courier.model.source import SourceKind
+from courier.model.source import ModelSource, SourceKind
 from courier.runtime.mlx_thread import MlxThread
 from courier.status.models import ModelStatus
 
@@ -35,6 +38,18 @@ def embeds_only(declaration: ModelDeclaration) -> bool:
     """Whether the declared model is an embedding model (an MLX directory whose files say so)."""
     source = declaration.source
     return source.kind is SourceKind.MLX_DIRECTORY and is_embedding_model(Path(source.location))
+
+
+async def as_embedding_model(declaration: ModelDeclaration, status: ModelStatus) -> ModelDeclaration | None:
+    """The declaration of an embedding model, with a hub repo's files fetched to a local directory (only its files
+    tell an encoder from a generative model); None for a generative model, left to mlx-lm as declared."""
+    source = declaration.source
+    if source.kind is SourceKind.HUB_REPO:
+        status.progress = f"fetching {source.location} from the Hugging Face hub"
+        local = await anyio.to_thread.run_sync(fetch_repo, source.location)
+        source = ModelSource(kind=SourceKind.MLX_DIRECTORY, location=str(local), default_id=source.default_id)
+        declaration = replace(declaration, source=source)
+    return declaration if embeds_only(declaration) else None
 
 
 async def start_embedding_model(

@@ -61,7 +61,7 @@ from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.faults import FaultCounter
 from courier.runtime.message import Message
 from courier.runtime.mlx_thread import MlxThread
-from courier.server.embedding_runtime import embeds_only, start_embedding_model, start_pooled_embedder
+from courier.server.embedding_runtime import as_embedding_model, start_embedding_model, start_pooled_embedder
 from courier.server.prompt_cache import PromptCache, open_prompt_cache, snapshot_quantization
 from courier.settings import Settings
 from courier.status.models import ModelStatus
@@ -169,8 +169,9 @@ class ModelRuntimes:
     async def load(self, declaration: ModelDeclaration, status: ModelStatus) -> Runtime:
         services, settings = self._services, self._services.settings
         runtime = Runtime(declaration.model_id, services, status)
-        if embeds_only(declaration):
-            return await _load_embedding_model(runtime, declaration, status)
+        embedding = await as_embedding_model(declaration, status)
+        if embedding is not None:
+            return await _load_embedding_model(runtime, embedding, status)
         load = partial(
             load_model,
             declaration.source,

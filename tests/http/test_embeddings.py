@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import math
+import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,14 +27,29 @@ LLAMA_WIDTH = 64  # tests/support/tiny_models.py
 CLOSE = 1e-4
 
 
+HUB_REPO, HUB_REVISION = "courier-tests/tiny-bert", "0123456789abcdef0123456789abcdef01234567"
+
+
 @pytest.fixture(scope="module")
-def server(tiny_bert_dir: Path, tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
+def hub_cache(tiny_bert_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face cache holding the tiny BERT as HUB_REPO, laid out as the hub client leaves a download."""
+    cache = tmp_path_factory.mktemp("hf-hub")
+    repo = cache / ("models--" + HUB_REPO.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(HUB_REVISION)
+    shutil.copytree(tiny_bert_dir, repo / "snapshots" / HUB_REVISION)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bert_dir: Path, tiny_llama_dir: Path, cache_dir: Path, hub_cache: Path) -> Iterator[RunningServer]:
     args = [
         *("--model", f"bert={tiny_bert_dir}", "--model", f"chat={tiny_llama_dir}"),
         *("--model", f"pooled={tiny_llama_dir}", "--embedding-pooling", "pooled=mean"),
+        *("--model", HUB_REPO, "--model", "not-downloaded=courier-tests/absent"),
         *("--cache-dir", str(cache_dir)),
     ]
-    with running_server(args) as running:
+    with running_server(args, env={"HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1"}) as running:
         yield running
         assert running.stop() == 0
 
@@ -153,3 +169,18 @@ def test_models_shows_what_each_model_embeds(http: httpx.Client) -> None:
     assert shown["pooled"]["embeddings"]["pooling"] == "mean"
     assert shown["pooled"]["generation"] is True
     assert shown["chat"]["embeddings"] is None
+
+
+def test_an_embedding_model_named_by_its_hub_repo_embeds_as_its_directory_does(http: httpx.Client) -> None:
+    """Only a repo's files tell an encoder from a generative model: they are fetched (here: found in the offline
+    cache) before either loader is chosen."""
+    from_hub, from_directory = vectors(embed(http, HUB_REPO, TEXTS)), vectors(embed(http, "bert", TEXTS))
+    assert len(from_hub[0]) == BERT_WIDTH
+    for left, right in zip(from_hub, from_directory, strict=True):
+        assert_close(left, right)
+    missing = embed(http, "not-downloaded", "hello")
+    assert missing.status_code == 503
+    error = missing.json()["error"]
+    assert error["code"] == "model_load_failed"
+    assert "courier-tests/absent is not in the Hugging Face cache" in error["message"]
+    assert vectors(embed(http, "bert", "still here"))  # the failed load disturbed nothing
