@@ -37,7 +37,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.actors.generation_trace import GenerationTally
 from courier.core.failure_codes import FailureCode
-from courier.core.snapshot_store import Bucket
+from courier.core.snapshot_entries import Bucket
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (

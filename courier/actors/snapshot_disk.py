@@ -28,18 +28,10 @@ from typing import Any
 
 import anyio
 
+from courier.core.snapshot_entries import Bucket, DeleteFile, DiskEffect, EntryId, Snapshot, WriteFile, disk_footprint
 from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_store import (
-    Bucket,
-    DeleteFile,
-    DiskEffect,
-    DiskIoCounters,
-    EntryId,
-    Snapshot,
-    SnapshotStore,
-    WriteFile,
-    disk_footprint,
-)
+from courier.core.snapshot_stats import DiskIoCounters
+from courier.core.snapshot_store import SnapshotStore
 from courier.engine.snapshot_codec import UndecodableState, decode_state, encode_state
 from courier.engine.snapshot_directory import SnapshotDirectory
 from courier.engine.snapshot_files import SUFFIX, UnreadableSnapshot, read_snapshot, write_snapshot

@@ -31,7 +31,9 @@ from opentelemetry import trace
 
 from courier.actors.snapshot_disk import SnapshotDisk
 from courier.core.prefix_divergence import DivergenceReport, report, token_ids
-from courier.core.snapshot_store import LookupResult, SnapshotStore, StoreStats
+from courier.core.snapshot_entries import LookupResult
+from courier.core.snapshot_stats import StoreStats
+from courier.core.snapshot_store import SnapshotStore
 from courier.messages.snapshot_store import (
     FlushSnapshots,
     InsertSnapshot,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from courier.core.prompt_lookup import LookupLimits
+from courier.core.snapshot_entries import Origin
 from courier.core.snapshot_quantization import KvQuantization
-from courier.core.snapshot_store import Origin
 from courier.core.verify_width import StepCosts
 from courier.engine import shared_prefix
 from courier.engine.generation import GenerationEvent, RequestId, SamplingParams, VisionInputs

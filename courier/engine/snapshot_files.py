@@ -37,9 +37,9 @@ from typing import Any
 
 import orjson
 
+from courier.core.snapshot_entries import DISK_HEADER_ALLOWANCE, Bucket, Origin
 from courier.core.snapshot_quantization import KvQuantization
 from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_store import DISK_HEADER_ALLOWANCE, Bucket, Origin
 from courier.engine.snapshot_codec import EncodedState
 from courier.engine.snapshot_layout import LayoutMismatch, StateLayout
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from courier.core.snapshot_store import Bucket, EntryId, Origin, StoreStats
+from courier.core.snapshot_entries import Bucket, EntryId, Origin
+from courier.core.snapshot_stats import StoreStats
 from courier.messages.base import Request
 from courier.runtime.message import Message, ReplyStream
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import anyio.to_thread
 
 from courier.actors.snapshot_disk import DiskTierConfig, SnapshotDisk
+from courier.core.snapshot_entries import Bucket
 from courier.core.snapshot_quantization import (
     KvQuantization,
     QuantizationRefused,
@@ -30,7 +31,8 @@ from courier.core.snapshot_quantization import (
     quantization_from_settings,
 )
 from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
+from courier.core.snapshot_stats import StoreLimits
+from courier.core.snapshot_store import SnapshotStore
 from courier.engine.model_state import attention_head_dims
 from courier.engine.snapshot_budget import available_memory, default_budget, default_disk_budget, measure_footprint
 from courier.engine.snapshot_directory import SnapshotDirectory, free_bytes, open_directory

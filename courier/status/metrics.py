@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_store import StoreStats
+from courier.core.snapshot_stats import StoreStats
 from courier.platform.malloc_tuning import malloc_usage
 from courier.platform.mlx_memory import mlx_memory
 from courier.status.gateway_metrics import gateway_gauges

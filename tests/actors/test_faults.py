@@ -26,7 +26,9 @@ from courier.actors.storage import StorageActor
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
 from courier.core.failure_codes import FailureCode
-from courier.core.snapshot_store import Bucket, SnapshotStore, StoreLimits
+from courier.core.snapshot_entries import Bucket
+from courier.core.snapshot_stats import StoreLimits
+from courier.core.snapshot_store import SnapshotStore
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import EngineOutput
 from courier.engine.generation import (

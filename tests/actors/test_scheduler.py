@@ -28,7 +28,7 @@ from courier.actors.scheduler import (
     SchedulerActor,
 )
 from courier.core.failure_codes import FailureCode
-from courier.core.snapshot_store import Bucket, Origin
+from courier.core.snapshot_entries import Bucket, Origin
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (

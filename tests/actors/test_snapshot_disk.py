@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from courier.actors.snapshot_disk import DiskTierConfig, SnapshotDisk
-from courier.core.snapshot_store import Bucket, Origin, SnapshotStore, StoreLimits, disk_footprint
+from courier.core.snapshot_entries import Bucket, Origin, disk_footprint
+from courier.core.snapshot_stats import StoreLimits
+from courier.core.snapshot_store import SnapshotStore
 from courier.engine.snapshot_codec import EncodedState
 from courier.engine.snapshot_directory import open_directory
 from courier.engine.snapshot_files import FileTrust, write_snapshot

@@ -11,7 +11,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from courier.actors.snapshot_store import DIVERGENCES_KEPT, SnapshotStoreActor
 from courier.core.failure_codes import FailureCode
-from courier.core.snapshot_store import Bucket, Origin, SnapshotStore, StoreLimits, StoreStats
+from courier.core.snapshot_entries import Bucket, Origin
+from courier.core.snapshot_stats import StoreLimits, StoreStats
+from courier.core.snapshot_store import SnapshotStore
 from courier.messages.asking import Refused, call
 from courier.messages.base import RequestFailed
 from courier.messages.snapshot_store import (

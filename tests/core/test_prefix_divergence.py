@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from courier.core.prefix_divergence import CONTEXT_TOKENS, Divergence, report, token_ids
-from courier.core.snapshot_store import ANONYMOUS_SESSION, Bucket, Origin, SnapshotStore, StoreLimits
+from courier.core.snapshot_entries import ANONYMOUS_SESSION, Bucket, Origin
+from courier.core.snapshot_stats import StoreLimits
+from courier.core.snapshot_store import SnapshotStore
 
 BUCKET = Bucket(model_id="m", tenant="key-a")
 SYSTEM = tuple(range(100, 140))  # a 40-token system prompt

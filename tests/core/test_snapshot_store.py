@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from courier.core.snapshot_store import (
+from courier.core.snapshot_entries import (
     ANONYMOUS_SESSION,
     Bucket,
     DeleteFile,
     DiskEffect,
     Origin,
     Snapshot,
-    SnapshotStore,
-    StoreLimits,
     WriteFile,
     disk_footprint,
 )
+from courier.core.snapshot_stats import StoreLimits
+from courier.core.snapshot_store import SnapshotStore
 
 BUCKET = Bucket(model_id="m")
 OTHER_BUCKET = Bucket(model_id="m", template_signature="other")

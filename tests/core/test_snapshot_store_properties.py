@@ -11,7 +11,7 @@ from typing import cast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from courier.core.snapshot_store import (
+from courier.core.snapshot_entries import (
     DISK_HEADER_ALLOWANCE,
     Bucket,
     DeleteFile,
@@ -19,11 +19,11 @@ from courier.core.snapshot_store import (
     EntryId,
     Origin,
     Snapshot,
-    SnapshotStore,
-    StoreLimits,
     WriteFile,
     disk_footprint,
 )
+from courier.core.snapshot_stats import StoreLimits
+from courier.core.snapshot_store import SnapshotStore
 
 BUCKET = Bucket("m")
 CAPACITY = 200

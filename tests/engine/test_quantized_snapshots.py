@@ -15,9 +15,9 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
+from courier.core.snapshot_entries import Bucket, Origin, disk_footprint
 from courier.core.snapshot_quantization import KvQuantization, kv_bytes
 from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_store import Bucket, Origin, disk_footprint
 from courier.engine.model_state import CachedPrefix, attention_head_dims, compact_copy, prefill, resume
 from courier.engine.snapshot_codec import decode_state, encode_state
 from courier.engine.snapshot_files import FileTrust, UnreadableSnapshot, read_index_entry, read_snapshot, write_snapshot

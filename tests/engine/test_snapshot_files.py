@@ -15,8 +15,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 
+from courier.core.snapshot_entries import Bucket, Origin, disk_footprint
 from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_store import Bucket, Origin, disk_footprint
 from courier.engine.model_state import compact_copy, prefill
 from courier.engine.snapshot_codec import UndecodableState, decode_state, encode_state
 from courier.engine.snapshot_directory import DirectoryBusy, open_directory

@@ -12,7 +12,7 @@ from quart import Blueprint, request
 
 from courier.core.prefix_divergence import DivergenceReport
 from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_store import StoreStats
+from courier.core.snapshot_stats import StoreStats
 from courier.http.auth import Caller, require_admin
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
