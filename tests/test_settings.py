@@ -7,11 +7,9 @@ from pathlib import Path
 import pytest
 
 from courier.server.cli import EXIT_USAGE, build_parser, main
-from courier.settings import (
-    OPTIONS,
-    Settings,
-    SettingsError,
-    options_of,
+from courier.settings import OPTIONS, Settings, SettingsError, resolve
+from courier.settings.option import options_of, setting
+from courier.settings.parsers import (
     parse_api_prefix,
     parse_bool,
     parse_bytes,
@@ -21,8 +19,6 @@ from courier.settings import (
     parse_prompt_cache_group_size,
     parse_replica_id,
     parse_storage_url,
-    resolve,
-    setting,
 )
 
 

@@ -11,7 +11,7 @@ from typing import TextIO, TypeVar
 from courier.cluster import up_command
 from courier.cluster.haproxy_config import FrontOptions, haproxy_config
 from courier.cluster.replicas import ReplicaError, parse_replicas, with_models
-from courier.settings import parse_api_prefix, parse_bytes, parse_port, parse_positive_float
+from courier.settings.parsers import parse_api_prefix, parse_bytes, parse_port, parse_positive_float
 
 logger = logging.getLogger("courier.cluster")
 

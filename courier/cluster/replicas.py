@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from courier.settings import parse_replica_id
+from courier.settings.parsers import parse_replica_id
 
 # A model name the front can match on: no spaces, quotes or braces an HAProxy ACL would read as syntax.
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]*\*?")

@@ -24,7 +24,7 @@ from typing import TextIO
 
 from courier.cluster.local_cluster import ClusterError, ClusterPlan, LocalCluster
 from courier.cluster.restarts import RestartSchedule
-from courier.settings import parse_port
+from courier.settings.parsers import parse_port
 
 logger = logging.getLogger("courier.cluster")
 

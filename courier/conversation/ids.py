@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 
-from courier.settings import REPLICA_ID_PATTERN
+from courier.settings.parsers import REPLICA_ID_PATTERN
 
 RESPONSE_PREFIX = "resp"
 TOKEN_SEPARATOR = "."

@@ -19,6 +19,7 @@ from courier.model.catalog import build_catalog
 from courier.model.source import ModelSourceError
 from courier.platform.blas import load_optimized_blas
 from courier.platform.malloc_tuning import pin_malloc_thresholds
+from courier.settings.parsers import LOG_LEVELS
 
 logger = logging.getLogger("courier")
 
@@ -108,7 +109,7 @@ def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> in
 
 def _configure_logging(level: str) -> None:
     logging.basicConfig(
-        level=level.upper() if level.lower() in settings_module.LOG_LEVELS else logging.INFO,
+        level=level.upper() if level.lower() in LOG_LEVELS else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

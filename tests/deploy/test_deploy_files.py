@@ -22,7 +22,8 @@ import pytest
 
 from courier.cluster.front_process import find_haproxy
 from courier.server.cli import build_parser, main
-from courier.settings import OPTIONS, Settings, parse_replica_id
+from courier.settings import OPTIONS, Settings
+from courier.settings.parsers import parse_replica_id
 from courier.status.gateway_metrics import gateway_gauges
 from courier.status.scheduler_stats import SchedulerStats
 

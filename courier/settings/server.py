@@ -1,277 +1,41 @@
-"""Server settings: every option is a CLI flag and a `COURIER_*` environment variable.
-
-A setting is declared once, as a field of `Settings` made with `setting(default, parse, help, ...)`: its name,
-type and default are the field's, and its parser, help text, metavar and on/off-flag-ness ride in the field's
-metadata. `OPTIONS` is derived from those fields, in declaration order, which is the order of `--help` and the docs.
-
-Precedence is CLI flag > environment variable > default. An environment value that
-does not parse logs a warning naming the variable and keeps the default, so a typo
-in a deployment's environment never stops the server from starting; except for a
-`strict` setting, where the default would be a different thing rather than a safe
-one (`COURIER_STORAGE`: replicas meant to share PostgreSQL must not each fall back to
-a SQLite file of their own; `COURIER_REPLICA_ID`: a replica behind a front must not
-quietly mint ids that route nowhere), so its typo is a start-up error (`SettingsError`).
-"""
+"""`Settings`: every setting of the server, each declared once with its default, parser and help."""
 
 from __future__ import annotations
 
-import argparse
-import logging
-import math
-import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 import platformdirs
 
-logger = logging.getLogger(__name__)
-
-ENV_PREFIX = "COURIER_"
-WEIGHT_FORMATS = ("auto", "native", "float32", "float16", "bfloat16")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-STORAGE_URL_SCHEMES = ("postgresql", "postgres")
-_BYTE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
-_BYTES_PATTERN = re.compile(r"^\s*(\d+)\s*([kmg]i?)?b?\s*$", re.IGNORECASE)
-# A replica id: the routing token its response ids carry, and its server's name in a front's configuration.
-REPLICA_ID_PATTERN = re.compile(r"[a-z0-9-]{1,16}")
-
-
-def parse_bytes(text: str) -> int:
-    """`1048576`, `512KiB`, `32MiB`, `2GB`, `1G` -> bytes."""
-    match = _BYTES_PATTERN.match(text)
-    if match is None:
-        raise ValueError(f"not a byte size: {text!r} (examples: 1048576, 64MiB, 2GB)")
-    return int(match.group(1)) * _BYTE_UNITS[(match.group(2) or "").lower()]
-
-
-def parse_positive_bytes(text: str) -> int:
-    value = parse_bytes(text)
-    if value <= 0:
-        raise ValueError(f"must be positive: {text!r}")
-    return value
-
-
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r} (use 1/0, true/false, yes/no, on/off)")
+from courier.settings.option import setting
+from courier.settings.parsers import (
+    LOG_LEVELS,
+    WEIGHT_FORMATS,
+    choice,
+    expanded_path,
+    int_between,
+    optional_number,
+    optional_path,
+    optional_text,
+    parse_api_prefix,
+    parse_bool,
+    parse_bytes,
+    parse_embedding_pooling,
+    parse_model_specs,
+    parse_names,
+    parse_non_negative_float,
+    parse_non_negative_int,
+    parse_port,
+    parse_positive_bytes,
+    parse_positive_float,
+    parse_positive_int,
+    parse_prompt_cache_bits,
+    parse_prompt_cache_group_size,
+    parse_replica_id,
+    parse_storage_url,
+)
 
 
-def parse_port(text: str) -> int:
-    port = int(text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port out of range: {port}")
-    return port
-
-
-def parse_positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise ValueError(f"must be positive: {text!r}")
-    return value
-
-
-def parse_non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise ValueError(f"must not be negative: {text!r}")
-    return value
-
-
-def parse_positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError(f"must be positive: {text!r}")
-    return value
-
-
-def parse_non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"must not be negative: {text!r}")
-    return value
-
-
-def _int_between(text: str, low: int, high: int) -> int:
-    value = int(text)
-    if not low <= value <= high:
-        raise ValueError(f"must be between {low} and {high}: {text!r}")
-    return value
-
-
-def _choice(options: Sequence[str]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        lowered = text.strip().lower()
-        if lowered not in options:
-            raise ValueError(f"{text!r} is not one of {', '.join(options)}")
-        return lowered
-
-    return parse
-
-
-def parse_prompt_cache_bits(text: str) -> int | None:
-    """`8` or `4`; `off` (or empty, `none`, `0`) stores snapshots as the model computes them."""
-    lowered = text.strip().lower()
-    if lowered in ("", "off", "none", "0"):
-        return None
-    if lowered not in ("8", "4"):
-        raise ValueError(f"prompt-cache bits are 8, 4 or off, not {text!r}")
-    return int(lowered)
-
-
-def parse_prompt_cache_group_size(text: str) -> int:
-    """32, 64 or 128: the group sizes MLX's affine quantization supports."""
-    value = int(text)
-    if value not in (32, 64, 128):
-        raise ValueError(f"a group size is 32, 64 or 128, not {text!r}")
-    return value
-
-
-# Several `--model` declarations in one environment variable are separated by this (a path may hold a comma).
-MODEL_SEPARATOR = ";"
-
-
-def parse_model_specs(text: str) -> tuple[str, ...]:
-    """`[NAME[,ALIAS...]=]MODEL`, several separated by `;` (one per `--model` flag does as well)."""
-    return tuple(spec.strip() for spec in text.split(MODEL_SEPARATOR) if spec.strip())
-
-
-def parse_names(text: str) -> tuple[str, ...]:
-    """`a,b` -> ("a", "b"), spaces around each name dropped."""
-    return tuple(name.strip() for name in text.split(",") if name.strip())
-
-
-EMBEDDING_POOLINGS = ("mean", "last")
-
-
-def parse_embedding_pooling(text: str) -> tuple[str, ...]:
-    """`[NAME=]mean|last`, several separated by commas: kept as `NAME=POOLING` (no NAME: the default model)."""
-    specs = []
-    for spec in parse_names(text):
-        name, _, pooling = spec.rpartition("=")
-        if pooling.strip() not in EMBEDDING_POOLINGS:
-            raise ValueError(f"{spec!r}: the pooling is one of {', '.join(EMBEDDING_POOLINGS)}")
-        specs.append(f"{name.strip()}={pooling.strip()}")
-    return tuple(specs)
-
-
-def _path(text: str) -> Path:
-    return Path(text).expanduser()
-
-
-def _optional_text(text: str) -> str | None:
-    return text or None
-
-
-def _optional_number(text: str, low: float, high: float, what: str, *, open_low: bool = False) -> float | None:
-    if not text.strip():
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected {what}, a number, not {text!r}") from None
-    if not low <= value <= high or (open_low and value == low) or math.isnan(value):
-        bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
-        raise ValueError(f"expected {what} in {bounds}, not {text!r}")
-    return value
-
-
-def _optional_path(text: str) -> Path | None:
-    return Path(text).expanduser() if text else None
-
-
-def parse_storage_url(text: str) -> str | None:
-    """A postgresql:// (or postgres://) URL selects PostgreSQL; empty is SQLite under --data-dir. The error never
-    repeats the text, which may hold a password."""
-    url = text.strip()
-    if not url:
-        return None
-    scheme, separator, _ = url.partition("://")
-    if not separator:
-        raise ValueError("expected a postgresql://user:password@host:port/dbname URL, or nothing for SQLite")
-    if scheme.lower() not in STORAGE_URL_SCHEMES:
-        raise ValueError(f"a {scheme!r} URL names no storage Courier has: use postgresql://, or nothing for SQLite")
-    return url
-
-
-def parse_replica_id(text: str) -> str | None:
-    """1-16 of a-z, 0-9 and `-` (`r1`, `gpu-a`); empty for none."""
-    replica = text.strip()
-    if not replica:
-        return None
-    if REPLICA_ID_PATTERN.fullmatch(replica) is None:
-        raise ValueError(f"a replica id is 1-16 of a-z, 0-9 and '-', not {text!r}")
-    return replica
-
-
-def parse_api_prefix(text: str) -> str:
-    """`/courier` nests every route under it; empty for none. No trailing slash, no query or spaces."""
-    prefix = text.strip().rstrip("/")
-    if prefix and (not prefix.startswith("/") or any(char in prefix for char in "?# ")):
-        raise ValueError(f"an API prefix is a path such as /courier, not {text!r}")
-    return prefix
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Option:
-    name: str
-    parse: Callable[[str], Any]
-    default: Any
-    help: str
-    metavar: str | None = None
-    is_flag: bool = False
-    strict: bool = False
-    repeated: bool = False  # the flag may be given several times; each value parses to a tuple, all joined
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _OptionMetadata:
-    """What a `Settings` field carries besides its name, type and default: how it is parsed and described."""
-
-    parse: Callable[[str], Any]
-    help: str
-    metavar: str | None
-    is_flag: bool
-    strict: bool
-    repeated: bool
-
-
-_METADATA_KEY = "courier.option"
-_T = TypeVar("_T")
-
-
-def setting(
-    default: _T,
-    parse: Callable[[str], _T],
-    help: str,
-    *,
-    metavar: str | None = None,
-    flag: bool = False,
-    strict: bool = False,
-    repeated: bool = False,
-) -> _T:
-    """Declare a `Settings` field with its option: default, parser, help text, and a metavar or on/off flag.
-    `strict`: an environment value that does not parse stops the server instead of leaving the default.
-    `repeated`: a tuple setting whose flag may be given several times (`parse` turns one value into a tuple)."""
-    metadata = _OptionMetadata(parse=parse, help=help, metavar=metavar, is_flag=flag, strict=strict, repeated=repeated)
-    return field(default=default, metadata={_METADATA_KEY: metadata})
-
-
-# ruff's RUF009 takes `setting(...)` for a default computed by a call, not the `dataclasses.field` it returns:
-# fields typed `str`, `int`, ... pass as immutable, and the `Path` fields carry a `noqa`.
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     host: str = setting("127.0.0.1", str, "interface to listen on", metavar="HOST")
@@ -293,14 +57,14 @@ class Settings:
     )
     served_model_name: str | None = setting(
         None,
-        _optional_text,
+        optional_text,
         "model id clients use (default: derived from --model); several comma-separated: the first is the id, the "
         "others aliases a request may name instead (one ending in * matches any name it begins, e.g. claude-*)",
         metavar="NAME[,ALIAS...]",
     )
     models_dir: Path | None = setting(  # noqa: RUF009
         None,
-        _optional_path,
+        optional_path,
         "also serve every MLX model directory and .gguf file under this directory, each named by its path below it "
         "(mlx-community/Qwen3-0.6B-4bit, tiny.Q4_0), loaded when a request names it",
         metavar="DIR",
@@ -339,11 +103,11 @@ class Settings:
         repeated=True,
     )
     cache_dir: Path = setting(  # noqa: RUF009
-        Path(platformdirs.user_cache_dir("courier")), _path, "where converted models are kept", metavar="DIR"
+        Path(platformdirs.user_cache_dir("courier")), expanded_path, "where converted models are kept", metavar="DIR"
     )
     weight_format: str = setting(
         "auto",
-        _choice(WEIGHT_FORMATS),
+        choice(WEIGHT_FORMATS),
         "serving weights: auto (float32 on CPU, as stored on GPU), native, float32, float16, bfloat16",
         metavar="FORMAT",
     )
@@ -384,14 +148,14 @@ class Settings:
     )
     speculative_ngram: int = setting(
         4,
-        lambda text: _int_between(text, 2, 16),
+        lambda text: int_between(text, 2, 16),
         "longest run of a sequence's last tokens matched against its context for a draft (2-16; shorter runs "
         "down to 2 are tried next)",
         metavar="N",
     )
     speculative_tokens: int = setting(
         8,
-        lambda text: _int_between(text, 1, 64),
+        lambda text: int_between(text, 1, 64),
         "draft tokens proposed per sequence (1-64); how many are verified in a step follows the measured cost of "
         "a wider pass and each sequence's acceptance",
         metavar="K",
@@ -470,20 +234,20 @@ class Settings:
     )
     cors_allow_origins: str | None = setting(
         None,
-        _optional_text,
+        optional_text,
         "origins browser UIs may call from, comma-separated (https://ui.example,http://localhost:3000), or * for "
         "any (unset: no CORS headers)",
         metavar="ORIGINS",
     )
     default_temperature: float | None = setting(
         None,
-        lambda text: _optional_number(text, 0.0, 2.0, "a temperature"),
+        lambda text: optional_number(text, 0.0, 2.0, "a temperature"),
         "temperature for requests that send none (unset: the model's generation_config.json, else 1.0)",
         metavar="T",
     )
     default_top_p: float | None = setting(
         None,
-        lambda text: _optional_number(text, 0.0, 1.0, "a top_p", open_low=True),
+        lambda text: optional_number(text, 0.0, 1.0, "a top_p", open_low=True),
         "top_p for requests that send none (unset: the model's generation_config.json, else 1.0)",
         metavar="P",
     )
@@ -514,7 +278,7 @@ class Settings:
     )
     media_path: Path | None = setting(  # noqa: RUF009
         None,
-        _optional_path,
+        optional_path,
         "the directory file:// image URLs are confined to (unset: file:// URLs are refused)",
         metavar="DIR",
     )
@@ -542,7 +306,7 @@ class Settings:
     )
     prompt_cache_dir: Path | None = setting(  # noqa: RUF009
         None,
-        _optional_path,
+        optional_path,
         "where the prompt cache's disk tier keeps snapshot files, one private subdirectory per model (default: "
         "prompt-cache under --cache-dir)",
         metavar="DIR",
@@ -584,7 +348,7 @@ class Settings:
     )
     data_dir: Path = setting(  # noqa: RUF009
         Path(platformdirs.user_data_dir("courier")),
-        _path,
+        expanded_path,
         "where stored responses and conversations live (an SQLite database), unless --storage names PostgreSQL",
         metavar="DIR",
     )
@@ -635,20 +399,20 @@ class Settings:
     )
     api_key: str | None = setting(
         None,
-        _optional_text,
+        optional_text,
         "keys clients must send as `Authorization: Bearer KEY` on every route but /health, comma-separated (unset: "
         "no key is asked for)",
         metavar="KEYS",
     )
     api_key_file: Path | None = setting(  # noqa: RUF009
         None,
-        _path,
+        expanded_path,
         "a file of client keys, one per line (blank lines and # comments ignored), added to --api-key",
         metavar="PATH",
     )
     admin_api_key: str | None = setting(
         None,
-        _optional_text,
+        optional_text,
         "keys that may also do what only an operator may (POST /v1/cache/reset), comma-separated",
         metavar="KEYS",
     )
@@ -660,7 +424,7 @@ class Settings:
     )
     compaction_key_file: Path | None = setting(  # noqa: RUF009
         None,
-        _path,
+        expanded_path,
         "a file holding a secret key: compaction capsules are then authenticated (HMAC) and foreign or altered "
         "ones refused",
         metavar="PATH",
@@ -672,104 +436,6 @@ class Settings:
         metavar="SECONDS",
     )
     trace_file: Path | None = setting(  # noqa: RUF009
-        None, _path, "also write finished OpenTelemetry spans to this file as JSON lines", metavar="PATH"
+        None, expanded_path, "also write finished OpenTelemetry spans to this file as JSON lines", metavar="PATH"
     )
-    log_level: str = setting("info", _choice(LOG_LEVELS), "debug, info, warning or error", metavar="LEVEL")
-
-
-def options_of(settings_class: type[Any]) -> tuple[Option, ...]:
-    """One `Option` per field of a settings dataclass, in field order, from each field's `setting(...)` metadata."""
-    options = []
-    for settings_field in fields(settings_class):
-        metadata = settings_field.metadata.get(_METADATA_KEY)
-        if not isinstance(metadata, _OptionMetadata):
-            raise TypeError(
-                f"{settings_class.__name__}.{settings_field.name} has no option metadata: "
-                "declare it with setting(default, parse, help, ...)"
-            )
-        options.append(
-            Option(
-                name=settings_field.name,
-                parse=metadata.parse,
-                default=settings_field.default,
-                help=metadata.help,
-                metavar=metadata.metavar,
-                is_flag=metadata.is_flag,
-                strict=metadata.strict,
-                repeated=metadata.repeated,
-            )
-        )
-    return tuple(options)
-
-
-OPTIONS: tuple[Option, ...] = options_of(Settings)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one flag per option; help shows each flag's variable and default."""
-    for option in OPTIONS:
-        default = "unset" if option.default in (None, ()) else option.default
-        help_text = f"{option.help} [env {option.env}; default: {default}]"
-        if option.is_flag:
-            parser.add_argument(
-                option.flag,
-                dest=option.name,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
-        else:
-            parser.add_argument(
-                option.flag,
-                dest=option.name,
-                type=_argparse_type(option),
-                action="extend" if option.repeated else "store",
-                default=argparse.SUPPRESS,
-                metavar=option.metavar,
-                help=help_text,
-            )
-
-
-def resolve(arguments: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
-    """Combine parsed CLI arguments, the environment and the defaults."""
-    values: dict[str, Any] = {}
-    given = vars(arguments)
-    for option in OPTIONS:
-        if option.name in given:
-            values[option.name] = tuple(given[option.name]) if option.repeated else given[option.name]
-        elif option.env in environ:
-            values[option.name] = _from_environment(option, environ[option.env])
-        else:
-            values[option.name] = option.default
-    unknown = sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in _KNOWN_VARIABLES)
-    for name in unknown:
-        logger.warning("ignoring unknown environment variable %s", name)
-    return Settings(**values)
-
-
-_KNOWN_VARIABLES = frozenset(option.env for option in OPTIONS)
-
-
-class SettingsError(ValueError):
-    """A strict setting's environment variable does not parse: the server does not start."""
-
-
-def _from_environment(option: Option, raw: str) -> Any:
-    try:
-        return option.parse(raw)
-    except ValueError as error:
-        if option.strict:  # the value itself is not repeated: it may hold a password
-            raise SettingsError(f"{option.env}: {error}") from None
-        logger.warning("ignoring %s=%r: %s; using the default %r", option.env, raw, error, option.default)
-        return option.default
-
-
-def _argparse_type(option: Option) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            return option.parse(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from error
-
-    parse.__name__ = option.name
-    return parse
+    log_level: str = setting("info", choice(LOG_LEVELS), "debug, info, warning or error", metavar="LEVEL")
