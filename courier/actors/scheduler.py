@@ -28,14 +28,22 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.actors.generation_trace import GenerationTally
+from courier.actors.queued_request import QueuedRequest
+from courier.actors.store_link import (
+    STORE_LOOKUP_TIMEOUT_S,
+    WARM_UP_LOOKUP_TIMEOUT_S,
+    PromptCaching,
+    ask_store,
+    cached_prefix,
+    tell_store,
+)
 from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_entries import Bucket
 from courier.engine.batch_engine import BatchEngine
@@ -47,80 +55,25 @@ from courier.engine.generation import (
     RequestId,
     TokensGenerated,
 )
-from courier.engine.model_state import CachedPrefix
 from courier.engine.warm_up import WarmUp
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.scheduler import GenerationQueued, QueueWarmUp, SchedulerMessage, SubmitGeneration
-from courier.messages.snapshot_store import (
-    InsertSnapshot,
-    LookupPrefix,
-    LookupReply,
-    PrefixFound,
-    PrefixMissed,
-    SnapshotStoreMessage,
-)
-from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
+from courier.messages.snapshot_store import LookupReply, PrefixMissed
+from courier.runtime.actor import Actor
 from courier.runtime.mlx_thread import MlxThread
 from courier.runtime.tracing import TraceCarrier, current_carrier
 from courier.status.scheduler_stats import SchedulerStats
 
 SHUTDOWN_MESSAGE = "the server is shutting down"
 DEADLINE_MESSAGE = "the request reached its deadline (--request-timeout) before its first token"
-# Warm-ups waiting for an idle moment, one per session, newest kept.
 logger = logging.getLogger(__name__)
 
+# Warm-ups waiting for an idle moment, one per session, newest kept.
 WARM_UP_QUEUE = 8
 # An idle scheduler gathers a burst for at most this many admission windows.
 _BURST_WINDOWS = 5
-# How long a request waits for its prefix lookup before it runs without a cached prefix (a miss, counted). The
-# lookup runs beside the batch, so only the request itself waits: a store busy behind other work, or reading a
-# large snapshot back from disk, holds up no one else's decode steps.
-STORE_LOOKUP_TIMEOUT_S = 2.0
-# An idle warm-up's lookup waits in the drive loop itself (live requests arriving meanwhile wait for it): shorter.
-WARM_UP_LOOKUP_TIMEOUT_S = 0.5
 # A request waits for another's prefill (`_leader`) only when that covers at least this many tokens of its prompt.
 _LEADER_MIN_TOKENS = 256
-
-
-@dataclass(slots=True, kw_only=True)
-class _Queued:
-    request: EngineRequest
-    events: MemoryObjectSendStream[GenerationEvent]
-    session: str
-    cache_prompt: bool
-    queued_at: float
-    # The request's trace, so the snapshot store's spans for it join the request's trace.
-    trace: TraceCarrier
-    # Where its snapshots live: the model's bucket for exactly its images and its tenant (None: no caching).
-    bucket: Bucket | None = None
-    first_token_seen: bool = False
-    # No event of its generation has come yet (queued, or prefilling): the same request sent again waits for it.
-    prefilling: bool = True
-    finished: int = 0  # samples finished (a request of `n` ends with its last)
-    # Its prefix lookup: started once it could join the batch next, done when the store answered (or the deadline
-    # passed); `prefix` is what it found.
-    lookup_started: bool = False
-    looked_up: bool = False
-    prefix: CachedPrefix | None = None
-    tally: GenerationTally = field(default_factory=GenerationTally)  # for its generation span
-    deadline: float | None = None  # `time.monotonic()` by which it ends
-    expired: bool = False  # its deadline passed while it ran: the engine was told to end it
-
-    def past_deadline(self, now: float) -> bool:
-        return self.deadline is not None and now >= self.deadline
-
-    @property
-    def width(self) -> int:
-        """The batch slots it takes: one per sample."""
-        return self.request.n
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PromptCaching:
-    """Where snapshots live and which bucket this model's snapshots belong to."""
-
-    store: MemoryObjectSendStream[SnapshotStoreMessage]
-    bucket: Bucket
 
 
 class SchedulerActor(Actor[SchedulerMessage]):
@@ -146,12 +99,12 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._admission_window_s = admission_window_s
         self._make_engine = make_engine
         self._stats = stats
-        self._waiting: deque[_Queued] = deque()
-        self._running: dict[RequestId, _Queued] = {}
+        self._waiting: deque[QueuedRequest] = deque()
+        self._running: dict[RequestId, QueuedRequest] = {}
         self._cancelled: list[RequestId] = []
         # Cancelled requests until the step that took them out of the batch is delivered: it may carry the state one
         # had prefilled (`engine/cancelled_prefill.py`), which goes to the store under its session.
-        self._leaving: dict[RequestId, _Queued] = {}
+        self._leaving: dict[RequestId, QueuedRequest] = {}
         self._wake = anyio.Event()
         self._engine: BatchEngine | None = None
         self._warm_ups: OrderedDict[str, QueueWarmUp] = OrderedDict()
@@ -215,7 +168,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             n=message.n,
             tenant=message.tenant,
         )
-        queued = _Queued(
+        queued = QueuedRequest(
             request=request,
             events=message.events,
             session=message.session,
@@ -302,10 +255,10 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 continue
             self._lookups.start_soon(self._look_up, queued)
 
-    async def _look_up(self, queued: _Queued) -> None:
+    async def _look_up(self, queued: QueuedRequest) -> None:
         try:
             found = await self._ask_store(queued.session, queued.request.prompt_tokens, queued.trace, queued.bucket)
-            queued.prefix = _cached_prefix(found)
+            queued.prefix = cached_prefix(found)
         except Exception:  # a lookup's trouble is a miss for its request, never the scheduler's end
             logger.exception("prompt cache: a prefix lookup failed; the request runs without a cached prefix")
         finally:
@@ -334,7 +287,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._update_counts()
         return added
 
-    def _leader(self, queued: _Queued) -> _Queued | None:
+    def _leader(self, queued: QueuedRequest) -> QueuedRequest | None:
         """A running (or just cancelled) request still prefilling all of `queued`'s prompt but its last token, for the
         store (the same request sent again, by a client that gave up on the first or not): `queued` waits for it and
         then looks up what it left there, rather than prefilling the same tokens beside it or from zero."""
@@ -349,7 +302,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         return None
 
     def _bucket(self, media_digest: str, tenant: str) -> Bucket | None:
-        return replace(self._caching.bucket, media_digest=media_digest, tenant=tenant) if self._caching else None
+        return self._caching.bucket_for(media_digest, tenant) if self._caching else None
 
     async def _ask_store(
         self,
@@ -361,29 +314,21 @@ class SchedulerActor(Actor[SchedulerMessage]):
         check_extended: bool = False,
         timeout_s: float | None = None,
     ) -> LookupReply | None:
-        """The store's answer, or None (a miss) when it is busy, stopped, or silent past `timeout_s` (default: the
-        lookup timeout)."""
-        caching = self._caching
-        if caching is None or bucket is None:
+        """The store's answer, or None (a miss) without caching, or when the store is busy, stopped, or silent past
+        `timeout_s` (default: the lookup timeout)."""
+        if self._caching is None or bucket is None:
             return None
-        try:
-            with anyio.move_on_after(self._lookup_timeout_s if timeout_s is None else timeout_s):
-                found: LookupReply = await ask(
-                    caching.store,
-                    lambda reply: LookupPrefix(
-                        trace=trace,
-                        bucket=bucket,
-                        session=session,
-                        tokens=tokens,
-                        reply=reply,
-                        check_extended=check_extended,
-                    ),
-                )
-                return found
-        except (ActorBusy, ActorStopped):
-            return None  # a cache that cannot answer is a miss, never a failure
-        self._stats.lookups_timed_out += 1  # nor one that answers too late: the batch does not wait
-        return None
+        timeout_s = self._lookup_timeout_s if timeout_s is None else timeout_s
+        return await ask_store(
+            self._caching,
+            self._stats,
+            session=session,
+            tokens=tokens,
+            trace=trace,
+            bucket=bucket,
+            timeout_s=timeout_s,
+            check_extended=check_extended,
+        )
 
     async def _warm_up(self, engine: BatchEngine, message: QueueWarmUp) -> None:
         """Extend the session's snapshot over `message.tokens`, yielding to live requests between chunks."""
@@ -398,7 +343,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
             check_extended=True,
             timeout_s=min(self._lookup_timeout_s, WARM_UP_LOOKUP_TIMEOUT_S),
         )
-        prefix = _cached_prefix(found)
+        prefix = cached_prefix(found)
         already = isinstance(found, PrefixMissed) and found.extended
         # A store that did not answer (busy, or late under load) is no reason to prefill the whole history cold:
         # that adds the load that made it late. The next turn starts from what the store holds.
@@ -502,28 +447,13 @@ class SchedulerActor(Actor[SchedulerMessage]):
                 # One sample failing fails the request: the others leave the batch (as a cancellation would).
                 self._end(output.request_id, cancelled=running.finished + 1 < running.width, counted=False)
 
-    def _keep_snapshot(self, running: _Queued, snapshot: SnapshotTaken) -> None:
+    def _keep_snapshot(self, running: QueuedRequest, snapshot: SnapshotTaken) -> None:
         if running.cache_prompt:  # a request that opted out of the prompt cache leaves nothing in it
             self._insert(running.session, snapshot, running.trace, running.bucket)
 
     def _insert(self, session: str, snapshot: SnapshotTaken, trace: TraceCarrier, bucket: Bucket | None) -> None:
-        if self._caching is None or bucket is None:
-            return
-        message = InsertSnapshot(
-            trace=trace,
-            bucket=bucket,
-            session=session,
-            origin=snapshot.origin,
-            tokens=snapshot.tokens,
-            state=snapshot.state,
-            nbytes=snapshot.nbytes,
-            continues=snapshot.continues,
-            prompt_length=snapshot.prompt_length,
-        )
-        try:
-            self._caching.store.send_nowait(message)
-        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self._stats.snapshots_dropped += 1  # a busy store loses a snapshot, never delays generation
+        if self._caching is not None and bucket is not None:
+            tell_store(self._caching, self._stats, session=session, snapshot=snapshot, trace=trace, bucket=bucket)
 
     def _end(self, request_id: RequestId, *, cancelled: bool = False, counted: bool = True) -> None:
         """`cancelled`: its sequences still in the batch leave it (`counted`: as a cancellation in the stats)."""
@@ -561,12 +491,6 @@ class SchedulerActor(Actor[SchedulerMessage]):
     def _sequences(self) -> int:
         """Running and waiting, counted in sequences (a request of `n` samples is `n`)."""
         return self._running_sequences() + sum(queued.width for queued in self._waiting)
-
-
-def _cached_prefix(found: LookupReply | None) -> CachedPrefix | None:
-    if not isinstance(found, PrefixFound):
-        return None
-    return CachedPrefix(state=found.state, length=found.length, matched=found.matched, continues=found.continues)
 
 
 def _abandoned(events: MemoryObjectSendStream[GenerationEvent]) -> bool:

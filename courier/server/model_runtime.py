@@ -32,8 +32,9 @@ from mlx.utils import tree_flatten
 from courier.actors.compactor import CompactorActor, CompactorLimits
 from courier.actors.ingress import IngressActor
 from courier.actors.media_fetcher import MediaFetcherActor
-from courier.actors.scheduler import PromptCaching, SchedulerActor
+from courier.actors.scheduler import SchedulerActor
 from courier.actors.snapshot_store import SnapshotStoreActor
+from courier.actors.store_link import PromptCaching
 from courier.actors.token_counter import TokenCounterActor
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission

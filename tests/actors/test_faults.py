@@ -20,9 +20,10 @@ import pytest
 
 from courier.actors.compactor import CompactorActor, CompactorLimits
 from courier.actors.ingress import IngressActor
-from courier.actors.scheduler import PromptCaching, SchedulerActor
+from courier.actors.scheduler import SchedulerActor
 from courier.actors.snapshot_store import SnapshotStoreActor
 from courier.actors.storage import StorageActor
+from courier.actors.store_link import PromptCaching
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
 from courier.core.failure_codes import FailureCode

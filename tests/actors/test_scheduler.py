@@ -20,13 +20,8 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from courier.actors.scheduler import (
-    DEADLINE_MESSAGE,
-    SHUTDOWN_MESSAGE,
-    STORE_LOOKUP_TIMEOUT_S,
-    PromptCaching,
-    SchedulerActor,
-)
+from courier.actors.scheduler import DEADLINE_MESSAGE, SHUTDOWN_MESSAGE, SchedulerActor
+from courier.actors.store_link import STORE_LOOKUP_TIMEOUT_S, PromptCaching
 from courier.core.failure_codes import FailureCode
 from courier.core.snapshot_entries import Bucket, Origin
 from courier.engine.batch_engine import BatchEngine
