@@ -1,4 +1,4 @@
-"""From a validated request to an admitted generation, and the SSE framing of Chat Completions and Completions.
+"""From a validated request to an admitted generation.
 
 `admit` checks the server is ready and serves the named model, then asks the
 ingress (a refusal raises before any byte of the response is sent). Reading the
@@ -10,19 +10,12 @@ from __future__ import annotations
 import time
 import uuid
 
-import orjson
-
 from courier.engine.generation import RequestId
 from courier.http.constrained import constrain
 from courier.http.context import AppContext
 from courier.http.openai_requests import GenerationRequest
 from courier.messages.asking import call
 from courier.messages.ingress import AdmitGeneration, Admitted
-
-SSE_DONE = b"data: [DONE]\n\n"
-# An SSE comment, sent while a stream is silent (queued, or prefilling a long prompt): clients skip it (the openai
-# client's decoder drops lines that begin with a colon), proxies and client read timeouts see bytes arrive.
-SSE_KEEPALIVE = b": keep-alive\n\n"
 
 
 def new_request_id() -> RequestId:
@@ -51,7 +44,3 @@ async def admit(
             fit_to_context=request.fit_to_context,
         ),
     )
-
-
-def sse(payload: object) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"

@@ -1,4 +1,5 @@
-"""Server-sent events responses: OpenAI's `data:` lines, `[DONE]`, and errors mid-stream.
+"""Server-sent events: the framing every API's stream uses (OpenAI's `data:` lines and `[DONE]`, the named events of
+the Responses and Messages APIs, keep-alives), and the response that sends them, with errors mid-stream.
 
 Once the first byte is sent the status is 200 for good, so a failure after that
 is sent as one `data: {"error": ...}` event (the OpenAI client raises it) and the
@@ -10,13 +11,28 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 
+import orjson
 from quart import Response
 
 from courier.http.errors import ApiError
-from courier.http.generation import SSE_DONE, sse
 from courier.messages.asking import Refused
 
 logger = logging.getLogger(__name__)
+
+SSE_DONE = b"data: [DONE]\n\n"
+# An SSE comment, sent while a stream is silent (queued, or prefilling a long prompt): clients skip it (the openai
+# client's decoder drops lines that begin with a colon), proxies and client read timeouts see bytes arrive.
+SSE_KEEPALIVE = b": keep-alive\n\n"
+
+
+def sse(payload: object) -> bytes:
+    """An unnamed event: one `data:` line (Chat Completions, Completions)."""
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def sse_event(kind: str, payload: object) -> bytes:
+    """A named event: its `event:` line, then its `data:` line (the Responses and Messages APIs)."""
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 def chat_error_event(error: ApiError) -> bytes:

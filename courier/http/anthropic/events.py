@@ -16,11 +16,12 @@ import orjson
 
 from courier.http.anthropic.message import text_block, thinking_block
 from courier.http.errors import ApiError
+from courier.http.streaming import sse_event
 from courier.storage.records import JsonObject
 
 
 def event(kind: str, payload: JsonObject) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **payload}) + b"\n\n"
+    return sse_event(kind, {"type": kind, **payload})
 
 
 def ping() -> bytes:

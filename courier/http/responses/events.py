@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from courier.http.errors import ApiError
+from courier.http.streaming import sse_event
 
 
 class EventWriter:
@@ -23,7 +24,7 @@ class EventWriter:
             payload["stream_id"] = self._stream_id
         if self._json_frames:
             return orjson.dumps(payload)
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+        return sse_event(kind, payload)
 
     def error(self, error: ApiError) -> bytes:
         """The `error` event: a failure outside the response's own lifecycle (it could not even fail cleanly)."""

@@ -41,12 +41,12 @@ from courier.conversation.response_object import (
 from courier.conversation.turn import Plan, Rendered, Turn, TurnServices, admit_turn, compact
 from courier.engine.generation import FinishReason, GenerationFinished, TokenLogprob
 from courier.http.context import AppContext
-from courier.http.generation import SSE_KEEPALIVE
 from courier.http.reply import ReplyParsing, assemble, reply_parsing
 from courier.http.responses.events import EventWriter
 from courier.http.responses.in_flight import InFlightResponse
 from courier.http.responses.output import ItemShapes, OutputAssembler, logprob_objects
 from courier.http.responses.tools import responses_tools
+from courier.http.streaming import SSE_KEEPALIVE
 from courier.messages.asking import Refused
 from courier.messages.generation_reader import GenerationCancelled, Idle, ended_without_result, events_or_idle
 from courier.storage.records import JsonObject

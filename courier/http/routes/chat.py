@@ -15,12 +15,12 @@ from courier.core.tool_calls import ToolCall
 from courier.engine.generation import FinishReason, GenerationFinished
 from courier.http import openai_format
 from courier.http.context import AppContext
-from courier.http.generation import SSE_KEEPALIVE, admit, new_request_id, sse
+from courier.http.generation import admit, new_request_id
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_chat_request
 from courier.http.reply import ReplyAssembler, ReplyParsing, assemble, reply_parsing
-from courier.http.streaming import event_stream_response
+from courier.http.streaming import SSE_KEEPALIVE, event_stream_response, sse
 from courier.messages.generation_reader import Idle, events_or_idle
 from courier.messages.ingress import Admitted, ChatPrompt
 
