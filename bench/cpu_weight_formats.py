@@ -35,7 +35,7 @@ weight_format, cache_dir = sys.argv[1], Path(sys.argv[3])
 prompt_tokens, decode_tokens, repeats = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 started = time.perf_counter()
 loaded = load_model(resolve_model_source(None), served_model_name=None, cache_dir=cache_dir,
-                    weight_format=weight_format, warmup=True, progress=Progress(enabled=False))
+                    weight_format=weight_format, first_pass=True, progress=Progress(enabled=False))
 load_s = time.perf_counter() - started
 text = " ".join(["The quick brown fox jumps over the lazy dog."] * (prompt_tokens // 8))
 tokens = loaded.tokenizer.encode(text)[:prompt_tokens]

@@ -178,6 +178,6 @@ def load_served_model(cache_dir: Path) -> Any:
         served_model_name=None,
         cache_dir=cache_dir,
         weight_format="auto",
-        warmup=False,
+        first_pass=False,
         progress=Progress(enabled=False),
     )

@@ -2,7 +2,7 @@
 
 Runs synchronously on the MLX thread: resolve the source (converting a GGUF once
 into the cache dir), load weights and tokenizer, pick the serving weight format,
-and warm up with one short forward pass.
+and run one short forward pass before reporting ready (`--warmup`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from courier.model.vision.model_dir import is_vision_model, read_config
 from courier.model.weight_format import describe_weights, dtype_name, to_dense_dtype
 
 logger = logging.getLogger(__name__)
-_WARMUP_TEXT = "Hello"
+_FIRST_PASS_TEXT = "Hello"
 
 
 class ModelLoadError(RuntimeError):
@@ -57,7 +57,7 @@ def load_model(
     served_model_name: str | None,
     cache_dir: Path,
     weight_format: str,
-    warmup: bool,
+    first_pass: bool,
     progress: Progress,
     trust_remote_code: bool = False,
 ) -> LoadedModel:
@@ -88,9 +88,9 @@ def load_model(
         served_format = dtype_name(dtype)
         if served_format != stored_format:
             served_format = f"{served_format} (from {stored_format})"
-    if warmup:
+    if first_pass:
         with progress.step("warming up"):
-            _warm_up(model, tokenizer)
+            _first_pass(model, tokenizer)
     info = ModelInfo(
         model_id=served_model_name or source.default_id,
         source=source.describe(),
@@ -129,8 +129,8 @@ def _local_location(source: ModelSource, cache_dir: Path, progress: Progress) ->
         raise ModelLoadError(f"cannot convert {source.location}: {error}") from error
 
 
-def _warm_up(model: nn.Module, tokenizer: TokenizerWrapper) -> None:
-    tokens = tokenizer.encode(_WARMUP_TEXT) or [0]
+def _first_pass(model: nn.Module, tokenizer: TokenizerWrapper) -> None:
+    tokens = tokenizer.encode(_FIRST_PASS_TEXT) or [0]
     cache = make_prompt_cache(model)
     logits = model(mx.array([tokens]), cache=cache)
     mx.eval(mx.argmax(logits[:, -1, :], axis=-1))

@@ -179,7 +179,7 @@ class ModelRuntimes:
             served_model_name=declaration.model_id,
             cache_dir=settings.cache_dir,
             weight_format=settings.weight_format,
-            warmup=settings.warmup,
+            first_pass=settings.warmup,
             progress=_ReportingProgress(status),
             trust_remote_code=settings.trust_remote_code,
         )

@@ -108,7 +108,7 @@ def smollm2(cache_dir: Path) -> tuple[Any, Any]:
         served_model_name=None,
         cache_dir=cache_dir,
         weight_format="auto",
-        warmup=False,
+        first_pass=False,
         progress=Progress(enabled=False),
     )
     return loaded.model, loaded.tokenizer

@@ -13,13 +13,13 @@ from courier.model.progress import Progress
 from courier.model.source import ModelSource, SourceKind, embedded_gguf_path, resolve_model_source
 
 
-def load(source: ModelSource, cache_dir: Path, weight_format: str = "auto", warmup: bool = False) -> LoadedModel:
+def load(source: ModelSource, cache_dir: Path, weight_format: str = "auto", first_pass: bool = False) -> LoadedModel:
     return load_model(
         source,
         served_model_name=None,
         cache_dir=cache_dir,
         weight_format=weight_format,
-        warmup=warmup,
+        first_pass=first_pass,
         progress=Progress(enabled=False),
     )
 
@@ -29,7 +29,7 @@ def quantized_layers(model: nn.Module) -> int:
 
 
 def test_quantized_dense_model_is_served_dequantized_to_float32_on_cpu(tiny_llama_dir: Path, cache_dir: Path) -> None:
-    loaded = load(resolve_model_source(str(tiny_llama_dir)), cache_dir, warmup=True)
+    loaded = load(resolve_model_source(str(tiny_llama_dir)), cache_dir, first_pass=True)
     info = loaded.info
     assert info.device == "cpu"
     assert info.stored_format == "4-bit affine, group size 32"
@@ -58,7 +58,7 @@ def test_native_keeps_quantized_weights(tiny_llama_dir: Path, cache_dir: Path) -
 
 
 def test_hybrid_model_reports_a_cache_that_cannot_be_trimmed(tiny_qwen3_next_dir: Path, cache_dir: Path) -> None:
-    info = load(resolve_model_source(str(tiny_qwen3_next_dir)), cache_dir, warmup=True).info
+    info = load(resolve_model_source(str(tiny_qwen3_next_dir)), cache_dir, first_pass=True).info
     assert info.architecture == "qwen3_next"
     assert info.prompt_cache_trimmable is False
     assert info.weight_format == "float32"
@@ -72,7 +72,7 @@ def test_unloadable_directory_is_a_model_load_error(tmp_path: Path, cache_dir: P
 
 @pytest.mark.real_model
 def test_embedded_smollm2_knows_the_capital_of_france(cache_dir: Path) -> None:
-    loaded = load(resolve_model_source(None), cache_dir, warmup=True)
+    loaded = load(resolve_model_source(None), cache_dir, first_pass=True)
     tokenizer = loaded.tokenizer
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
