@@ -782,9 +782,9 @@ def latency(operation: str, samples_ns: Sequence[int], unexpected: int) -> dict[
 
 def measure_store(args: argparse.Namespace) -> dict[str, Any]:
     """Inserts one by one, then each kind's lookups, in microseconds; the entries and the seconds to build them."""
-    from courier.core.snapshot_entries import Bucket, Origin
-    from courier.core.snapshot_stats import StoreLimits
-    from courier.core.snapshot_store import SnapshotStore
+    from courier.core.prompt_cache.entries import Bucket, Origin
+    from courier.core.prompt_cache.stats import StoreLimits
+    from courier.core.prompt_cache.store import SnapshotStore
 
     progress(f"store: making {args.store_entries} vectors and {args.store_lookups} lookups of each kind")
     vectors, sessions, lookups = make_store_workload(args)

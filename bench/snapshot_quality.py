@@ -66,7 +66,7 @@ def load(name: str, cache_dir: Path) -> tuple[Any, Any]:
 
 
 def measure_model(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    from courier.core.snapshot_quantization import KvQuantization
+    from courier.core.prompt_cache.quantization import KvQuantization
 
     model, tokenizer = load(name, args.cache_dir)
     quantizations = [KvQuantization(bits, args.group_size) for bits in args.bits]

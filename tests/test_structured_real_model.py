@@ -1,6 +1,6 @@
 """Structured outputs and tool calls on the embedded SmolLM2, end to end through the official openai client.
 
-SmolLM2's chat template knows no tools, so its tools are served in generic mode (`core/generic_tools.py`): these
+SmolLM2's chat template knows no tools, so its tools are served in generic mode (`core/tools/generic.py`): these
 tests are also the tool loop a user of the default model runs first.
 """
 

@@ -9,7 +9,7 @@ running models' `ModelRuntime`s, made by the injected `ModelLoader` (`server/mod
 A load runs in a task of its own (span `model_registry.load`) and reports back by message, so the inbox never
 waits on it: requests for a loading model wait on that one load (their replies are held, as `SideTasks` holds
 them), requests for loaded models are answered at once. Loads start one at a time, first asked first, each once
-`core/model_residency.py` says it fits: idle models go first, least recently used first (span
+`core/served_models/residency.py` says it fits: idle models go first, least recently used first (span
 `model_registry.unload`, reason `evict`), then busy ones, which take no new request and go once theirs have ended.
 A model whose load failed is answered with that failure for `FAILED_HOLD_S` before it is tried again; one that
 cannot fit at all is refused. Invariants: a model is never unloaded while a lease on it is held (only at shutdown,
@@ -31,7 +31,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.core.failure_codes import FailureCode
-from courier.core.model_residency import FOREVER, Residency, Resident, expired, fits_now, plan_room
+from courier.core.served_models.residency import FOREVER, Residency, Resident, expired, fits_now, plan_room
 from courier.messages.asking import STOPPED
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.model_registry import (

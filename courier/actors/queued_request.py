@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.actors.generation_trace import GenerationTally
-from courier.core.snapshot_entries import Bucket
+from courier.core.prompt_cache.entries import Bucket
 from courier.engine.engine_io import EngineRequest
 from courier.engine.generation import GenerationEvent
 from courier.engine.model_state import CachedPrefix

@@ -35,8 +35,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.actors.queued_request import QueuedRequest
-from courier.actors.store_link import (
+from courier.actors.prompt_cache.store_link import (
     STORE_LOOKUP_TIMEOUT_S,
     WARM_UP_LOOKUP_TIMEOUT_S,
     PromptCaching,
@@ -44,8 +43,9 @@ from courier.actors.store_link import (
     cached_prefix,
     tell_store,
 )
+from courier.actors.queued_request import QueuedRequest
 from courier.core.failure_codes import FailureCode
-from courier.core.snapshot_entries import Bucket
+from courier.core.prompt_cache.entries import Bucket
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (

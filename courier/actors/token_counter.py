@@ -23,10 +23,10 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.conversation.chat_content import as_parts
 from courier.conversation.template_failure import TEMPLATE_ERRORS, TemplateFailure, template_failure
-from courier.core import generic_tools
 from courier.core.failure_codes import FailureCode
 from courier.core.template_options import NO_OPTIONS, TemplateOptionRefused, TemplateOptions
 from courier.core.token_prefix import common_prefix_length
+from courier.core.tools import generic as generic_tools
 from courier.core.volatile_lines import without_volatile_lines
 from courier.engine.generation import VisionInputs
 from courier.media.images import combined_digest

@@ -14,8 +14,8 @@ from typing import Any
 
 from courier.conversation.chat_content import IMAGE_PART, chat_content, text_part
 from courier.conversation.items import reasoning_text
-from courier.core import custom_tools
-from courier.core.tool_calls import json_arguments
+from courier.core.tools import custom as custom_tools
+from courier.core.tools.calls import json_arguments
 from courier.storage.records import JsonObject
 
 
@@ -80,7 +80,7 @@ def model_tool_name(item: Mapping[str, Any]) -> str:
 
 def _tool_call(item: Mapping[str, Any]) -> JsonObject:
     """A function or custom tool call item as the chat template's tool call; a custom call's input is its raw
-    `arguments`, marked so the generic format writes it as the model wrote it (`core/custom_tools.py`)."""
+    `arguments`, marked so the generic format writes it as the model wrote it (`core/tools/custom.py`)."""
     name = model_tool_name(item)
     if item["type"] == "function_call":
         return template_tool_call(item["call_id"], name, item["arguments"])

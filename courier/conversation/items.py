@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from courier.conversation.ids import new_id
-from courier.core.tool_calls import ToolCall
+from courier.core.tools.calls import ToolCall
 from courier.storage.records import JsonObject
 
 

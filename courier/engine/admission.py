@@ -17,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from courier.core.snapshot_entries import Origin
+from courier.core.prompt_cache.entries import Origin
 from courier.core.stop_text import StopTextMatcher
 from courier.engine import shared_prefix
 from courier.engine.constrained import ConstrainedSequence, MaskFiller

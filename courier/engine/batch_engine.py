@@ -3,9 +3,9 @@
 Each `step` ends the requests past their deadline, admits new requests into the running batch (`admission.py`),
 drops cancelled ones (keeping what one had prefilled of its prompt: `cancelled_prefill.py`), advances every
 sequence by one decode step (and new ones by one prefill chunk, sized so that a long prompt does not stall the
-running streams: `core/prefill_budget.py`), and turns the raw tokens into events (`step_reader.py`): detokenized
-text with stop strings and end-of-sequence tokens removed, optional logprobs, and a finish when a sequence ends, with
-the snapshots the store keeps (`step_snapshots.py`). A failure inside the batched forward pass starts a fresh
+running streams: `core/step_planning/prefill_budget.py`), and turns the raw tokens into events (`step_reader.py`):
+detokenized text with stop strings and end-of-sequence tokens removed, optional logprobs, and a finish when a sequence
+ends, with the snapshots the store keeps (`step_snapshots.py`). A failure inside the batched forward pass starts a fresh
 generator and isolates the culprit (`recovery.py`).
 
 The engine owns the generator's lifecycle: which kind it is (mlx-lm's, or the speculative one that verifies drafts
@@ -29,8 +29,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from courier.core.prefill_budget import PrefillBudget
-from courier.core.snapshot_quantization import KvQuantization
+from courier.core.prompt_cache.quantization import KvQuantization
+from courier.core.step_planning.prefill_budget import PrefillBudget
 from courier.engine.admission import Admission
 from courier.engine.cancelled_prefill import prefilled_so_far
 from courier.engine.constrained import MaskFiller

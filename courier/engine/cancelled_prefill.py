@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from courier.core.snapshot_entries import Origin
-from courier.core.snapshot_quantization import KvQuantization
+from courier.core.prompt_cache.entries import Origin
+from courier.core.prompt_cache.quantization import KvQuantization
 from courier.engine.engine_io import EngineOutput
 from courier.engine.sequences import RunningSequence
 from courier.engine.step_snapshots import snapshot

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from courier.core.prompt_lookup import LookupLimits
-from courier.core.snapshot_entries import Origin
-from courier.core.snapshot_quantization import KvQuantization
-from courier.core.verify_width import StepCosts
+from courier.core.prompt_cache.entries import Origin
+from courier.core.prompt_cache.quantization import KvQuantization
+from courier.core.step_planning.prompt_lookup import LookupLimits
+from courier.core.step_planning.verify_width import StepCosts
 from courier.engine import shared_prefix
 from courier.engine.generation import GenerationEvent, RequestId, SamplingParams, VisionInputs
 from courier.engine.model_state import CachedPrefix
@@ -66,8 +66,8 @@ class BatchLimits:
     speculation: LookupLimits | None = None
     # How a verify pass is costed when choosing its width: fitted to timed passes (tests pin a line).
     step_costs: Callable[[], StepCosts] = StepCosts
-    # While sequences decode, what a step's prefill may add to it, in seconds (`core/prefill_budget.py`; 0: none),
-    # and how a step is costed for that (fitted to timed steps; tests pin a line).
+    # While sequences decode, what a step's prefill may add to it, in seconds (`core/step_planning/prefill_budget.py`;
+    # 0: none), and how a step is costed for that (fitted to timed steps; tests pin a line).
     prefill_stall_s: float = 0.0
     prefill_costs: Callable[[], StepCosts] = StepCosts
     # How the snapshots it hands the store hold attention KV (`--prompt-cache-bits`; None: as computed).

@@ -27,7 +27,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-from courier.core.snapshot_quantization import KvQuantization
+from courier.core.prompt_cache.quantization import KvQuantization
 
 # Tokens per forward pass when prefilling outside the batch generator.
 PREFILL_CHUNK = 512

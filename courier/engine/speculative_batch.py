@@ -38,8 +38,8 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
-from courier.core.prompt_lookup import LookupLimits, PromptLookup
-from courier.core.verify_width import RowDraft, StepCosts, best_width
+from courier.core.step_planning.prompt_lookup import LookupLimits, PromptLookup
+from courier.core.step_planning.verify_width import RowDraft, StepCosts, best_width
 from courier.engine.ragged_cache import RaggedKVCache
 from courier.engine.sampling import SeededSampler
 

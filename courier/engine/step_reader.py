@@ -16,7 +16,7 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.core.failure_codes import FailureCode
-from courier.core.snapshot_quantization import KvQuantization
+from courier.core.prompt_cache.quantization import KvQuantization
 from courier.engine.engine_io import EngineOutput
 from courier.engine.generation import (
     FinishReason,

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from courier.core.snapshot_entries import Origin
-from courier.core.snapshot_quantization import KvQuantization
+from courier.core.prompt_cache.entries import Origin
+from courier.core.prompt_cache.quantization import KvQuantization
 from courier.engine.engine_io import EngineOutput, SnapshotTaken
 from courier.engine.model_state import compact_copy
 from courier.engine.sequences import RunningSequence, Sequences

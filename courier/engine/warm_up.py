@@ -13,8 +13,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from courier.core.snapshot_entries import Origin
-from courier.core.snapshot_quantization import KvQuantization
+from courier.core.prompt_cache.entries import Origin
+from courier.core.prompt_cache.quantization import KvQuantization
 from courier.engine.engine_io import SnapshotTaken
 from courier.engine.model_state import CachedPrefix, compact_copy, resume, state_arrays
 

@@ -161,7 +161,7 @@ def tool_calls(
 def _with_custom_tools(
     tools: Sequence[Mapping[str, Any]], form: ToolGrammar, *, forced: bool, parallel: bool, param: str
 ) -> Constraint:
-    """`tool_calls` when some tools are custom (Responses' free-form tools, `core/custom_tools.py`): a custom call is
+    """`tool_calls` when some tools are custom (Responses' free-form tools, `core/tools/custom.py`): a custom call is
     `{"name": ...}` on its own line, then its input, verbatim: any text up to the end marker, or text its grammar
     (Lark or regex, each a grammar of its own that the call refers to) accepts."""
     sep, end = _lark_string(form.separator), form.end_lark

@@ -16,9 +16,9 @@ from courier.conversation.images import ImageAdmission
 from courier.conversation.sealed import KEY_BYTES, ReasoningSeal
 from courier.conversation.turn import TurnServices
 from courier.core.failure_codes import FailureCode
-from courier.core.model_names import ServedNames
-from courier.core.model_residency import parse_keep_alive
-from courier.core.snapshot_stats import StoreStats
+from courier.core.prompt_cache.stats import StoreStats
+from courier.core.served_models.names import ServedNames
+from courier.core.served_models.residency import parse_keep_alive
 from courier.http.auth import ANYONE, ApiKeys, Caller
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from courier.core.tool_calls import ToolCall
+from courier.core.tools.calls import ToolCall
 from courier.engine.generation import GenerationFinished, TokenLogprob
 from courier.storage.records import JsonObject
 

@@ -1,9 +1,9 @@
 """One generated reply, event by event, as the parts a client sees: reasoning, content and tool calls.
 
 The reasoning block comes off first (`core/reasoning.py`: markers are only looked for where the reply begins), then
-tool calls are taken out of what is left (`core/tool_calls.py`: text between call markers is held until the call
+tool calls are taken out of what is left (`core/tools/calls.py`: text between call markers is held until the call
 closes). Chat Completions and the Responses API both read generations through this, streamed or whole. A call to
-one of the request's custom tools (Responses) is read as its free-form input (`core/custom_tools.py`).
+one of the request's custom tools (Responses) is read as its free-form input (`core/tools/custom.py`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from courier.core import custom_tools
 from courier.core.reasoning import ReasoningFormat, ReasoningSplitter
-from courier.core.tool_calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
+from courier.core.tools import custom as custom_tools
+from courier.core.tools.calls import ToolCall, ToolCallFormat, ToolCallSplitter, parse_tool_calls
 from courier.engine.generation import GenerationFinished, TokenLogprob, TokensGenerated
 from courier.grammar.output_spec import OutputSpec
 from courier.messages.asking import Refused

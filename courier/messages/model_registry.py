@@ -12,7 +12,7 @@ from typing import Protocol, TypeAlias
 
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.core.model_residency import Leases
+from courier.core.served_models.residency import Leases
 from courier.messages.base import Request
 from courier.messages.compactor import CompactorMessage
 from courier.messages.embedder import EmbedderMessage

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from courier.core.snapshot_entries import Bucket, EntryId, Origin
-from courier.core.snapshot_stats import StoreStats
+from courier.core.prompt_cache.entries import Bucket, EntryId, Origin
+from courier.core.prompt_cache.stats import StoreStats
 from courier.messages.base import Request
 from courier.runtime.message import Message, ReplyStream
 

@@ -1,7 +1,7 @@
 """What a server serves: each model `--model` declares (with its names) and each one found under `--models-dir`.
 
 A declaration is `[NAME[,ALIAS...]=]MODEL`: MODEL is what `model/source.py` resolves (a directory, a `.gguf` file,
-a hub id) and the names, when given, are its id and aliases (`core/model_names.py`); without them the model is
+a hub id) and the names, when given, are its id and aliases (`core/served_models/names.py`); without them the model is
 named as `--model` alone names it. `--served-model-name` names the first declaration that names itself no other
 way, so a one-model command line means what it always did. Under `--models-dir`, every directory holding a
 `config.json` and every `.gguf` file, up to `MAX_SCAN_DEPTH` levels down, is a model named by its path below the
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from courier.core.model_names import ServedNames
+from courier.core.served_models.names import ServedNames
 from courier.model.embedding_models import embedding_problem, is_embedding_model, pooling_by_model
 from courier.model.source import ModelSource, ModelSourceError, SourceKind, resolve_model_source
 

@@ -19,10 +19,10 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from courier.core import generic_tools
 from courier.core.reasoning import ReasoningFormat
 from courier.core.sampling_defaults import SamplingDefaults, from_generation_config
-from courier.core.tool_calls import ToolCallFormat
+from courier.core.tools import generic as generic_tools
+from courier.core.tools.calls import ToolCallFormat
 from courier.grammar.compiler import GrammarCompiler, build_tokenizer
 from courier.grammar.constraint import ToolGrammar
 from courier.model.device import active_device, serving_dtype
@@ -172,7 +172,7 @@ def reasoning_format(tokenizer: TokenizerWrapper) -> ReasoningFormat | None:
 
 def tool_call_format(tokenizer: TokenizerWrapper) -> ToolCallFormat:
     """How the model calls tools: its chat template's own format ("native"), or, when the template has none, the
-    generic one Courier describes in the prompt (`core/generic_tools.py`)."""
+    generic one Courier describes in the prompt (`core/tools/generic.py`)."""
     start, end, parser = tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
     if not (tokenizer.has_tool_calling and start and parser is not None):  # Mistral's format has no end marker
         return ToolCallFormat(

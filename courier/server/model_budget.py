@@ -14,8 +14,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from courier.core.model_residency import Leases
-from courier.engine.snapshot_budget import MIN_BUDGET, available_memory
+from courier.core.served_models.residency import Leases
+from courier.engine.prompt_cache.budget import MIN_BUDGET, available_memory
 from courier.model.catalog import ModelCatalog
 from courier.model.device import active_device, serving_dtype
 from courier.model.memory_estimate import estimate_weight_bytes

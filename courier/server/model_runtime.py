@@ -32,18 +32,18 @@ from mlx.utils import tree_flatten
 from courier.actors.compactor import CompactorActor, CompactorLimits
 from courier.actors.ingress import IngressActor
 from courier.actors.media_fetcher import MediaFetcherActor
+from courier.actors.prompt_cache.snapshot_store import SnapshotStoreActor
+from courier.actors.prompt_cache.store_link import PromptCaching
 from courier.actors.scheduler import SchedulerActor
-from courier.actors.snapshot_store import SnapshotStoreActor
-from courier.actors.store_link import PromptCaching
 from courier.actors.token_counter import TokenCounterActor
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
-from courier.core.prompt_lookup import LookupLimits
+from courier.core.prompt_cache.quantization import KvQuantization
 from courier.core.sampling_defaults import resolve
-from courier.core.snapshot_quantization import KvQuantization
+from courier.core.step_planning.prompt_lookup import LookupLimits
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import BatchLimits
-from courier.engine.snapshot_budget import available_memory, default_budget, measure_footprint
+from courier.engine.prompt_cache.budget import available_memory, default_budget, measure_footprint
 from courier.media.fetcher import FetchLimits, MediaFetcher
 from courier.messages.model_registry import ModelOutboxes
 from courier.messages.snapshot_store import FlushSnapshots

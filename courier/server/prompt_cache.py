@@ -22,21 +22,21 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from courier.actors.snapshot_disk import DiskTierConfig, SnapshotDisk
-from courier.core.snapshot_entries import Bucket
-from courier.core.snapshot_quantization import (
+from courier.actors.prompt_cache.snapshot_disk import DiskTierConfig, SnapshotDisk
+from courier.core.prompt_cache.entries import Bucket
+from courier.core.prompt_cache.quantization import (
     KvQuantization,
     QuantizationRefused,
     check_head_dims,
     quantization_from_settings,
 )
-from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_stats import StoreLimits
-from courier.core.snapshot_store import SnapshotStore
+from courier.core.prompt_cache.rejections import FileRejection
+from courier.core.prompt_cache.stats import StoreLimits
+from courier.core.prompt_cache.store import SnapshotStore
 from courier.engine.model_state import attention_head_dims
-from courier.engine.snapshot_budget import available_memory, default_budget, default_disk_budget, measure_footprint
-from courier.engine.snapshot_directory import SnapshotDirectory, free_bytes, open_directory
-from courier.engine.snapshot_layout import measure_layout
+from courier.engine.prompt_cache.budget import available_memory, default_budget, default_disk_budget, measure_footprint
+from courier.engine.prompt_cache.directory import SnapshotDirectory, free_bytes, open_directory
+from courier.engine.prompt_cache.layout import measure_layout
 from courier.model.identity import model_identity
 from courier.model.loader import LoadedModel, ModelLoadError
 from courier.runtime.mlx_thread import MlxThread

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_stats import StoreStats
+from courier.core.prompt_cache.rejections import FileRejection
+from courier.core.prompt_cache.stats import StoreStats
 from courier.platform.malloc_tuning import malloc_usage
 from courier.platform.mlx_memory import mlx_memory
 from courier.status.gateway_metrics import gateway_gauges

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from courier.core.model_residency import Residency
+from courier.core.served_models.residency import Residency
 from courier.status.models import ModelsStatus
 
 OUTCOMES = ("completed", "cancelled", "failed", "timed_out", "cut_at_deadline")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from courier.core.model_names import ServedNames
-from courier.core.model_residency import FOREVER, Leases, Residency, Resident
+from courier.core.served_models.names import ServedNames
+from courier.core.served_models.residency import FOREVER, Leases, Residency, Resident
 from courier.status.service_state import ServiceState
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from courier.core.reasoning import ReasoningFormat
 from courier.core.sampling_defaults import OPENAI, SamplingDefaults
-from courier.core.tool_calls import ToolCallFormat
+from courier.core.tools.calls import ToolCallFormat
 from courier.grammar.compiler import GrammarCompiler
 from courier.model.info import ModelInfo
 from courier.platform.blas import BlasReport

@@ -20,16 +20,16 @@ import pytest
 
 from courier.actors.compactor import CompactorActor, CompactorLimits
 from courier.actors.ingress import IngressActor
+from courier.actors.prompt_cache.snapshot_store import SnapshotStoreActor
+from courier.actors.prompt_cache.store_link import PromptCaching
 from courier.actors.scheduler import SchedulerActor
-from courier.actors.snapshot_store import SnapshotStoreActor
 from courier.actors.storage import StorageActor
-from courier.actors.store_link import PromptCaching
 from courier.conversation.capsule import CapsuleCodec
 from courier.conversation.images import ImageAdmission
 from courier.core.failure_codes import FailureCode
-from courier.core.snapshot_entries import Bucket
-from courier.core.snapshot_stats import StoreLimits
-from courier.core.snapshot_store import SnapshotStore
+from courier.core.prompt_cache.entries import Bucket
+from courier.core.prompt_cache.stats import StoreLimits
+from courier.core.prompt_cache.store import SnapshotStore
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import EngineOutput
 from courier.engine.generation import (

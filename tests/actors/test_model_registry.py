@@ -14,8 +14,8 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from courier.actors.model_registry import FAILED_HOLD_S, ModelRegistryActor, ResidencyLimits
 from courier.core.failure_codes import FailureCode
-from courier.core.model_names import ServedNames
-from courier.core.model_residency import Leases, Residency
+from courier.core.served_models.names import ServedNames
+from courier.core.served_models.residency import Leases, Residency
 from courier.messages.asking import Refused, call
 from courier.messages.model_registry import (
     AcquireModel,

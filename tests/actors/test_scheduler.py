@@ -20,10 +20,10 @@ import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from courier.actors.prompt_cache.store_link import STORE_LOOKUP_TIMEOUT_S, PromptCaching
 from courier.actors.scheduler import DEADLINE_MESSAGE, SHUTDOWN_MESSAGE, SchedulerActor
-from courier.actors.store_link import STORE_LOOKUP_TIMEOUT_S, PromptCaching
 from courier.core.failure_codes import FailureCode
-from courier.core.snapshot_entries import Bucket, Origin
+from courier.core.prompt_cache.entries import Bucket, Origin
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (

@@ -8,7 +8,7 @@ import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from courier.conversation.template_failure import TEMPLATE_ERRORS, TemplateFailure, template_failure
-from courier.core import generic_tools
+from courier.core.tools import generic as generic_tools
 
 LOOP = "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}{% endfor %}"
 ALTERNATING = (

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from courier.core.json_text import MAX_DEPTH, json_object, nesting_depth
-from courier.core.tool_calls import json_arguments
+from courier.core.tools.calls import json_arguments
 
 
 def nested(levels: int) -> str:

@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from courier.core.failure_codes import FailureCode
-from courier.core.verify_width import FixedCosts
+from courier.core.step_planning.verify_width import FixedCosts
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (

@@ -13,7 +13,7 @@ from typing import Any
 import mlx_lm
 import pytest
 
-from courier.core.snapshot_entries import Origin
+from courier.core.prompt_cache.entries import Origin
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import GenerationFinished, RequestId, SamplingParams, TokensGenerated

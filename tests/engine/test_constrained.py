@@ -14,7 +14,7 @@ import jsonschema
 import mlx.core as mx
 import pytest
 
-from courier.core.snapshot_entries import Origin
+from courier.core.prompt_cache.entries import Origin
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.constrained import ConstrainedSequence, MaskFiller
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken

@@ -13,9 +13,9 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from courier.core.prompt_lookup import LookupLimits
-from courier.core.snapshot_quantization import KvQuantization
-from courier.core.verify_width import FixedCosts
+from courier.core.prompt_cache.quantization import KvQuantization
+from courier.core.step_planning.prompt_lookup import LookupLimits
+from courier.core.step_planning.verify_width import FixedCosts
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import GenerationFinished, RequestId, SamplingParams, TokensGenerated

@@ -15,13 +15,19 @@ import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
-from courier.core.snapshot_entries import Bucket, Origin, disk_footprint
-from courier.core.snapshot_quantization import KvQuantization, kv_bytes
-from courier.core.snapshot_rejections import FileRejection
+from courier.core.prompt_cache.entries import Bucket, Origin, disk_footprint
+from courier.core.prompt_cache.quantization import KvQuantization, kv_bytes
+from courier.core.prompt_cache.rejections import FileRejection
 from courier.engine.model_state import CachedPrefix, attention_head_dims, compact_copy, prefill, resume
-from courier.engine.snapshot_codec import decode_state, encode_state
-from courier.engine.snapshot_files import FileTrust, UnreadableSnapshot, read_index_entry, read_snapshot, write_snapshot
-from courier.engine.snapshot_layout import DeclaredArray, LayoutMismatch, StateLayout, measure_layout
+from courier.engine.prompt_cache.codec import decode_state, encode_state
+from courier.engine.prompt_cache.files import (
+    FileTrust,
+    UnreadableSnapshot,
+    read_index_entry,
+    read_snapshot,
+    write_snapshot,
+)
+from courier.engine.prompt_cache.layout import DeclaredArray, LayoutMismatch, StateLayout, measure_layout
 from tests.support import tiny_models
 from tests.support.kv_drift import measure
 from tests.support.snapshot_forgery import put_together, take_apart

@@ -17,8 +17,8 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from courier.core.prompt_lookup import LookupLimits
-from courier.core.verify_width import FixedCosts
+from courier.core.step_planning.prompt_lookup import LookupLimits
+from courier.core.step_planning.verify_width import FixedCosts
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import FinishReason, GenerationFinished, RequestId, SamplingParams, TokensGenerated

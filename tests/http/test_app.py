@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from courier.conversation.capsule import CapsuleCodec
-from courier.core.snapshot_stats import StoreCounters, StoreLimits, StoreStats
+from courier.core.prompt_cache.stats import StoreCounters, StoreLimits, StoreStats
 from courier.http.app import create_quart_app
 from courier.http.context import AppContext, Outboxes
 from courier.messages.compactor import CompactorMessage

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from courier.core.reasoning import ReasoningFormat
-from courier.core.tool_calls import ToolCallFormat
+from courier.core.tools.calls import ToolCallFormat
 from courier.engine.generation import TokenLogprob, TokensGenerated
 from courier.grammar.output_spec import OutputSpec
 from courier.http.reply import ReplyAssembler, ReplyParsing

@@ -12,9 +12,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from courier.conversation.chat_render import chat_messages, chat_tools
 from courier.conversation.sealed import ReasoningSeal, derived_key
-from courier.core import custom_tools
-from courier.core.generic_tools import render
-from courier.core.tool_calls import ToolCall
+from courier.core.tools import custom as custom_tools
+from courier.core.tools.calls import ToolCall
+from courier.core.tools.generic import render
 from courier.http.errors import ApiError
 from courier.http.responses.items import input_items, unsealed
 from courier.http.responses.request import parse_responses_request

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from courier.core.snapshot_quantization import KvQuantization
+from courier.core.prompt_cache.quantization import KvQuantization
 from courier.engine.engine_io import EngineOutput, EngineRequest
 from courier.engine.generation import RequestId
 from courier.engine.speculative_batch import SpeculationCounters

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
-from courier.core.snapshot_quantization import KvQuantization
+from courier.core.prompt_cache.quantization import KvQuantization
 from courier.engine.model_state import CachedPrefix, compact_copy, prefill, resume
 
 

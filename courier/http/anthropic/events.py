@@ -16,7 +16,7 @@ import orjson
 
 from courier.http.anthropic.message import text_block, thinking_block
 from courier.http.errors import ApiError
-from courier.http.streaming import sse_event
+from courier.http.sse import sse_event
 from courier.storage.records import JsonObject
 
 

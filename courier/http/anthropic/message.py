@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from courier.core.json_text import json_object
-from courier.core.tool_calls import ToolCall
+from courier.core.tools.calls import ToolCall
 from courier.storage.records import JsonObject
 
 TOOL_USE_PREFIX = "toolu_"

@@ -30,7 +30,7 @@ from courier.http.anthropic.run import MessageRun
 from courier.http.context import AppContext
 from courier.http.generation import admit, new_request_id
 from courier.http.json_body import read_json_object
-from courier.http.streaming import event_stream_response
+from courier.http.sse import event_stream_response
 from courier.messages.asking import call
 from courier.messages.generation_reader import Idle
 from courier.messages.ingress import ChatPrompt

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from courier.core.tool_calls import ToolCall
+from courier.core.tools.calls import ToolCall
 from courier.engine.generation import FinishReason, GenerationFinished, TokensGenerated
 from courier.http.anthropic import thinking_budget
 from courier.http.anthropic.message import Usage, stop_reason

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from courier.http.errors import ApiError
-from courier.http.streaming import sse_event
+from courier.http.sse import sse_event
 
 
 class EventWriter:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from courier.conversation.items import message_item, reasoning_item, text_part
 from courier.conversation.sealed import ReasoningSeal
-from courier.core.tool_calls import ToolCall
+from courier.core.tools.calls import ToolCall
 from courier.engine.generation import TokenLogprob
 from courier.http.reply import ReplyAssembler, ReplyParsing
 from courier.http.responses.tools import ResponsesTools

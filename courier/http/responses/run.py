@@ -46,7 +46,7 @@ from courier.http.responses.events import EventWriter
 from courier.http.responses.in_flight import InFlightResponse
 from courier.http.responses.output import ItemShapes, OutputAssembler, logprob_objects
 from courier.http.responses.tools import responses_tools
-from courier.http.streaming import SSE_KEEPALIVE
+from courier.http.sse import SSE_KEEPALIVE
 from courier.messages.asking import Refused
 from courier.messages.generation_reader import GenerationCancelled, Idle, ended_without_result, events_or_idle
 from courier.storage.records import JsonObject

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from courier.conversation.ids import new_id
-from courier.core.tool_calls import ToolCall
+from courier.core.tools.calls import ToolCall
 from courier.http.errors import ApiError
 from courier.storage.records import JsonObject
 

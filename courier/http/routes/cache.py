@@ -10,9 +10,9 @@ from typing import Any
 
 from quart import Blueprint, request
 
-from courier.core.prefix_divergence import DivergenceReport
-from courier.core.snapshot_rejections import FileRejection
-from courier.core.snapshot_stats import StoreStats
+from courier.core.prompt_cache.divergence import DivergenceReport
+from courier.core.prompt_cache.rejections import FileRejection
+from courier.core.prompt_cache.stats import StoreStats
 from courier.http.auth import Caller, require_admin
 from courier.http.context import AppContext
 from courier.http.errors import ApiError

@@ -11,7 +11,7 @@ from quart import Blueprint, Response
 
 from courier.conversation.chat_render import assistant_message, template_tool_call
 from courier.conversation.warm_up import warm_up_next_turn
-from courier.core.tool_calls import ToolCall
+from courier.core.tools.calls import ToolCall
 from courier.engine.generation import FinishReason, GenerationFinished
 from courier.http import openai_format
 from courier.http.context import AppContext
@@ -20,7 +20,7 @@ from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_chat_request
 from courier.http.reply import ReplyAssembler, ReplyParsing, assemble, reply_parsing
-from courier.http.streaming import SSE_KEEPALIVE, event_stream_response, sse
+from courier.http.sse import SSE_KEEPALIVE, event_stream_response, sse
 from courier.messages.generation_reader import Idle, events_or_idle
 from courier.messages.ingress import Admitted, ChatPrompt
 

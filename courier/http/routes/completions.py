@@ -17,7 +17,7 @@ from courier.http.generation import admit, new_request_id
 from courier.http.json_body import read_json_object
 from courier.http.openai_format import Header
 from courier.http.openai_requests import GenerationRequest, parse_completion_request
-from courier.http.streaming import SSE_KEEPALIVE, event_stream_response, sse
+from courier.http.sse import SSE_KEEPALIVE, event_stream_response, sse
 from courier.messages.generation_reader import Idle, events_or_idle, generated_events
 from courier.messages.ingress import Admitted
 

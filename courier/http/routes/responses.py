@@ -22,7 +22,7 @@ from courier.http.responses.prepare import prepared
 from courier.http.responses.request import parse_compact_request, parse_responses_request
 from courier.http.responses.run import run_compaction, run_streamed, run_whole
 from courier.http.responses.websocket import serve_socket
-from courier.http.streaming import event_stream_response
+from courier.http.sse import event_stream_response
 from courier.messages.asking import call
 from courier.messages.compactor import CompactHistory
 from courier.messages.storage import DeleteResponse, LoadResponse

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from courier.core.failure_codes import FailureCode
-from courier.core.tool_calls import ToolCall
+from courier.core.tools.calls import ToolCall
 from courier.http.anthropic.events import MessageEvents, error_event, ping
 from courier.http.anthropic.message import tool_use_block
 from courier.http.errors import ApiError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from courier.core.failure_codes import FailureCode
-from courier.core.tool_calls import ToolCall
+from courier.core.tools.calls import ToolCall
 from courier.http.anthropic.message import Usage, content_blocks, stop_reason
 from courier.http.anthropic.run import reached_stop
 from courier.http.errors import ApiError

@@ -1,0 +1,1 @@
+"""The prompt cache at work: the snapshot store actor, its disk tier, the scheduler's link."""

@@ -1,0 +1,1 @@
+"""The prompt cache's pure core: the snapshot store and what it is made of."""

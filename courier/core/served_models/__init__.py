@@ -1,0 +1,1 @@
+"""The models a server serves: their names and aliases, and which stay loaded."""

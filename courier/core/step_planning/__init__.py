@@ -1,0 +1,1 @@
+"""How a batched step is planned: prefill budget, prompt-lookup drafts, verify width."""

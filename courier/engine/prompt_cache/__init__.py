@@ -1,0 +1,1 @@
+"""The prompt cache's snapshots as files: codec, layout, format, key, directory, budgets."""
