@@ -10,7 +10,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import READY, RunningServer, running_server
 
 pytestmark = pytest.mark.real_model
 
@@ -30,6 +30,8 @@ def save(path, data):
 COPY: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": f"Return this code unchanged:\n```python\n{SOURCE}```"}
 ]
+# The code's first lines: enough for drafts to land and for the two servers' tokens to be compared.
+COPY_TOKENS = 40
 COUNTING = "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 CARD = "Name: Ada Lovelace\nCity: London\nBorn: 1815\nReturn her name, city and year of birth as JSON."
 SCHEMA = {
@@ -47,7 +49,7 @@ def answers(server: RunningServer) -> dict[str, Any]:
             model=MODEL,
             messages=COPY,
             temperature=0,
-            max_tokens=80,
+            max_tokens=COPY_TOKENS,
             stream=True,
             logprobs=True,
         )
@@ -58,7 +60,7 @@ def answers(server: RunningServer) -> dict[str, Any]:
                 logprobs = chunk.choices[0].logprobs
                 tokens_per_chunk.append(len(logprobs.content or []) if logprobs else 0)
         completion = client.completions.create(
-            model=MODEL, prompt=COUNTING, temperature=0, max_tokens=60, stop=[" 24,"]
+            model=MODEL, prompt=COUNTING, temperature=0, max_tokens=60, stop=[" 16,"]
         )
         structured = client.chat.completions.create(
             model=MODEL,
@@ -85,14 +87,19 @@ def counter(metrics: str, name: str) -> float:
     return value
 
 
+@pytest.mark.usefixtures("smollm2_dir")  # converted before the two servers start at once, so neither converts it
 def test_speculation_answers_as_without_it_and_counts_its_drafts(cache_dir: Path, tmp_path: Path) -> None:
     trace_file = tmp_path / "spans.jsonl"
-    with running_server(["--cache-dir", str(cache_dir), "--trace-file", str(trace_file)]) as server:
-        fast = answers(server)
-        assert server.stop() == 0
-    with running_server(["--cache-dir", str(cache_dir), "--no-speculation"]) as server:
-        plain = answers(server)
-        assert server.stop() == 0
+    # Both load at once (each waits for its own "ready"), then answer one after the other.
+    with (
+        running_server(["--cache-dir", str(cache_dir), "--trace-file", str(trace_file)], wait_ready=False) as on,
+        running_server(["--cache-dir", str(cache_dir), "--no-speculation"], wait_ready=False) as off,
+    ):
+        for server in (on, off):
+            server.wait_for(READY)
+        fast = answers(on)
+        plain = answers(off)
+        assert on.stop() == 0 and off.stop() == 0
     for name in ("copy", "completion", "structured"):
         assert fast[name] == plain[name], name
     assert "def load(path):" in fast["copy"] and fast["completion"][1] == "stop"
