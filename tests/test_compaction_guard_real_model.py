@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -22,7 +21,7 @@ import orjson
 import pytest
 
 from courier.conversation.summary_guard import looping
-from tests.support.server import RunningServer, running_server
+from tests.support.server import RunningServer
 
 pytestmark = pytest.mark.real_model
 
@@ -162,13 +161,14 @@ HIKE = history(
 
 
 @pytest.fixture(scope="module")
-def server(cache_dir: Path) -> Iterator[RunningServer]:
-    with running_server(["--cache-dir", str(cache_dir)]) as running:
-        yield running
-        # When the module's tests are done: stopping the server reads its whole log, which must show a retry for
-        # each degenerate summary and no other.
-        assert running.stop() == 0
-        assert [match.group(1) for line in running.lines if (match := RETRY.search(line))] == RETRIES
+def server(smollm2_server: RunningServer) -> Iterator[RunningServer]:
+    """The session's shared default SmolLM2 server (tests/conftest.py). When the module's tests are done, the log
+    lines written since it began must show a retry for each degenerate summary and no other (a retry is logged
+    while its compaction runs, before the reply that ends it)."""
+    start = len(smollm2_server.lines)
+    yield smollm2_server
+    retries = [match.group(1) for line in smollm2_server.lines[start:] if (match := RETRY.search(line))]
+    assert retries == RETRIES
 
 
 def summary_of(item: dict[str, Any]) -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,9 +19,9 @@ import openai
 import pytest
 
 from courier.conversation.sealed import ReasoningSeal
-from tests.support.server import RunningServer, serving
+from tests.support.server import TINY_MODEL, RunningServer
 
-MODEL = "tiny-llama"
+MODEL = TINY_MODEL
 NAMESPACE: dict[str, Any] = {
     "type": "namespace",
     "name": "multi_agent_v1",
@@ -56,9 +54,8 @@ HOSTED: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    with serving(tiny_llama_dir, cache_dir, MODEL) as running:
-        yield running
+def server(tiny_server: RunningServer) -> RunningServer:
+    return tiny_server  # the session's shared default server (tests/conftest.py)
 
 
 def custom(name: str, syntax: str, definition: str) -> dict[str, Any]:

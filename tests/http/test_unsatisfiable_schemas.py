@@ -10,17 +10,15 @@ object of 2,000 properties (tests/support/hostile_grammars.py, which bench/hosti
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.support.hostile_grammars import PROPERTIES_2000, UNSATISFIABLE
-from tests.support.server import RunningServer, running_server
+from tests.support.server import TINY_MODEL, RunningServer
 
-MODEL = "tiny"
+MODEL = TINY_MODEL
 MESSAGES = [{"role": "user", "content": "Reply with JSON."}]
 # Its first steps pass (the probe stops at the integers); the reply meets the 2,000 properties after four digits.
 DEEP = {
@@ -35,11 +33,8 @@ DEEP = {
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server(args) as running:
-        yield running
-        assert running.stop() == 0
+def server(tiny_server: RunningServer) -> RunningServer:
+    return tiny_server  # the session's shared default server (tests/conftest.py)
 
 
 def chat_body(schema: Any, **fields: Any) -> dict[str, Any]:
