@@ -163,25 +163,29 @@ def assert_spans_join_requests(trace_file: Path) -> None:
     assert any(span["context"]["trace_id"] in requests and span["parent_id"] for span in spills)
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["clean-stop", "kill-9"])
-def test_a_restart_keeps_every_conversation_warm(
-    model: Path, cache_dir: Path, tmp_path: Path, stop: signal.Signals
+def test_a_restart_keeps_every_conversation_warm_after_a_clean_stop_and_after_a_kill_9(
+    model: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
+    """One directory through three servers: the first stopped cleanly, the second (on the first's files) killed."""
     conversations = Conversations()
     with serving(model, cache_dir, tmp_path, "--log-level", "info") as server, server.openai_client() as client:
         # Each reply settled before the next request (for kill -9: the files are all written, too): a disk slower
         # than the requests sheds writes by design, and a conversation whose spill it refused is not kept.
         conversations.turn(client, settle=server)
         conversations.turn(client, settle=server)
-        code = server.stop(stop)
-    assert code == (0 if stop is signal.SIGTERM else -signal.SIGKILL)
-    with serving(model, cache_dir, tmp_path) as server, server.openai_client() as client:
-        adopted = stats(server)["snapshot_disk_adopted"]
-        assert_warm(conversations.turn(client))
-        figures = settled(server)
-        assert server.stop() == 0
-    assert adopted >= CONVERSATIONS
-    assert figures["snapshot_disk_hits"] >= CONVERSATIONS
+        assert server.stop(signal.SIGTERM) == 0
+    # The second server starts on what the clean stop left and is killed; the third, on what the kill -9 left.
+    for stop in (signal.SIGKILL, signal.SIGTERM):
+        with serving(model, cache_dir, tmp_path) as server, server.openai_client() as client:
+            adopted = stats(server)["snapshot_disk_adopted"]
+            # Settled reply by reply before the kill -9 (as above); the last server's turns are not waited for.
+            turns = conversations.turn(client, settle=server if stop is signal.SIGKILL else None)
+            figures = settled(server)
+            code = server.stop(stop)
+        assert code == (0 if stop is signal.SIGTERM else -signal.SIGKILL)
+        assert_warm(turns)
+        assert adopted >= CONVERSATIONS
+        assert figures["snapshot_disk_hits"] >= CONVERSATIONS
 
 
 def test_corrupt_files_are_misses_that_are_deleted_and_counted(model: Path, cache_dir: Path, tmp_path: Path) -> None:
