@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import TINY_MODEL, RunningServer, running_server
 
-MODEL = "tiny"
+MODEL = TINY_MODEL  # both servers serve it under this name
 # Appended to the template's generation prompt: an empty thinking block when thinking is off (as Qwen3's does),
 # and a line when the request's chat_template_kwargs set `persona`.
 SWITCHES = (
@@ -29,8 +29,9 @@ MESSAGES = [{"role": "user", "content": "Hello"}]
 
 @pytest.fixture(scope="module")
 def servers(
-    tiny_llama_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_llama_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, tiny_server: RunningServer
 ) -> Iterator[dict[str, RunningServer]]:
+    """The switched copy on a server of its own; the plain one is the session's shared server (tests/conftest.py)."""
     switched = tmp_path_factory.mktemp("switched") / "model"
     shutil.copytree(tiny_llama_dir, switched)
     config_path = switched / "tokenizer_config.json"
@@ -38,11 +39,8 @@ def servers(
     config["chat_template"] = config["chat_template"] + SWITCHES
     config_path.write_text(json.dumps(config))
     args = ["--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with (
-        running_server(["--model", str(switched), *args]) as with_switch,
-        running_server(["--model", str(tiny_llama_dir), *args]) as plain,
-    ):
-        yield {"switch": with_switch, "plain": plain}
+    with running_server(["--model", str(switched), *args]) as with_switch:
+        yield {"switch": with_switch, "plain": tiny_server}
 
 
 def prompt_tokens(http: httpx.Client, **fields: Any) -> int:
