@@ -1,13 +1,16 @@
 """Another client's small chat while a hostile grammar request runs (issue 30, items 7 and 8), on the embedded SmolLM2.
 
 Each shape of tests/support/hostile_grammars.py is sent once: the three JSON schemas no generation can follow (no
-finite instance, `anyOf` 8x8x8, 2,000 properties) and the four tool sets (128 functions with `tool_choice:
-"required"`, a function of 600 optional properties, 128 functions with pattern bombs, a JSON schema beside 128 tools
-in `auto`). `--head-start` (0.05 s) later, two-token chats are sent one after another while it runs (at most
-`--chats`). Reported: what the hostile request got (status, finish reason or error code and param, seconds), the
-small chats' latency against the bound (a few seconds) and, for comparison, the small chat alone; with the load
-average before each. `courier-baseline` (`--baseline-tree DIR`) measures another commit the same way;
-`--wide-window` serves the tiny random llama with a 32K window instead, where every shape's prompt fits.
+finite instance, `anyOf` 8x8x8, 2,000 properties), the control, and the four tool sets (128 functions with
+`tool_choice: "required"`, a function of 600 optional properties, 128 functions with pattern bombs, a JSON schema
+beside 128 tools in `auto`). The control sends the prompt the 128 functions render to as plain messages: as long,
+and nothing constrained, so what a long prefill costs the small chats is told apart from what grammar work costs
+them. `--head-start` (0.05 s) later, two-token chats are sent one after another while it runs (at most `--chats`).
+Reported: what the hostile request got (status, finish reason or error code and param, seconds), the small chats'
+latency against the bound (median at most 3 s, worst at most 10 s; the bench exits 1 when a shape's chats miss it)
+and, for comparison, the small chat alone; with the load average before each. `courier-baseline` (`--baseline-tree
+DIR`) measures another commit the same way; `--wide-window` serves the tiny random llama with a 32K window instead,
+where every shape's prompt fits.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from bench.harness.report import num, progress, table, write_json
 from bench.harness.servers import COURIER, COURIER_BASELINE, Launcher, Server, ServerSpec
 from bench.harness.stats import percentile
 
-BOUND_S = 5.0  # "a small chat is answered within a few seconds"
+# "While any such request runs, a small chat is answered within a few seconds": the bound each shape's small chats
+# are held to, their median and their worst. The bench exits 1 when a shape's chats miss it.
+MEDIAN_BOUND_S = 3.0
+WORST_BOUND_S = 10.0
 ALONE_CHATS = 5
 TIMEOUT_S = 600.0
 WIDE_MODEL = "wide-window-llama"
@@ -102,6 +108,14 @@ def measure(server: Server, args: argparse.Namespace) -> list[ShapeResult]:
     return results
 
 
+def within_bound(result: ShapeResult) -> bool:
+    """Its small chats all answered, their median and worst within the bound (true when none were sent)."""
+    chats = sorted(result.chats_s)
+    if not chats:
+        return result.chat_failures == 0
+    return percentile(chats, 0.5) <= MEDIAN_BOUND_S and chats[-1] <= WORST_BOUND_S and result.chat_failures == 0
+
+
 def print_report(results: Sequence[ShapeResult], args: argparse.Namespace) -> None:
     print(
         f"the hostile request asks for {args.max_tokens} tokens; small chats: 2 tokens each, one after another from "
@@ -111,7 +125,7 @@ def print_report(results: Sequence[ShapeResult], args: argparse.Namespace) -> No
     for result in results:
         chats = sorted(result.chats_s)
         worst = chats[-1] if chats else None
-        within = "n/a" if worst is None else ("yes" if worst <= BOUND_S else "**no**")
+        within = "n/a" if not chats else ("yes" if within_bound(result) else "**no**")
         answer = f"{result.status} {result.finish} in {result.seconds:.1f} s" if result.status else ""
         if result.prompt_tokens is not None:
             answer += f" ({result.prompt_tokens} prompt tokens)"
@@ -119,7 +133,8 @@ def print_report(results: Sequence[ShapeResult], args: argparse.Namespace) -> No
         chat_cells = f"{len(chats)} | {median} | {num(worst)} | {within}"
         rows.append(f"{result.server} | {result.shape} | {answer} | {chat_cells} | {result.load:.1f}")
     table(
-        f"server | hostile request | it got | small chats | p50 (s) | max (s) | within {BOUND_S:g} s | load before",
+        f"server | hostile request | it got | small chats | p50 (s) | max (s) | p50 <= {MEDIAN_BOUND_S:g} s and max <= "
+        f"{WORST_BOUND_S:g} s | load before",
         rows,
     )
 
@@ -158,7 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print_report(results, args)
     write_json(results, args.json)
-    return 0
+    missed = [f"{result.server}: {result.shape}" for result in results if not within_bound(result)]
+    if missed:
+        print(f"\nsmall chats outside the bound beside: {'; '.join(missed)}")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -2,11 +2,12 @@
 
 Each `step` ends the requests past their deadline, admits new requests into the running batch (`admission.py`),
 drops cancelled ones (keeping what one had prefilled of its prompt: `cancelled_prefill.py`), advances every
-sequence by one decode step (and new ones by one prefill chunk, sized so that a long prompt does not stall the
-running streams: `core/step_planning/prefill_budget.py`), and turns the raw tokens into events (`step_reader.py`):
-detokenized text with stop strings and end-of-sequence tokens removed, optional logprobs, and a finish when a sequence
-ends, with the snapshots the store keeps (`step_snapshots.py`). A failure inside the batched forward pass starts a fresh
-generator and isolates the culprit (`recovery.py`).
+sequence by one decode step (and new ones by one prefill chunk, sized so that a long prompt neither stalls the
+running streams nor keeps a new request out of the batch for long: `core/step_planning/prefill_budget.py`), and
+turns the raw tokens into events (`step_reader.py`): detokenized text with stop strings and end-of-sequence tokens
+removed, optional logprobs, and a finish when a sequence ends, with the snapshots the store keeps
+(`step_snapshots.py`). A failure inside the batched forward pass starts a fresh generator and isolates the culprit
+(`recovery.py`).
 
 The engine owns the generator's lifecycle: which kind it is (mlx-lm's, or the speculative one that verifies drafts
 and grammar-forced tokens in one pass, `speculative_batch.py`), and a fresh one after a fault. The sequences it
@@ -128,7 +129,7 @@ class BatchEngine:
             return outputs
         decoding = sum(1 for sequence in self._sequences if sequence.prompt_done or sequence.generated > 0)
         prefilling = min(len(self._sequences) - decoding, self._limits.prefill_batch)
-        self._generator.prefill_step_size = self._prefill.chunk(decoding=decoding, prefilling=prefilling)
+        self._generator.prefill_step_size = self._prefill.chunk(prefilling=prefilling)
         started = time.perf_counter()
         try:
             with self._generator.stats() as done:

@@ -66,8 +66,8 @@ class BatchLimits:
     speculation: LookupLimits | None = None
     # How a verify pass is costed when choosing its width: fitted to timed passes (tests pin a line).
     step_costs: Callable[[], StepCosts] = StepCosts
-    # While sequences decode, what a step's prefill may add to it, in seconds (`core/step_planning/prefill_budget.py`;
-    # 0: none), and how a step is costed for that (fitted to timed steps; tests pin a line).
+    # What a step's prefill may take, in seconds (`core/step_planning/prefill_budget.py`; 0: no budget, whole
+    # chunks), and how a step is costed for that (fitted to timed steps; tests pin a line).
     prefill_stall_s: float = 0.0
     prefill_costs: Callable[[], StepCosts] = StepCosts
     # How the snapshots it hands the store hold attention KV (`--prompt-cache-bits`; None: as computed).

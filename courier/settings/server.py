@@ -182,8 +182,9 @@ class Settings:
     prefill_stall_ms: float = setting(
         500.0,
         parse_non_negative_float,
-        "while streams decode, how long a step's prefill of new prompts may hold up their next token: each "
-        "prompt's chunk is sized to fit, from the measured cost of a token (0: a whole --prefill-step-size chunk)",
+        "how long a step's prefill of new prompts may take: the extra wait of running streams for their next "
+        "token, and about the longest a new request waits to join beside a long prompt; each prompt's chunk is "
+        "sized to fit, from the measured cost of a token (0: a whole --prefill-step-size chunk)",
         metavar="MS",
     )
     mlx_cache_limit: int = setting(

@@ -466,7 +466,7 @@ def steps_to_first_token(engine: BatchEngine, name: str) -> tuple[int, list[Engi
 
 def test_a_long_prompt_beside_decoding_streams_is_prefilled_in_budgeted_chunks(loaded: tuple[Any, Any]) -> None:
     """A budget too small for any chunk holds each step's prefill to the smallest chunk while streams decode; with
-    nothing decoding (or no budget) a prompt takes whole --prefill-step-size chunks. The text is the same."""
+    no budget a prompt takes whole --prefill-step-size chunks. The text is the same."""
     model, tokenizer = loaded
     long_prompt = tuple(range(10, 310))  # 300 tokens: a budgeted step prefills 32 of them
     texts_by_budget, steps_by_budget = [], []
@@ -490,6 +490,40 @@ def test_a_long_prompt_beside_decoding_streams_is_prefilled_in_budgeted_chunks(l
     assert texts_by_budget[0] == texts_by_budget[1]
     unbudgeted, budgeted = steps_by_budget
     assert budgeted - unbudgeted == 9  # 299 tokens before the first: one chunk of 512, or ten of 32
+
+
+def test_a_request_arriving_beside_a_long_prompt_alone_answers_before_that_prompt_is_prefilled(
+    loaded: tuple[Any, Any],
+) -> None:
+    """With nothing decoding a long prompt is prefilled in budgeted chunks too, so a short request that arrives after
+    its first step joins at the next one and finishes while the long prompt is still being prefilled; with no
+    budget the whole prompt goes in one step and the short request comes after it. The texts are the same."""
+    model, tokenizer = loaded
+    long_prompt = tuple(range(10, 510))  # 500 tokens: 16 budgeted chunks of 32, or one step of 512
+    texts_by_budget, long_first_by_budget = [], []
+    for stall_s in (0.0, 1e-9):
+        limits = BatchLimits(
+            max_batch=4,
+            prefill_batch=4,
+            prefill_step_size=512,
+            prefill_stall_s=stall_s,
+            prefill_costs=lambda: FixedCosts(0.1, 0.01),  # a pinned machine: the budget holds no token
+        )
+        engine = BatchEngine(model, tokenizer, limits)
+        outputs = engine.step([request("long", 4, long_prompt)], [])  # alone: nothing decodes
+        outputs += engine.step([request("short", 2, (5, 6, 7))], [])
+        for _ in range(10):
+            if "short" in finished(outputs):
+                break
+            outputs += engine.step([], [])
+        long_first_by_budget.append(
+            any(o.request_id == "long" and isinstance(o.event, TokensGenerated) for o in outputs)
+        )
+        run_until_done(engine, outputs)
+        texts_by_budget.append(texts(outputs))
+        assert all(isinstance(event, GenerationFinished) for event in finished(outputs).values())
+    assert texts_by_budget[0] == texts_by_budget[1]
+    assert long_first_by_budget == [True, False]  # budgeted, "short" finished first, within 10 steps of arriving
 
 
 def tenant_of(origin: object) -> object:

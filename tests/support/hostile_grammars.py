@@ -21,6 +21,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models import llama
 
+from courier.core import generic_tools
 from tests.support.tiny_models import LLAMA_CONFIG, _save
 
 TOOLS = 128
@@ -112,7 +113,18 @@ SHAPES: dict[str, dict[str, Any]] = {
         "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}},
     },
 }
-ALL_SHAPES: dict[str, dict[str, Any]] = {**SCHEMA_SHAPES, **SHAPES}
+# The control for item 8 (no grammar): the prompt the 128 functions' shapes render to in generic mode, sent as plain
+# messages with no `tools`, so it is as long and nothing is constrained. Its system message begins with a word of its
+# own, so neither it nor the shapes after it start from the other's prompt in the prompt cache.
+CONTROL = "control: a plain prompt as long as the 128 functions' (no grammar)"
+CONTROL_SHAPES: dict[str, dict[str, Any]] = {
+    CONTROL: {
+        "messages": generic_tools.render(
+            [{"role": "system", "content": "Control."}, {"role": "user", "content": QUESTION}], ordinary_tools()
+        )
+    }
+}
+ALL_SHAPES: dict[str, dict[str, Any]] = {**SCHEMA_SHAPES, **CONTROL_SHAPES, **SHAPES}
 
 
 def hostile_body(model: str, shape: str, max_tokens: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The per-step prefill chunk: the whole step size with nothing decoding, a budget's worth while streams decode."""
+"""The per-step prefill chunk: a budget's worth, whether or not streams decode; the whole step size with no budget."""
 
 from __future__ import annotations
 
@@ -15,11 +15,8 @@ def trained(stall_s: float, fixed: float, per_token: float, largest: int = 512) 
     return budget
 
 
-@pytest.mark.parametrize(("decoding", "prefilling"), [(0, 1), (0, 4), (8, 0)])
-def test_with_nothing_decoding_or_nothing_to_prefill_a_step_takes_the_whole_step_size(
-    decoding: int, prefilling: int
-) -> None:
-    assert trained(0.5, 0.1, 0.008).chunk(decoding=decoding, prefilling=prefilling) == 512
+def test_with_nothing_to_prefill_a_step_takes_the_whole_step_size() -> None:
+    assert trained(0.5, 0.1, 0.008).chunk(prefilling=0) == 512
 
 
 @pytest.mark.parametrize(
@@ -31,20 +28,18 @@ def test_with_nothing_decoding_or_nothing_to_prefill_a_step_takes_the_whole_step
         (0.001, 4, 125),
     ],
 )
-def test_while_streams_decode_a_step_prefills_what_fits_the_budget(
-    per_token: float, prefilling: int, expected: int
-) -> None:
-    assert trained(0.5, 0.1, per_token).chunk(decoding=8, prefilling=prefilling) == expected
+def test_a_step_prefills_what_fits_the_budget(per_token: float, prefilling: int, expected: int) -> None:
+    assert trained(0.5, 0.1, per_token).chunk(prefilling=prefilling) == expected
 
 
 def test_no_budget_means_the_whole_step_size() -> None:
-    assert trained(0.0, 0.1, 0.008).chunk(decoding=8, prefilling=1) == 512
+    assert trained(0.0, 0.1, 0.008).chunk(prefilling=1) == 512
 
 
 def test_an_untimed_budget_starts_from_the_prior_and_follows_the_steps() -> None:
     budget = PrefillBudget(stall_s=0.5, largest=512)
-    first = budget.chunk(decoding=8, prefilling=1)
+    first = budget.chunk(prefilling=1)
     assert MIN_CHUNK <= first < 512
     for positions in (8, 520, 8, 520):
         budget.observe(positions=positions, seconds=0.1 + 0.00005 * positions)  # a fast machine
-    assert budget.chunk(decoding=8, prefilling=1) == 512
+    assert budget.chunk(prefilling=1) == 512
