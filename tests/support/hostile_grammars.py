@@ -21,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models import llama
 
-from courier.core import generic_tools
+from courier.core.tools import generic as generic_tools
 from tests.support.tiny_models import LLAMA_CONFIG, _save
 
 TOOLS = 128
