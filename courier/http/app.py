@@ -9,6 +9,7 @@ from quart import Quart, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from courier.core.failure_codes import FailureCode
+from courier.http.anthropic import models as anthropic_models
 from courier.http.anthropic import routes as anthropic_routes
 from courier.http.context import AppContext
 from courier.http.cors import CorsMiddleware, CorsPolicy
@@ -67,7 +68,7 @@ def create_quart_app(context: AppContext) -> Quart:
         if rule is not None:
             name_request_span(request.method, rule)
         if rule not in open_routes:  # an unknown route too: no probing for routes without a key
-            # Anthropic's clients send their key as `x-api-key`: taken on the Messages API's routes.
+            # Anthropic's clients send their key as `x-api-key`: taken where they are answered in Anthropic's shapes.
             api_key = request.headers.get("x-api-key") if _envelope() is Envelope.ANTHROPIC else None
             g.caller = context.api_keys.caller(request.headers.get("Authorization"), api_key)
 
@@ -119,8 +120,13 @@ def _for_the_model(error: ApiError, context: AppContext) -> ApiError:
 
 
 def _envelope() -> Envelope:
-    """Anthropic's error envelope on the Messages API's routes, OpenAI's on every other."""
-    return Envelope.ANTHROPIC if request.blueprint == anthropic_routes.BLUEPRINT else Envelope.OPENAI
+    """Anthropic's error envelope on the Messages API's routes, and on the model listing when an Anthropic client
+    asks (it sends `anthropic-version`); OpenAI's on every other."""
+    if request.blueprint == anthropic_routes.BLUEPRINT:
+        return Envelope.ANTHROPIC
+    if request.blueprint == models.BLUEPRINT and anthropic_models.wants_anthropic_shape(request.headers):
+        return Envelope.ANTHROPIC
+    return Envelope.OPENAI
 
 
 def _from_http_exception(error: HTTPException, context: AppContext) -> ApiError:

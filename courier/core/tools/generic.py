@@ -4,7 +4,8 @@ The tools are described in the system message, in the words of the Hermes / Qwen
 asked to write each call as `<tool_call>` + a JSON object {"name", "arguments"} + `</tool_call>`: the same
 `json_tools` format a native template uses, so the same splitter, parser and call grammar serve both. History the
 template cannot render becomes text it can: an assistant message's tool calls join its content in that format, and
-tool results become a user message of `<tool_response>` blocks (roles every template accepts). The rendering is a
+tool results become a user message of `<tool_response>` blocks (roles every template accepts; a result's image parts
+stay parts inside its block, so a vision template writes their placeholders there). The rendering is a
 pure function of the messages, so a conversation's prompt stays an exact prefix of its next turn's.
 """
 
@@ -56,9 +57,9 @@ def render_with_sources(
     for index, message in enumerate(messages):
         role = message.get("role")
         if role == "tool":
-            block = f"<tool_response>\n{_text(message.get('content'))}\n</tool_response>"
+            block = _response_block(message.get("content"))
             if merging:
-                rendered[-1]["content"] = f"{rendered[-1]['content']}\n{block}"
+                rendered[-1]["content"] = _joined(rendered[-1]["content"], "\n", block)
             else:
                 rendered.append({"role": "user", "content": block})
                 sources.append(index)
@@ -92,6 +93,34 @@ def _call_text(call: Mapping[str, Any]) -> str:
         arguments = parsed if parsed is not None else arguments
     body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
     return f"{START}\n{body}\n{END}"
+
+
+def _response_block(content: Any) -> str | list[dict[str, Any]]:
+    """A tool result as a `<tool_response>` block: text, or parts when the result holds images (a screenshot), so
+    the template still writes each image's placeholder inside the block."""
+    if not _has_images(content):
+        return f"<tool_response>\n{_text(content)}\n</tool_response>"
+    return _joined("<tool_response>\n", content, "\n</tool_response>")
+
+
+def _joined(*contents: Any) -> str | list[dict[str, Any]]:
+    """Contents (strings or text and image parts) one after the other: a string while there is no image."""
+    if not any(_has_images(content) for content in contents):
+        return "".join(_text(content) for content in contents)
+    parts: list[dict[str, Any]] = []
+    for content in contents:
+        for part in [{"type": "text", "text": content}] if isinstance(content, str) else content:
+            if part.get("type") == "text" and parts and parts[-1].get("type") == "text":
+                parts[-1] = {"type": "text", "text": parts[-1]["text"] + part.get("text", "")}
+            else:
+                parts.append(dict(part))
+    return parts
+
+
+def _has_images(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(part, Mapping) and part.get("type") != "text" for part in content
+    )
 
 
 def _text(content: Any) -> str:

@@ -5,7 +5,9 @@
   dialect (`core/volatile_lines.py`, unless `--no-prompt-cache-normalize`).
 - A user message's text and image blocks are one user message (images as parts, admitted like chat's); each
   `tool_result` block is a `tool` message (`tool_call_id` from `tool_use_id`), in order, its content a string or
-  text blocks, prefixed `Error: ` when `is_error` (a chat template has no other way to tell).
+  text and image blocks (Claude Code's screenshots; the images admitted as a user message's are, and rendered where
+  the template puts a tool message's image parts), prefixed `Error: ` when `is_error` (a chat template has no other
+  way to tell).
 - An assistant message's `thinking` blocks are its `reasoning_content` (the name templates read), its text its
   content, each `tool_use` a tool call with `input` as the arguments. `redacted_thinking` is accepted and left out:
   it is another server's encrypted reasoning, which no one here can read.
@@ -111,7 +113,7 @@ def _user(blocks: list[Any], param: str, out: Translation) -> None:
             parts.append(IMAGE_PART)
         elif kind == "tool_result":
             flush()
-            out.messages.append(_tool_result(block, where))
+            out.messages.append(_tool_result(block, where, out.images))
         else:
             raise _unsupported(kind, where, "text, image and tool_result")
     flush()
@@ -152,30 +154,34 @@ def _tool_use(block: dict[str, Any], param: str) -> JsonObject:
     return template_tool_call(call_id, name, arguments)
 
 
-def _tool_result(block: dict[str, Any], param: str) -> JsonObject:
+def _tool_result(block: dict[str, Any], param: str, images: list[ImageRef]) -> JsonObject:
+    """A `tool` message: its text, or text and image parts in order when the result holds images (a screenshot),
+    each admitted as a user message's image is (collected in `images`)."""
     call_id = _string(block, "tool_use_id", param)
     content = block.get("content", "")
-    if isinstance(content, list):
-        content = "".join(_result_text(part, f"{param}.content[{index}]") for index, part in enumerate(content))
-    elif not isinstance(content, str):
-        where = f"{param}.content"
-        raise ApiError.invalid(f"{where} must be a string or a list of text blocks", param=where)
     is_error = block.get("is_error", False)
     if not isinstance(is_error, bool):
         raise ApiError.invalid(f"{param}.is_error must be a boolean", param=f"{param}.is_error")
-    return {"role": "tool", "tool_call_id": call_id, "content": ERROR_PREFIX + content if is_error else content}
+    parts = [text_part(ERROR_PREFIX)] if is_error else []
+    if isinstance(content, str):
+        parts.append(text_part(content))
+    elif isinstance(content, list):
+        for index, part in enumerate(content):
+            parts.append(_result_part(part, f"{param}.content[{index}]", images))
+    else:
+        where = f"{param}.content"
+        raise ApiError.invalid(f"{where} must be a string or a list of text and image blocks", param=where)
+    return {"role": "tool", "tool_call_id": call_id, "content": chat_content(parts)}
 
 
-def _result_text(block: Any, param: str) -> str:
+def _result_part(block: Any, param: str, images: list[ImageRef]) -> dict[str, Any]:
     kind = _block_type(block, param)
     if kind == "image":
-        raise ApiError.invalid(
-            f"{param}: images inside a tool_result are not supported; send them in a user message's content",
-            param=param,
-        )
+        images.append(ImageRef(url=_image_url(block, param), param=param))
+        return IMAGE_PART
     if kind != "text":
-        raise _unsupported(kind, param, "text")
-    return _text_block(block, param)
+        raise _unsupported(kind, param, "text and image")
+    return text_part(_text_block(block, param))
 
 
 def _image_url(block: dict[str, Any], param: str) -> str:

@@ -4,7 +4,8 @@ The list holds every servable model under its id and under each exact alias (a p
 one model and is not listed); a model object shows the name it was asked by. Beside OpenAI's fields each carries
 `status`: whether it is loaded, loading or not loaded, what it is charged against the memory budget (its weights
 estimated until it has loaded), its requests in flight and its last load; and once it has loaded, its
-`capabilities` and `sampling_defaults`. Listing never loads a model.
+`capabilities` and `sampling_defaults`. Listing never loads a model. A request that sends `anthropic-version` (any
+Anthropic SDK) gets Anthropic's shapes instead, paginated as Anthropic's are (`http/anthropic/models.py`).
 
 POST /v1/models/{id}/load and /unload: an operator's (an admin key), answered when done.
 """
@@ -15,9 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, request
 
 from courier.core.failure_codes import FailureCode
+from courier.http.anthropic import models as anthropic_models
 from courier.http.auth import require_admin
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
@@ -29,10 +31,11 @@ from courier.status.models import ModelStatus
 from courier.status.service_state import ServiceState
 
 OWNER = "courier"
+BLUEPRINT = "models"
 
 
 def blueprint(context: AppContext) -> Blueprint:
-    routes = Blueprint("models", __name__)
+    routes = Blueprint(BLUEPRINT, __name__)
 
     def model_object(name: str, model: ModelStatus | None) -> dict[str, Any]:
         state = model.state if model is not None else context.state
@@ -52,20 +55,29 @@ def blueprint(context: AppContext) -> Blueprint:
             return [(name, None) for name in context.served_names.listed]
         return [(name, model) for model in context.models.models.values() for name in model.names.listed]
 
+    def anthropic_object(name: str, model: ModelStatus | None) -> dict[str, Any]:
+        info = (model.state if model is not None else context.state).model
+        created = info.created if info else int(context.state.started_at)
+        return anthropic_models.model_info(name, created, info.usable_context_length if info else None)
+
     @routes.get("/v1/models")
     @routes.get("/models")
     async def list_models() -> dict[str, Any]:
+        if anthropic_models.wants_anthropic_shape(request.headers):
+            shown = [anthropic_object(name, model) for name, model in listed()]
+            return anthropic_models.model_page(shown, request.args)
         return {"object": "list", "data": [model_object(name, model) for name, model in listed()]}
 
     @routes.get("/v1/models/<path:model_id>")
     @routes.get("/models/<path:model_id>")
     async def retrieve_model(model_id: str) -> dict[str, Any]:
+        shape = anthropic_object if anthropic_models.wants_anthropic_shape(request.headers) else model_object
         if context.models is None:
             context.require_model(model_id)
-            return model_object(model_id, None)
+            return shape(model_id, None)
         for model in context.models.models.values():
             if model.names.matches(model_id):
-                return model_object(model_id, model)
+                return shape(model_id, model)
         served = ", ".join(f"'{model}'" for model in context.models.models)
         raise ApiError(
             404,

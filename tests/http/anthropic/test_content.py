@@ -106,7 +106,7 @@ REFUSED: list[tuple[Any, Any, str]] = [
     (
         None,
         [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}]}],
-        "messages[0].content[0].content[0]",
+        "messages[0].content[0].content[0].source",
     ),
     (
         None,

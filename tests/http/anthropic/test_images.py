@@ -85,3 +85,43 @@ def test_a_text_only_model_refuses_an_image_before_reading_it(
     error: Any = refused.value.body
     assert (error["error"]["code"], error["error"]["param"]) == ("model_not_multimodal", "messages[0].content[0]")
     assert media.requests["/image.png"] == before
+
+
+def screenshot_turn(*result: Any) -> list[Any]:
+    """A tool call and its result holding `result`'s blocks, as Claude Code sends a screenshot back."""
+    call = {"type": "tool_use", "id": "toolu_shot", "name": "screenshot", "input": {}}
+    return [
+        {"role": "user", "content": "Take a screenshot."},
+        {"role": "assistant", "content": [call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_shot", "content": list(result)}]},
+    ]
+
+
+def test_an_image_inside_a_tool_result_is_read_and_counted(claude: anthropic.Anthropic, media: MediaServer) -> None:
+    caption = {"type": "text", "text": "The screen:"}
+    with_image = screenshot_turn(caption, base64_image((0, 0, 255)))
+    counted = claude.messages.count_tokens(model=MODEL, messages=with_image).input_tokens
+    text_only = claude.messages.count_tokens(model=MODEL, messages=screenshot_turn(caption)).input_tokens
+    assert counted - text_only == TOKENS_PER_IMAGE
+    message = claude.messages.create(model=MODEL, max_tokens=4, messages=with_image)
+    usage = message.usage
+    assert (
+        usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0) == counted
+    )
+    before = media.requests["/image.png"]
+    by_url = {"type": "image", "source": {"type": "url", "url": media.url("/image.png")}}
+    claude.messages.create(model=MODEL, max_tokens=4, messages=screenshot_turn(by_url))
+    assert media.requests["/image.png"] == before + 1
+
+
+def test_a_text_only_model_refuses_a_tool_results_image_naming_it(
+    messages_client: anthropic.Anthropic, media: MediaServer
+) -> None:
+    before = media.requests["/image.png"]
+    image = {"type": "image", "source": {"type": "url", "url": media.url("/image.png")}}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        messages_client.messages.create(model="claude-opus-4-8", max_tokens=4, messages=screenshot_turn(image))
+    error: Any = refused.value.body
+    where = "messages[2].content[0].content[0]"
+    assert (error["error"]["code"], error["error"]["param"]) == ("model_not_multimodal", where)
+    assert media.requests["/image.png"] == before

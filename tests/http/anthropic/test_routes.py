@@ -293,3 +293,14 @@ def test_the_beta_headers_claude_code_sends_are_accepted(keyed_http: httpx.Clien
     body = {"model": "claude-opus-4-8", "max_tokens": 5, "messages": ask()}
     reply = keyed_http.post("/v1/messages?beta=true", json=body, headers=headers)
     assert reply.status_code == 200 and orjson.loads(reply.content)["type"] == "message"
+
+
+def test_clearing_tool_uses_is_refused_naming_the_edit(messages_client: anthropic.Anthropic) -> None:
+    edits = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}, {"type": "clear_tool_uses_20250919"}]}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        messages_client.messages.create(
+            model=MODEL, max_tokens=5, messages=ask(), extra_body={"context_management": edits}
+        )
+    error: Any = refused.value.body
+    assert error["error"]["param"] == "context_management.edits[1]"
+    assert "clear_tool_uses_20250919" in error["error"]["message"]
