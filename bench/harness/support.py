@@ -26,6 +26,14 @@ def build_tiny(kind: str, tokenizer_dir: Path, target: Path) -> Path:
     )
 
 
+def build_agent_model(tokenizer_dir: Path, target: Path) -> Path:
+    """The tiny random-weight llama with a 64K window that ends its replies within a few tokens
+    (tests/support/agent_model.py), in `target`."""
+    from tests.support.agent_model import build_agent_model as build
+
+    return build(tokenizer_dir, target)
+
+
 def build_tiny_vision(target: Path) -> Path | None:
     """The tiny random-weight SmolVLM, or None without mlx-vlm (the `vision` extra)."""
     try:
