@@ -141,8 +141,11 @@ def read_chat(events: Iterator[tuple[float, dict[str, Any]]]) -> Timing:
     return Timing(first or last, usage.get("prompt_tokens", 0), details.get("cached_tokens"), deltas)
 
 
-def replay(server: str, base_url: str, model: str, arms: Sequence[str], sessions: int) -> list[Turn]:
-    """Every session of each arm, turn by turn, on the server at `base_url`."""
+def replay(
+    server: str, base_url: str, model: str, arms: Sequence[str], *, sessions: int, tool_s: float = 0.0
+) -> list[Turn]:
+    """Every session of each arm, turn by turn, on the server at `base_url`; `tool_s` between a reply and the next
+    turn, standing in for the tool the agent runs (0: the next turn at once, the worst case for a warm-up)."""
     turns: list[Turn] = []
     loaded = {dialect: agent_sessions.load(dialect) for dialect in Dialect}
     with httpx.Client(base_url=base_url, timeout=REQUEST_TIMEOUT_S) as http:
@@ -155,6 +158,8 @@ def replay(server: str, base_url: str, model: str, arms: Sequence[str], sessions
                     label = f"{'chat' if arm.endswith('chat') else arm} session {index + 1}"
                     progress(f"{server}: {arm} ({dialect.value}) session {index + 1}/{sessions}")
                     for turn in range(1, session.turns + 1):
+                        if turn > 1 and tool_s > 0:
+                            time.sleep(tool_s)  # the workload's pause (the agent running its tool), not a wait
                         timing = _turn(http, session, arm, turn, label=label, model=model)
                         turns.append(
                             Turn(
@@ -258,6 +263,12 @@ def parse_args(argv: Sequence[str] | None) -> Any:
         default=list(ARMS),
         help="what to replay: anthropic, responses (Courier), courier-chat and mlx-lm-chat (both sessions as chat)",
     )
+    parser.add_argument(
+        "--tool-seconds",
+        type=float,
+        default=0.0,
+        help="pause between a reply and the next turn, standing in for the agent's tool run (default 0: at once)",
+    )
     parser.add_argument("--build", action="store_true", help="continue the recorded sessions to ten turns and stop")
     cli.add_results(parser, openblas=MLX_LM_F32)
     return parser.parse_args(argv)
@@ -270,7 +281,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     blas = load_optimized_blas()  # before MLX is imported
     from bench.harness.support import build_agent_model
 
-    settings = {"sessions": args.sessions, "arms": args.arms, "turns": agent_sessions.TURNS}
+    settings = {
+        "sessions": args.sessions,
+        "arms": args.arms,
+        "turns": agent_sessions.TURNS,
+        "tool_seconds": args.tool_seconds,
+    }
     report = Report(environment=environment(blas, "anthropic"), settings=settings)
     with cache_directory(args.cache_dir) as cache_dir:
         launcher = Launcher(
@@ -284,13 +300,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         courier_arms = [arm for arm in args.arms if arm != "mlx-lm-chat"]
         if courier_arms:
             _, turns = launcher.run(
-                courier, lambda server: replay(COURIER, server.base_url, SERVED_NAME, courier_arms, args.sessions)
+                courier,
+                lambda server: replay(
+                    COURIER,
+                    server.base_url,
+                    SERVED_NAME,
+                    courier_arms,
+                    sessions=args.sessions,
+                    tool_s=args.tool_seconds,
+                ),
             )
             report.turns += turns or []
         if "mlx-lm-chat" in args.arms:
             mlx = ServerSpec(name=MLX_LM, kind=MLX_LM_F32, model_dir=model_dir, flags=("--log-level", "WARNING"))
             _, turns = launcher.run(
-                mlx, lambda server: replay(MLX_LM, server.base_url, mlx.model, ["mlx-lm-chat"], args.sessions)
+                mlx,
+                lambda server: replay(
+                    MLX_LM,
+                    server.base_url,
+                    mlx.model,
+                    ["mlx-lm-chat"],
+                    sessions=args.sessions,
+                    tool_s=args.tool_seconds,
+                ),
             )
             report.turns += turns or []
         report.servers = launcher.records
