@@ -114,6 +114,27 @@ def test_the_image_reaches_the_model(client: openai.OpenAI) -> None:
     assert red_tokens - text_only.usage.prompt_tokens == TOKENS_PER_IMAGE
 
 
+def test_an_image_in_a_tool_result_reaches_the_model(client: openai.OpenAI) -> None:
+    """A tool message's image parts (a screenshot tool) stay images in generic tool mode's `<tool_response>`."""
+
+    def answer(*result: Any) -> tuple[str, int]:
+        call = {"id": "call_shot", "type": "function", "function": {"name": "screenshot", "arguments": "{}"}}
+        messages: Any = [
+            {"role": "user", "content": "Take a screenshot."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_shot", "content": [{"type": "text", "text": "shot:"}, *result]},
+        ]
+        reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0)
+        assert reply.usage is not None
+        return str(reply.choices[0].message.content), reply.usage.prompt_tokens
+
+    red, red_tokens = answer(image_part(data_url((255, 0, 0))))
+    blue, _ = answer(image_part(data_url((0, 0, 255))))
+    _, text_tokens = answer()
+    assert red != blue  # the pixels reach the model
+    assert red_tokens - text_tokens == TOKENS_PER_IMAGE
+
+
 def test_a_url_is_fetched_once_per_request_after_admission(client: openai.OpenAI, media: MediaServer) -> None:
     before = media.requests["/image.png"]
     url = media.url("/image.png")
