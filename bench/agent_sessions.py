@@ -162,7 +162,7 @@ def build(dialect: Dialect, base_url: str, model: str) -> Session:
 def chat_turn(session: Session, turn: int, label: str) -> list[dict[str, Any]]:
     """Turn `turn` as chat messages of text (tools described in the system message, calls and results as text)."""
     from courier.conversation.chat_render import chat_messages, chat_tools
-    from courier.core.generic_tools import render
+    from courier.core.tools.generic import render
     from courier.http.anthropic.request import parse_messages_request
     from courier.http.responses.request import parse_responses_request
     from courier.messages.ingress import ChatPrompt

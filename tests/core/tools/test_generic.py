@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from courier.core.generic_tools import render
+from courier.core.tools.generic import render
 
 IMAGE = {"type": "image"}
 CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": {}}}]}
