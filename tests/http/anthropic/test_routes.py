@@ -141,7 +141,10 @@ def test_each_tool_choice_in_generic_mode(messages_client: anthropic.Anthropic, 
     if calls == "one":
         assert len(used) == 1 and message.stop_reason == "tool_use"
     elif calls == "some":
-        assert used and message.stop_reason == "tool_use"
+        # Parallel calls allowed: a random model may go on calling until the reply is cut, which is then said so.
+        assert used
+        cut = message.stop_reason == "max_tokens" and message.usage.output_tokens == 200
+        assert message.stop_reason == "tool_use" or cut, message
     elif calls == "none":
         assert not used
         count = messages_client.messages.count_tokens
