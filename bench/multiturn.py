@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
-import random
 import shutil
 import signal
 import statistics
@@ -19,28 +17,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 
-from bench.harness import cli
-from bench.harness.clients import Messages, Streamed, async_client, stream_chat, user
-from bench.harness.models import (
-    TINY_MODELS,
-    WARMUP_PROMPT,
-    WIDE_TINY_MODELS,
-    cache_directory,
-    float32_dir,
-    prepare_4bit_dir,
-    release_mlx_memory,
-    tiny_model,
+from bench.harness import cli, models
+from bench.harness.clients import Messages, async_client, user
+from bench.harness.conversations import (
+    GENERATION_PROMPT_TOKENS,
+    Turn,
+    ask,
+    cached_share,
+    check_deadline,
+    courier_stats,
+    later,
+    reset_cache,
+    ttft_p50,
+    wait_until_idle,
+    warm_share,
 )
+from bench.harness.models import TINY_MODELS, WARMUP_PROMPT, WIDE_TINY_MODELS, float32_dir
 from bench.harness.report import environment, head, ms, percent, progress, table, write_json
 from bench.harness.servers import (
     COURIER,
     COURIER_BASELINE,
     MLX_LM_4BIT,
     MLX_LM_F32,
-    BenchmarkError,
     Launcher,
     Server,
     ServerRecord,
@@ -49,7 +49,9 @@ from bench.harness.servers import (
     openblas_missing,
 )
 from bench.harness.servers import is_courier as courier_kind
-from bench.harness.stats import median_or_none, percentile, share
+from bench.harness.stats import median_or_none
+from bench.harness.workloads import workload
+from bench.multiturn_store import measure_store, print_part_c
 from courier.platform.blas import load_optimized_blas
 
 PARTS = ("a", "b", "c", "d")
@@ -70,22 +72,8 @@ EQUAL_CONVERSATIONS = [*range(4, 17), 20, 24]
 BUDGET_STATES = 16
 REFERENCE_K = 8
 WARM_FRACTION = 0.8
-GENERATION_PROMPT_TOKENS = 3  # "<|im_start|>assistant\n": re-rendered with the reply, so a warm turn may redo it
 REQUEST_TIMEOUT_S = 300.0
 WARM_UP_USER = "bench-warm-up"
-
-# Part c.
-STORE_PREFIX_TOKENS = 500
-STORE_SUFFIX_TOKENS = (50, 1500)
-STORE_VOCAB = 49152
-STORE_NEXT_TURN_TOKENS = 30
-STORE_NEW_CONVERSATION_TOKENS = 200
-STORE_MISS_TOKENS = 700
-STORE_MIN_PREFIX = 32
-STORE_LOOKUP_TARGET_US = 1000.0
-LOOKUP_NEXT_TURN = "lookup: next turn (hit, whole entry)"
-LOOKUP_SHARED_PREFIX = "lookup: new conversation (hit, shared prefix)"
-LOOKUP_MISS = "lookup: unrelated prompt (miss)"
 
 # Part d: the disk tier.
 D_SECTIONS = ("1", "2", "3")
@@ -104,172 +92,37 @@ D3_CAPACITY_ENTRIES = 2.5  # d3's memory budget, in snapshots of the conversatio
 D_TARGET_SHARE = 0.90
 D_TARGET_TTFT_RATIO = 0.3
 COLD_CACHED_SLACK = 32  # a cold request may still find a few template tokens another conversation shares
-IDLE_POLL_S = 0.2
-IDLE_TIMEOUT_S = 300.0
-# Counters that move while Courier still works for its cache between requests: warm-ups, inserts, disk writes.
-IDLE_COUNTERS = (
-    *("snapshot_warmups_queued", "snapshot_warmups_run", "snapshot_warmups_skipped", "snapshot_inserts"),
-    *("snapshot_disk_writes", "snapshot_disk_writes_skipped"),
-)
 COLD, FILLER, DISK_HIT, MEMORY_HIT = "cold", "filler (cold)", "disk hit", "memory hit"
 D3_KINDS = (COLD, FILLER, DISK_HIT, MEMORY_HIT)
 D3_TARGET_USER, D3_FILLER_USER = "d3-target", "d3-filler"
 D3_TARGET_CUSTOMER, D3_FILLER_CUSTOMER = 1, 2
 D3_MLX_CUSTOMERS = 100  # mlx_lm.server's cold prompts: customers 100, 101, ... (no two share a history)
 
-# Part a: ~300 tokens of system prompt (SmolLM2 tokenizer), then short user turns.
-SYSTEM_PROMPT_A = (
-    "You are Quill, the customer assistant of Larkspur Books, an independent bookshop with two stores and an online "
-    "catalogue. Answer in one or two short sentences, in plain English, and never invent facts about orders, prices "
-    "or stock. Opening hours: the Market Street store is open Monday to Saturday from 9:00 to 19:00 and Sunday from "
-    "11:00 to 17:00; the Harbour Road store is open every day from 10:00 to 18:00. Orders placed online before 14:00 "
-    "ship the same working day; standard delivery takes two to four working days and is free above 30 euros, "
-    "otherwise it costs 3.90 euros. Express delivery costs 7.50 euros and arrives the next working day. Returns are "
-    "accepted within 30 days with the receipt, in the original condition; gift cards and special orders cannot be "
-    "returned. Members of the Larkspur Reading Club get 10 percent off every purchase, early invitations to author "
-    "evenings and one free coffee a month in the Market Street cafe. Special orders for books that are not in stock "
-    "usually arrive within five to ten working days, and the customer is called as soon as the book is in. When a "
-    "question is about something you do not know, say so politely and suggest calling the store at 555 0142 or "
-    "writing to help@larkspur.example. Be warm but brief and do not use lists or headings."
-)
-USER_MESSAGES_A = (
-    "Hello! Are you open on Sunday?",
-    "Which store is closer to the harbour?",
-    "How long does standard delivery take?",
-    "Is delivery free for a 25 euro order?",
-    "Can I return a gift card?",
-    "What do Reading Club members get?",
-    "How long does a special order take?",
-    "Can I get express delivery tomorrow?",
-    "What is your phone number?",
-    "Thanks, that is all for today.",
-)
-
-# Part b: a system prompt of its own per conversation (a header naming the customer, so the conversations share no
-# prefix worth reusing, then the shop's handbook cut to `--b-system-tokens`), short questions.
-HANDBOOK_B = (
-    "Follow these rules in every answer: be brief and friendly, answer in one sentence when you can, never make up "
-    "order numbers, prices or delivery dates, ask one clarifying question when the request is unclear, and offer "
-    "to hand the conversation to a human colleague when the customer is unhappy or asks for one. Keep a calm tone. "
-    "Orders: an order can be changed or cancelled free of charge until it has been handed to the carrier, which "
-    "usually happens within four working hours of payment; after that the customer has to wait for the parcel and "
-    "return it. Every confirmation email carries the order number, the items, the delivery address and a link to "
-    "the order page, where the customer can follow each step. If the customer cannot find the email, suggest "
-    "looking in the spam folder and then offer to resend it to the address on the account, never to a new one. "
-    "Delivery: standard delivery takes two to four working days and is free above 40 euros, otherwise it costs "
-    "4.50 euros; express delivery costs 9 euros and arrives the next working day when ordered before 13:00. "
-    "Parcels to islands and to addresses outside the mainland take two days longer. The carrier tries twice, then "
-    "leaves the parcel at the nearest pickup point for ten days, after which it comes back to the warehouse and the "
-    "order is refunded minus the delivery costs. A delivery address can be changed until the parcel is handed to "
-    "the carrier; after that only the carrier can redirect it, through the link in its tracking email. "
-    "Tracking: the tracking link arrives by email as soon as the carrier scans the parcel, usually the same "
-    "evening. A parcel that has shown no movement for three working days is treated as delayed: apologise, open a "
-    "carrier inquiry, and tell the customer they will hear from us within two working days. A parcel that shows as "
-    "delivered but has not arrived must be reported within seven days; ask the customer to check with neighbours "
-    "and the building's letterboxes first, then open a claim. Never promise a delivery date the carrier has not "
-    "confirmed. "
-    "Returns: items can be returned within 30 days of delivery in their original condition with all labels "
-    "attached; underwear, swimwear, earrings, gift cards and made-to-measure items cannot be returned for hygiene "
-    "or practical reasons. The return label is free for members and costs 3.90 euros for everybody else. Refunds go "
-    "back to the original means of payment within five working days after the warehouse receives the return; bank "
-    "transfers can take two more days. Exchanges are handled as a return plus a new order, so suggest placing the "
-    "new order at once if the size or colour is in stock. "
-    "Products and stock: the product page shows the stock of every size and colour, updated every fifteen minutes. "
-    "When an item is sold out the customer can ask for an email when it is back; we cannot reserve items or "
-    "promise restock dates. Colours on screens differ slightly from the real fabric, so describe colours with the "
-    "words used on the product page. Care instructions are on the label and on the product page; recommend washing "
-    "dark colours inside out and at 30 degrees. "
-    "Payments: we accept cards, PayPal, Apple Pay, Google Pay, gift cards and, for orders above 100 euros, bank "
-    "transfer in advance; the order ships once the transfer arrives, which takes one to three working days. Cash on "
-    "delivery is not available. If a payment failed, the order is kept for 48 hours so the customer can pay again "
-    "from the order page. Never ask for full card numbers, security codes or passwords, and never accept them if a "
-    "customer types them: ask them to delete the message. "
-    "Accounts: a password is reset from the sign-in page with the link 'Forgot your password?'; the link is valid for "
-    "one hour. We cannot see or send passwords. An email address can be changed in the account settings after "
-    "confirming the old one. Accounts are deleted on request within 30 days; orders are kept for seven years "
-    "because the law requires it. "
-    "Discounts: students get 10 percent off with a valid student card verified once a year through our partner "
-    "site; members collect one point per euro and get a 5 euro voucher for every 100 points. Only one discount code "
-    "can be used per order, codes cannot be applied after the order is placed, and vouchers cannot be exchanged for "
-    "cash. During sales, the price shown at checkout is the price paid; we do not refund differences when prices "
-    "drop later. "
-    "Complaints: listen first, apologise for the trouble without blaming the carrier or colleagues, and say exactly "
-    "what happens next and when. Offer a human colleague whenever the customer asks, is upset, or the request needs "
-    "an exception to these rules, for example a return after 30 days, a refund to a different account, or a "
-    "compensation. Colleagues answer between 8:00 and 20:00 on working days, usually within one hour. "
-    "Privacy: only discuss an order with the person whose account it belongs to; ask for the order number and the "
-    "email address on the order before giving any detail. Never read out a full address or phone number; confirm "
-    "only the town. Do not store or repeat personal details that the customer did not need to give. "
-    "Style: write plain sentences without lists, headings or emojis, use the customer's words, avoid jargon, and "
-    "end with a short question only when you need an answer to go on."
-)
-QUESTIONS_B = (
-    "Where is my parcel?",
-    "Can I change the delivery address?",
-    "Do you have this in blue?",
-    "How do I reset my password?",
-    "Is there a discount for students?",
-    "Can I pay by bank transfer?",
-)
-
-
-D3_EXCHANGES = (
-    (
-        "Hello, I ordered a rain jacket last week and it has still not arrived.",
-        "I am sorry it is late; could you give me the order number and the email address on the order?",
-    ),
-    (
-        "The order number is 58213 and the email is the one on my account.",
-        "Thank you; the parcel left our warehouse on Tuesday and the carrier shows it at your local depot.",
-    ),
-    (
-        "Can I still have it delivered to my office instead of my home?",
-        "The parcel is with the carrier already, so only the carrier can redirect it, through its tracking email.",
-    ),
-)
-D3_QUESTION = "If that does not work, can I return it and order it again in another size?"
+# The texts (bench/workloads/multiturn.toml): part a's system prompt and user turns; part b's handbook (each system
+# prompt is a header naming its customer, then the handbook cut to `--b-system-tokens`) and questions; d3's history.
+TEXTS = workload("multiturn")
+SYSTEM_PROMPT_A: str = TEXTS["system_prompt_a"]
+USER_MESSAGES_A: tuple[str, ...] = tuple(TEXTS["user_messages_a"])
+HANDBOOK_B: str = TEXTS["handbook_b"]
+QUESTIONS_B: tuple[str, ...] = tuple(TEXTS["questions_b"])
+D3_EXCHANGES: tuple[tuple[str, str], ...] = tuple((question, answer) for question, answer in TEXTS["d3_exchanges"])
+D3_QUESTION: str = TEXTS["d3_question"]
 
 
 # ---------------------------------------------------------------- results
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Turn:
-    """One streamed chat completion of a conversation; `conversation` and `turn` count from 1."""
-
-    conversation: int
-    turn: int
-    reply: Streamed
-
-    @property
-    def prompt_tokens(self) -> int:
-        return self.reply.prompt_tokens or 0
-
-    @property
-    def cached_tokens(self) -> int | None:
-        return self.reply.cached_tokens
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConversationRun:
-    """Part a: one server's conversation."""
-
-    server: ServerRecord
-    turns: list[Turn]
-    stats: dict[str, Any] | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
-    """Part b or d1: K conversations interleaved on one server process (`budget_bytes`: at the equal budget, or
-    d1's memory budget; `disk_bytes`: Courier's disk tier in d1)."""
+    """Conversations on one server process: part a's one, or part b's and d1's K interleaved (`budget_bytes`: at
+    the equal budget, or d1's memory budget; `disk_bytes`: Courier's disk tier in d1)."""
 
-    model: str
-    budget: str
-    conversations: int
     server: ServerRecord
     turns: list[Turn]
     stats: dict[str, Any] | None  # Courier's /v1/cache/stats after the last turn (once idle, in d1)
+    model: str = ""
+    budget: str = ""
+    conversations: int = 1
     budget_bytes: int | None = None
     disk_bytes: int | None = None
     wall_s: float | None = None  # d1: the server process, from its start to its exit
@@ -277,8 +130,6 @@ class Run:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ByteBudget:
-    """A byte budget for one model, and where it came from."""
-
     model: str
     capacity_bytes: int
     explanation: str
@@ -341,7 +192,7 @@ class DiskTtft:
 class Report:
     environment: dict[str, object]
     settings: dict[str, object]
-    conversation: list[ConversationRun] = field(default_factory=list)
+    conversation: list[Run] = field(default_factory=list)
     interleaved: list[Run] = field(default_factory=list)
     budgets: list[ByteBudget] = field(default_factory=list)
     store: dict[str, Any] | None = None
@@ -358,7 +209,7 @@ class Report:
         return records + [record for item in self.ttft for record in (item.probe, item.server) if record]
 
 
-# ---------------------------------------------------------------- turns and servers
+# ---------------------------------------------------------------- servers and shares
 
 
 def is_courier(label: str) -> bool:
@@ -375,86 +226,8 @@ def spec(label: str, model_dir: Path | None, *flags: str) -> ServerSpec:
     return ServerSpec(name=label, model_dir=model_dir, served_name=served, flags=flags)
 
 
-async def ask(
-    client: openai.AsyncOpenAI,
-    model: str,
-    messages: Messages,
-    max_tokens: int,
-    *,
-    user_id: str | None = None,
-    at: tuple[int, int] = (1, 1),
-) -> Turn:
-    """Turn `at` (conversation, turn) streamed at temperature 0 as `user_id`; TTFT runs to the first content delta."""
-    reply = await stream_chat(client, model, messages, max_tokens=max_tokens, user=user_id or openai.omit)
-    if reply.prompt_tokens is None:
-        raise BenchmarkError(f"conversation {at[0]} turn {at[1]}: the stream carried no usage")
-    return Turn(conversation=at[0], turn=at[1], reply=reply)
-
-
 async def warm_up(client: openai.AsyncOpenAI, model: str) -> None:
     await ask(client, model, user(WARMUP_PROMPT), 8, user_id=WARM_UP_USER, at=(0, 0))
-
-
-def courier_stats(server: Server) -> dict[str, Any]:
-    with httpx.Client(timeout=30.0) as http:
-        response = http.get(f"{server.base_url}/v1/cache/stats")
-        response.raise_for_status()
-        stats: dict[str, Any] = response.json()
-        return stats
-
-
-def reset_cache(server: Server) -> None:
-    httpx.post(f"{server.base_url}/v1/cache/reset", timeout=30.0).raise_for_status()
-
-
-def wait_until_idle(server: Server) -> tuple[dict[str, Any], float]:
-    """Poll `/v1/cache/stats` until Courier has nothing left to do for its cache: no warm-up pending, no disk write
-    or delete pending, and IDLE_COUNTERS unchanged since the previous poll. The last stats and the seconds."""
-    started = time.monotonic()
-    previous: tuple[Any, ...] | None = None
-    while True:
-        stats = courier_stats(server)
-        counters = tuple(stats.get(key) for key in IDLE_COUNTERS)
-        idle = stats.get("snapshot_warmups_pending", 0) == 0 and stats.get("snapshot_disk_pending", 0) == 0
-        if idle and counters == previous:
-            return stats, time.monotonic() - started
-        if time.monotonic() - started > IDLE_TIMEOUT_S:
-            raise BenchmarkError(f"Courier not idle after {IDLE_TIMEOUT_S:.0f} s: {stats}")
-        previous = counters if idle else None
-        time.sleep(IDLE_POLL_S)
-
-
-def check_deadline(deadline: float, what: str) -> None:
-    if time.monotonic() > deadline:
-        raise BenchmarkError(f"{what}: stopped after the --run-timeout")
-
-
-def later(turns: Sequence[Turn]) -> list[Turn]:
-    return [turn for turn in turns if turn.turn >= 2]
-
-
-def cached_share(turns: Sequence[Turn]) -> float | None:
-    """Of turns 2+: sum cached / sum prompt tokens."""
-    if not (chosen := later(turns)) or any(turn.cached_tokens is None for turn in chosen):
-        return None
-    return share(sum(turn.cached_tokens or 0 for turn in chosen), sum(turn.prompt_tokens for turn in chosen))
-
-
-def warm_share(turns: Sequence[Turn]) -> float | None:
-    """The share of turns 2+ served from the state the conversation's previous turn left: at least its whole
-    previous prompt but the generation prompt came from the cache (a system prompt alone does not count)."""
-    previous: dict[int, Turn] = {}
-    warm = counted = 0
-    for turn in sorted(turns, key=lambda item: (item.conversation, item.turn)):
-        before, previous[turn.conversation] = previous.get(turn.conversation), turn
-        if before is not None and turn.cached_tokens is not None:
-            counted += 1
-            warm += turn.cached_tokens >= before.prompt_tokens - GENERATION_PROMPT_TOKENS
-    return share(warm, counted)
-
-
-def ttft_p50(turns: Sequence[Turn]) -> float | None:
-    return median_or_none([turn.reply.ttft_s for turn in turns])
 
 
 def run_cells(run: Run) -> str:
@@ -468,6 +241,10 @@ def run_cells(run: Run) -> str:
 
 def shares_text(turns: Sequence[Turn]) -> str:
     return f"cached share {percent(cached_share(turns))}, warm turns {percent(warm_share(turns))}"
+
+
+def with_stats(server: Server, turns: list[Turn]) -> tuple[list[Turn], dict[str, Any] | None]:
+    return turns, courier_stats(server) if server.spec.is_courier else None
 
 
 # ---------------------------------------------------------------- part a: one long conversation
@@ -501,12 +278,11 @@ def run_part_a(launcher: Launcher, dir4: Path, args: argparse.Namespace, report:
             chosen = spec(MLX_LM_F32, dir_f32, "--log-level", "WARNING") if label == MLX_LM_F32 else spec(label, dir4)
 
         def measure(server: Server) -> tuple[list[Turn], dict[str, Any] | None]:
-            turns = asyncio.run(converse(server, args))
-            return turns, courier_stats(server) if server.spec.is_courier else None
+            return with_stats(server, asyncio.run(converse(server, args)))
 
         record, result = launcher.run(chosen, measure, log_name=f"a-{label}")
         turns, stats = result or ([], None)
-        report.conversation.append(ConversationRun(server=record, turns=turns, stats=stats))
+        report.conversation.append(Run(server=record, turns=turns, stats=stats))
 
 
 # ---------------------------------------------------------------- part b: K interleaved conversations
@@ -555,23 +331,18 @@ def state_bytes(model: Any, tokens: Sequence[int]) -> int:
     return sum(array.nbytes for array in arrays)
 
 
-def prepare_b(
-    model: str,
-    cache_dir: Path,
-    dir4: Path,
-    args: argparse.Namespace,
-    *,
-    states: int,
-    turns: int,
-    fixed: int | None,
-    flag: str,
-) -> TinyWorkload:
-    """The handbook text for `--b-system-tokens`, and a byte budget: `states` model states of a conversation at its
-    last prompt (after `turns` turns, its replies stood in for by one-token words), weighed in this process on
-    mlx-lm's own cache (or `fixed`, given by `flag`)."""
+def prepare_tiny(model: str, cache_dir: Path, dir4: Path, args: argparse.Namespace, *, part: str) -> TinyWorkload:
+    """The handbook text for `--b-system-tokens`, and a byte budget: part b's `--budget-states` (part d's
+    `--d-budget-conversations`) model states of a conversation at its last prompt, weighed in this process on
+    mlx-lm's own cache (or `--budget-bytes`, `--d-budget-bytes`)."""
     from mlx_lm import load
 
-    model_dir = tiny_model(model, dir4, cache_dir)
+    states, turns, fixed = (
+        (args.budget_states, args.b_turns, args.budget_bytes)
+        if part == "b"
+        else (args.d_budget_conversations, args.d_turns, args.d_budget_bytes)
+    )
+    model_dir = models.tiny_model(model, dir4, cache_dir)
     loaded, tokenizer = load(str(model_dir))
 
     def measure(count: int) -> int:
@@ -587,12 +358,13 @@ def prepare_b(
     last = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     one_state = state_bytes(loaded, last)
     del loaded
-    release_mlx_memory()
+    models.release_mlx_memory()
     workload = (
         f"system prompt {system} tokens, last prompt of a conversation about {len(last)} tokens, one model state "
         f"there {one_state} B (mlx-lm cache contents)"
     )
     if fixed is not None:
+        flag = "--budget-bytes" if part == "b" else "--d-budget-bytes"
         budget = ByteBudget(model=model, capacity_bytes=fixed, explanation=f"{flag}; {workload}")
     else:
         explanation = f"{states} model states of {one_state} B; {workload}"
@@ -612,34 +384,35 @@ async def interleaved_round(
     turns = []
     for index, messages in enumerate(histories):
         messages.append({"role": "user", "content": user_message_b(index, turn)})
-        turns.append(
-            await ask(
-                client, model, messages, max_tokens, user_id=f"k{k}-conversation-{index + 1}", at=(index + 1, turn + 1)
-            )
-        )
+        at, user_id = (index + 1, turn + 1), f"k{k}-conversation-{index + 1}"
+        turns.append(await ask(client, model, messages, max_tokens, user_id=user_id, at=at))
         messages.append({"role": "assistant", "content": turns[-1].reply.text})
     return turns
 
 
 async def interleave(
-    server: Server, k: int, handbook: str, args: argparse.Namespace, *, turns: int, settle: bool = False
+    server: Server,
+    histories: list[Messages],
+    args: argparse.Namespace,
+    turns: range,
+    *,
+    reset: bool = True,
+    settle: bool = False,
 ) -> list[Turn]:
-    """K fresh conversations, `turns` turns each, interleaved turn by turn, after a warm-up request (and, on Courier,
-    a cache reset that forgets it; with `settle` only once Courier is idle, or the warm-up's own idle warm-up may
-    land after the reset)."""
-    deadline = time.monotonic() + args.run_timeout
-    histories, results = histories_b(k, handbook), []
+    """Turns `turns` (from 0) of the conversations in `histories`, interleaved turn by turn, after a warm-up request
+    (and, on Courier with `reset`, a cache reset that forgets it; with `settle` only once Courier is idle, or the
+    warm-up's own idle warm-up may land after the reset)."""
+    deadline, k, results = time.monotonic() + args.run_timeout, len(histories), []
     async with async_client(server.base_url, REQUEST_TIMEOUT_S) as client:
         await warm_up(client, server.spec.model)
-        if server.spec.is_courier:
+        if server.spec.is_courier and reset:
             if settle:
                 wait_until_idle(server)
             reset_cache(server)
-        for turn in range(turns):
+        for turn in turns:
             check_deadline(deadline, f"{server.spec.name} K={k}")
-            results += await interleaved_round(
-                client, server.spec.model, histories, turn, k=k, max_tokens=args.b_max_tokens
-            )
+            model, max_tokens = server.spec.model, args.b_max_tokens
+            results += await interleaved_round(client, model, histories, turn, k=k, max_tokens=max_tokens)
     return results
 
 
@@ -676,16 +449,7 @@ def part_b_plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
 
 def run_part_b(launcher: Launcher, dir4: Path, args: argparse.Namespace, report: Report) -> None:
     for model in args.b_models:
-        tiny = prepare_b(
-            model,
-            launcher.cache_dir,
-            dir4,
-            args,
-            states=args.budget_states,
-            turns=args.b_turns,
-            fixed=args.budget_bytes,
-            flag="--budget-bytes",
-        )
+        tiny = prepare_tiny(model, launcher.cache_dir, dir4, args, part="b")
         budget = tiny.budget.capacity_bytes
         progress(f"tiny {model} model: {tiny.model_dir}; equal byte budget {budget} B ({tiny.budget.explanation})")
         if EQUAL_BUDGET in args.b_budgets:
@@ -693,26 +457,19 @@ def run_part_b(launcher: Launcher, dir4: Path, args: argparse.Namespace, report:
         for name, label, k in part_b_plan(args):
 
             def measure(server: Server, k: int = k, handbook: str = tiny.handbook) -> tuple[list[Turn], Any]:
-                turns = asyncio.run(interleave(server, k, handbook, args, turns=args.b_turns))
-                return turns, courier_stats(server) if server.spec.is_courier else None
+                return with_stats(
+                    server, asyncio.run(interleave(server, histories_b(k, handbook), args, range(args.b_turns)))
+                )
 
             log_name = f"b-{model}-{label}-{name}-k{k}"
-            record, result = launcher.run(
-                part_b_spec(label, tiny.model_dir, name, budget, args), measure, log_name=log_name
-            )
+            chosen = part_b_spec(label, tiny.model_dir, name, budget, args)
+            record, result = launcher.run(chosen, measure, log_name=log_name)
             turns, stats = result or ([], None)
             equal = budget if name == EQUAL_BUDGET else None
-            report.interleaved.append(
-                Run(
-                    model=model,
-                    budget=name,
-                    conversations=k,
-                    server=record,
-                    turns=turns,
-                    stats=stats,
-                    budget_bytes=equal,
-                )
+            run = Run(
+                model=model, budget=name, conversations=k, server=record, turns=turns, stats=stats, budget_bytes=equal
             )
+            report.interleaved.append(run)
             keys = ("snapshot_entries", "snapshot_evictions_lru", "snapshot_self_evictions", "snapshot_bytes_per_entry")
             progress(
                 f"{log_name}: {shares_text(turns)}" + "".join(f", {key} {stats.get(key)}" for key in keys if stats)
@@ -739,83 +496,6 @@ def held_warm(runs: Sequence[Run], model: str, label: str) -> tuple[float | None
     return reference, threshold, held, held == swept[-1].conversations
 
 
-# ---------------------------------------------------------------- part c: store latency
-
-
-def make_store_workload(
-    args: argparse.Namespace,
-) -> tuple[list[tuple[int, ...]], list[str], dict[str, list[tuple[str, tuple[int, ...], int]]]]:
-    """The vectors, their sessions, and per kind the lookups (session, tokens, least matched; 0: a miss), all made
-    before anything is timed."""
-    rng = random.Random(args.seed)
-    vocab = list(range(STORE_VOCAB))  # shared int objects keep the vectors' memory at a pointer per token
-    prefix = tuple(rng.choices(vocab, k=STORE_PREFIX_TOKENS))
-    low, high = STORE_SUFFIX_TOKENS
-    vectors = [prefix + tuple(rng.choices(vocab, k=rng.randint(low, high))) for _ in range(args.store_entries)]
-    names = [f"user-{index % args.store_sessions}" for index in range(args.store_entries)]
-    next_turns = []
-    for _ in range(args.store_lookups):
-        index = rng.randrange(args.store_entries)
-        next_turns.append(
-            (names[index], vectors[index] + tuple(rng.choices(vocab, k=STORE_NEXT_TURN_TOKENS)), len(vectors[index]))
-        )
-    shared = [
-        (f"new-{index}", prefix + tuple(rng.choices(vocab, k=STORE_NEW_CONVERSATION_TOKENS)), STORE_PREFIX_TOKENS)
-        for index in range(args.store_lookups)
-    ]
-    others = [token for token in vocab if token != prefix[0]]
-    misses = [
-        (f"new-{index}", (rng.choice(others), *rng.choices(vocab, k=STORE_MISS_TOKENS - 1)), 0)
-        for index in range(args.store_lookups)
-    ]
-    return vectors, names, {LOOKUP_NEXT_TURN: next_turns, LOOKUP_SHARED_PREFIX: shared, LOOKUP_MISS: misses}
-
-
-def latency(operation: str, samples_ns: Sequence[int], unexpected: int) -> dict[str, Any]:
-    micros = [sample / 1000 for sample in samples_ns]
-    return {
-        **{"operation": operation, "count": len(micros)},
-        **{"p50_us": percentile(micros, 0.50), "p99_us": percentile(micros, 0.99), "max_us": max(micros)},
-        "unexpected": unexpected,  # lookups whose outcome was not the kind's (a hit that missed, ...)
-    }
-
-
-def measure_store(args: argparse.Namespace) -> dict[str, Any]:
-    """Inserts one by one, then each kind's lookups, in microseconds; the entries and the seconds to build them."""
-    from courier.core.prompt_cache.entries import Bucket, Origin
-    from courier.core.prompt_cache.stats import StoreLimits
-    from courier.core.prompt_cache.store import SnapshotStore
-
-    progress(f"store: making {args.store_entries} vectors and {args.store_lookups} lookups of each kind")
-    vectors, sessions, lookups = make_store_workload(args)
-    limits = StoreLimits(
-        capacity_bytes=1 << 62, max_entries=2 * args.store_entries, ttl_s=1e9, min_prefix=STORE_MIN_PREFIX
-    )
-    store = SnapshotStore(limits, trimmable=True, clock=time.monotonic)
-    bucket = Bucket("m")
-    gc.collect()
-    insert_ns: list[int] = []
-    build_started = time.perf_counter()
-    for session, tokens in zip(sessions, vectors, strict=True):
-        started = time.perf_counter_ns()
-        store.insert(bucket=bucket, session=session, origin=Origin.COMPLETION, tokens=tokens, state=None, nbytes=1)
-        insert_ns.append(time.perf_counter_ns() - started)
-    build_s = time.perf_counter() - build_started
-    progress(f"store: {store.entries} entries inserted in {build_s:.1f} s; timing lookups")
-    operations = [latency(f"insert (store growing to {store.entries})", insert_ns, 0)]
-    for kind, queries in lookups.items():
-        samples: list[int] = []
-        unexpected = 0
-        for session, tokens, expected in queries:
-            started = time.perf_counter_ns()
-            result = store.lookup(bucket, session, tokens)
-            samples.append(time.perf_counter_ns() - started)
-            # A hit must reach at least its expected length (a new suffix may match a stored token by chance).
-            unexpected += result.matched < expected if expected else result.matched != 0
-        operations.append(latency(kind, samples, unexpected))
-    return {"entries": store.entries, "sessions": args.store_sessions, "build_s": build_s, "operations": operations}
-
-
 # ---------------------------------------------------------------- part d: the disk tier
 
 
@@ -834,13 +514,13 @@ def disk_spec(
     if not is_courier(label):
         assert model_dir is not None, "mlx_lm.server needs a model directory"
         return part_b_spec(MLX_LM_F32, model_dir, EQUAL_BUDGET, budget_bytes, args)
-    flags = (
+    budgets = (
         "--prompt-cache-snapshot-capacity-bytes",
         str(budget_bytes),
         "--prompt-cache-disk-bytes",
         str(args.d_disk_bytes),
     )
-    return spec(label, model_dir, *args.courier_arg, *flags, "--prompt-cache-dir", str(prompt_dir))
+    return spec(label, model_dir, *args.courier_arg, *budgets, "--prompt-cache-dir", str(prompt_dir))
 
 
 D_PROGRESS = (
@@ -856,7 +536,7 @@ def run_disk(launcher: Launcher, tiny: TinyWorkload, label: str, k: int, args: a
     prompt_dir = fresh_prompt_dir(launcher.cache_dir, log_name) if is_courier(label) else None
 
     def measure(server: Server) -> tuple[list[Turn], dict[str, Any] | None]:
-        turns = asyncio.run(interleave(server, k, tiny.handbook, args, turns=args.d_turns, settle=True))
+        turns = asyncio.run(interleave(server, histories_b(k, tiny.handbook), args, range(args.d_turns), settle=True))
         return turns, wait_until_idle(server)[0] if server.spec.is_courier else None
 
     started = time.monotonic()
@@ -870,6 +550,10 @@ def run_disk(launcher: Launcher, tiny: TinyWorkload, label: str, k: int, args: a
     turns, stats = result or ([], None)
     extra = "".join(f", {key} {stats.get(key)}" for key in D_PROGRESS if stats)
     progress(f"{log_name}: {shares_text(turns)}, {wall_s:.0f} s{extra}")
+    budgets = {
+        "budget_bytes": tiny.budget.capacity_bytes,
+        "disk_bytes": args.d_disk_bytes if is_courier(label) else None,
+    }
     return Run(
         model=tiny.model,
         budget="d1",
@@ -877,9 +561,8 @@ def run_disk(launcher: Launcher, tiny: TinyWorkload, label: str, k: int, args: a
         server=record,
         turns=turns,
         stats=stats,
-        budget_bytes=tiny.budget.capacity_bytes,
-        disk_bytes=args.d_disk_bytes if is_courier(label) else None,
         wall_s=wall_s,
+        **budgets,
     )
 
 
@@ -895,22 +578,8 @@ def run_restart(
     chosen = disk_spec(label, tiny.model_dir, tiny.budget.capacity_bytes, prompt_dir, args)
     histories = histories_b(k, tiny.handbook)
 
-    async def turns(server: Server, start: int, count: int, reset: bool) -> list[Turn]:
-        deadline, done = time.monotonic() + args.run_timeout, []
-        async with async_client(server.base_url, REQUEST_TIMEOUT_S) as client:
-            await warm_up(client, server.spec.model)
-            if courier and reset:
-                wait_until_idle(server)
-                reset_cache(server)
-            for turn in range(start, start + count):
-                check_deadline(deadline, log_name)
-                done += await interleaved_round(
-                    client, server.spec.model, histories, turn, k=k, max_tokens=args.b_max_tokens
-                )
-        return done
-
     def before(server: Server) -> tuple[list[Turn], float | None, dict[str, Any] | None]:
-        done = asyncio.run(turns(server, 0, args.d_turns, reset=True))
+        done = asyncio.run(interleave(server, histories, args, range(args.d_turns), settle=True))
         if not courier:
             return done, None, None
         if stop == signal.SIGKILL:
@@ -920,7 +589,7 @@ def run_restart(
 
     def after(server: Server) -> tuple[list[Turn], dict[str, Any] | None, dict[str, Any] | None]:
         at_start = courier_stats(server) if courier else None
-        done = asyncio.run(turns(server, args.d_turns, 1, reset=False))
+        done = asyncio.run(interleave(server, histories, args, range(args.d_turns, args.d_turns + 1), reset=False))
         return done, at_start, wait_until_idle(server)[0] if courier else None
 
     try:
@@ -932,10 +601,8 @@ def run_restart(
         if prompt_dir is not None:
             shutil.rmtree(prompt_dir, ignore_errors=True)
     adopted = None if at_start is None else at_start.get("snapshot_disk_adopted")
-    progress(
-        f"{log_name}: next turns after the restart: cached share {percent(cached_share(turns_after))}, "
-        f"adopted {adopted}"
-    )
+    share_text = percent(cached_share(turns_after))
+    progress(f"{log_name}: next turns after the restart: cached share {share_text}, adopted {adopted}")
     return Restart(
         model=tiny.model,
         label=label,
@@ -991,60 +658,56 @@ def ttft_sample(
     )
 
 
-def courier_ttft(launcher: Launcher, target: Messages, filler: Messages, args: argparse.Namespace) -> DiskTtft:
-    """d3 on Courier: a memory-only Courier first weighs the conversation's snapshot at rest (unless
-    --d-ttft-capacity-bytes); then per repeat, reset, the target prompt cold; the filler conversation cold (its
-    snapshots push the target's out of memory); the target again (a disk hit); and once more (a memory hit). Courier
-    is idle before every timed request and before every reset."""
-    probe, entry, capacity = None, None, args.d_ttft_capacity_bytes
+async def ask_once(server: Server, messages: Messages, user_id: str, args: argparse.Namespace) -> Turn:
+    async with async_client(server.base_url, REQUEST_TIMEOUT_S) as client:
+        return await ask(client, server.spec.model, messages, args.d_ttft_max_tokens, user_id=user_id)
 
-    async def once(server: Server, messages: Messages, user_id: str) -> Turn:
-        async with async_client(server.base_url, REQUEST_TIMEOUT_S) as client:
-            return await ask(client, server.spec.model, messages, args.d_ttft_max_tokens, user_id=user_id)
 
-    if capacity is None:
+def weigh_snapshot(launcher: Launcher, target: Messages, args: argparse.Namespace) -> tuple[ServerRecord, int | None]:
+    """A memory-only Courier answers d3's conversation once and, idle, weighs its snapshot at rest."""
 
-        def weigh(server: Server) -> dict[str, Any]:
-            asyncio.run(once(server, user(WARMUP_PROMPT), WARM_UP_USER))
-            wait_until_idle(server)
-            reset_cache(server)
-            asyncio.run(once(server, target, D3_TARGET_USER))
-            stats, _ = wait_until_idle(server)
-            progress(
-                f"d3 probe: {stats.get('snapshot_entries')} entries, {stats.get('snapshot_bytes_per_entry')} B an entry"
-            )
-            return stats
-
-        probe, stats = launcher.run(
-            spec(COURIER, None, *args.courier_arg, "--prompt-cache-disk-bytes", "0"), weigh, log_name="d3-courier-probe"
+    def weigh(server: Server) -> dict[str, Any]:
+        asyncio.run(ask_once(server, user(WARMUP_PROMPT), WARM_UP_USER, args))
+        wait_until_idle(server)
+        reset_cache(server)
+        asyncio.run(ask_once(server, target, D3_TARGET_USER, args))
+        stats, _ = wait_until_idle(server)
+        progress(
+            f"d3 probe: {stats.get('snapshot_entries')} entries, {stats.get('snapshot_bytes_per_entry')} B an entry"
         )
-        if not (entry := int(stats.get("snapshot_bytes_per_entry", 0)) if stats else None):
-            failed = ServerRecord(
-                name=COURIER,
-                command=[],
-                extra_env={},
-                log_path="",
-                error=f"probe failed: {probe.error or 'no snapshot held'}",
-            )
+        return stats
+
+    memory_only = spec(COURIER, None, *args.courier_arg, "--prompt-cache-disk-bytes", "0")
+    probe, stats = launcher.run(memory_only, weigh, log_name="d3-courier-probe")
+    return probe, int(stats.get("snapshot_bytes_per_entry", 0)) if stats else None
+
+
+def courier_ttft(launcher: Launcher, target: Messages, filler: Messages, args: argparse.Namespace) -> DiskTtft:
+    """d3 on Courier, at a memory budget of D3_CAPACITY_ENTRIES snapshots (or --d-ttft-capacity-bytes): per repeat,
+    reset, the target prompt cold; the filler conversation cold (its snapshots push the target's out of memory); the
+    target again (a disk hit); and once more (a memory hit). Courier is idle before every timed request and reset."""
+    probe, entry, capacity = None, None, args.d_ttft_capacity_bytes
+    if capacity is None:
+        probe, entry = weigh_snapshot(launcher, target, args)
+        if not entry:
+            error = f"probe failed: {probe.error or 'no snapshot held'}"
+            failed = ServerRecord(name=COURIER, command=[], extra_env={}, log_path="", error=error)
             return DiskTtft(server=failed, probe=probe, entry_bytes=entry)
         capacity = int(entry * D3_CAPACITY_ENTRIES)
     prompt_dir = fresh_prompt_dir(launcher.cache_dir, "d3-courier")
+    order = [(COLD, target, D3_TARGET_USER), (FILLER, filler, D3_FILLER_USER), (DISK_HIT, target, D3_TARGET_USER)]
+    order.append((MEMORY_HIT, target, D3_TARGET_USER))
 
     def measure(server: Server) -> tuple[list[TtftSample], dict[str, Any]]:
         deadline, samples = time.monotonic() + args.run_timeout, []
-        asyncio.run(once(server, user(WARMUP_PROMPT), WARM_UP_USER))
+        asyncio.run(ask_once(server, user(WARMUP_PROMPT), WARM_UP_USER, args))
         for repeat in range(args.d_ttft_repeats):
             check_deadline(deadline, "d3 courier")
             wait_until_idle(server)
             reset_cache(server)
-            for kind, messages, user_id in (
-                (COLD, target, D3_TARGET_USER),
-                (FILLER, filler, D3_FILLER_USER),
-                (DISK_HIT, target, D3_TARGET_USER),
-                (MEMORY_HIT, target, D3_TARGET_USER),
-            ):
+            for kind, messages, user_id in order:
                 before, _ = wait_until_idle(server)
-                turn = asyncio.run(once(server, messages, user_id))
+                turn = asyncio.run(ask_once(server, messages, user_id, args))
                 samples.append(ttft_sample(kind, repeat, turn, before, courier_stats(server)))
                 progress(
                     f"d3 courier #{repeat + 1} {kind}: TTFT {ms(samples[-1].ttft_s)} ms, cached {turn.cached_tokens}, "
@@ -1053,21 +716,18 @@ def courier_ttft(launcher: Launcher, target: Messages, filler: Messages, args: a
         return samples, courier_stats(server)
 
     try:
-        record, result = launcher.run(
-            disk_spec(COURIER, None, capacity, prompt_dir, args), measure, log_name="d3-courier"
-        )
+        chosen = disk_spec(COURIER, None, capacity, prompt_dir, args)
+        record, result = launcher.run(chosen, measure, log_name="d3-courier")
     finally:
         shutil.rmtree(prompt_dir, ignore_errors=True)
     samples, stats = result or ([], None)
-    return DiskTtft(
-        server=record, probe=probe, entry_bytes=entry, capacity_bytes=capacity, samples=samples, stats=stats
-    )
+    sizes = {"entry_bytes": entry, "capacity_bytes": capacity}
+    return DiskTtft(server=record, probe=probe, samples=samples, stats=stats, **sizes)
 
 
 def mlx_ttft(launcher: Launcher, dir4: Path, words: str, args: argparse.Namespace) -> DiskTtft:
     """d3's context on mlx_lm.server (float32 SmolLM2, as part a): per repeat, a prompt like Courier's but for
-    another customer (cold: nothing but a few template tokens is cached), then the same prompt again (a memory hit).
-    It has no disk tier."""
+    another customer (cold), then the same prompt again (a memory hit). It has no disk tier."""
     progress("dequantizing the 4-bit SmolLM2 directory to float32 for mlx-lm-f32")
     chosen = spec(MLX_LM_F32, float32_dir(dir4, launcher.cache_dir), "--log-level", "WARNING")
 
@@ -1090,16 +750,7 @@ def mlx_ttft(launcher: Launcher, dir4: Path, words: str, args: argparse.Namespac
 
 def run_part_d(launcher: Launcher, dir4: Path, args: argparse.Namespace, report: Report) -> None:
     for model in args.d_models:
-        tiny = prepare_b(
-            model,
-            launcher.cache_dir,
-            dir4,
-            args,
-            states=args.d_budget_conversations,
-            turns=args.d_turns,
-            fixed=args.d_budget_bytes,
-            flag="--d-budget-bytes",
-        )
+        tiny = prepare_tiny(model, launcher.cache_dir, dir4, args, part="d")
         report.disk_budgets.append(tiny.budget)
         progress(f"tiny {model} model: {tiny.model_dir}; part d memory budget {tiny.budget.capacity_bytes} B")
         if "1" in args.d_sections:
@@ -1162,21 +813,18 @@ def baseline_line(where: str, ours: Sequence[Turn], theirs: Sequence[Turn]) -> s
     return f"- courier / courier-baseline{where}: cached share, turns 2+ {shares}; TTFT p50 ms, turns 2+ {ttfts}"
 
 
-def print_part_a(runs: Sequence[ConversationRun]) -> None:
+def print_part_a(runs: Sequence[Run]) -> None:
     print("### (a) One conversation, ~300-token system prompt, SmolLM2-135M-Instruct\n")
     print_launches([run.server for run in runs])
 
-    def cells(run: ConversationRun, number: int) -> str:
+    def cells(run: Run, number: int) -> str:
         turn = next((item for item in run.turns if item.turn == number), None)
         return " |  | " if turn is None else f"{ms(turn.reply.ttft_s)} | {turn.prompt_tokens} | {turn.cached_tokens}"
 
-    rows = [
-        f"{n} | " + " | ".join(cells(run, n) for run in runs) for n in range(1, 1 + max(len(r.turns) for r in runs))
-    ]
-    rows.append(
-        "p50 / share, turns 2+ | "
-        + " | ".join(f"{ms(ttft_p50(later(r.turns)))} | | {percent(cached_share(r.turns))}" for r in runs)
-    )
+    count = max(len(r.turns) for r in runs)
+    rows = [f"{n} | " + " | ".join(cells(run, n) for run in runs) for n in range(1, 1 + count)]
+    summary = (f"{ms(ttft_p50(later(r.turns)))} | | {percent(cached_share(r.turns))}" for r in runs)
+    rows.append("p50 / share, turns 2+ | " + " | ".join(summary))
     table("turn | " + " | ".join(f"{run.server.name} TTFT ms | prompt | cached" for run in runs), rows)
     named = {run.server.name: run for run in runs}
     if COURIER in named and COURIER_BASELINE in named:
@@ -1194,9 +842,9 @@ def budget_label(run: Run) -> str:
     return f"--prompt-cache-size {ANCHOR_CACHE_SIZE}" if run.budget == ANCHOR_BUDGET else run.budget
 
 
-def stat_cells(stats: dict[str, Any] | None, keys: Sequence[str], missing: str = "-") -> str:
+def stat_cells(stats: dict[str, Any] | None, keys: Sequence[str]) -> str:
     if stats is None:
-        return " | ".join(missing for _ in keys)
+        return " | ".join("-" for _ in keys)
     return " | ".join(f"{v:.2f}" if isinstance(v := stats.get(key, "?"), float) else str(v) for key in keys)
 
 
@@ -1207,12 +855,13 @@ def print_part_b(runs: Sequence[Run], budgets: Sequence[ByteBudget], args: argpa
         print(f"- equal budget for {budget.model}: {budget.capacity_bytes} B ({budget.explanation})")
     print()
     order = {name: index for index, name in enumerate(B_BUDGETS)}
+    evictions = ("snapshot_entries", "snapshot_evictions_lru", "snapshot_self_evictions")
     table(
         "model | budget | K | server | cached share, turns 2+ | warm turns | TTFT p50 ms, turns 2+ "
         "| TTFT p50 ms, turn 1 | empty replies | courier entries | evictions_lru | self_evictions",
         (
             f"{run.model} | {budget_label(run)} | {run.conversations} | {run.server.name} | {run_cells(run)} "
-            f"| {stat_cells(run.stats, ('snapshot_entries', 'snapshot_evictions_lru', 'snapshot_self_evictions'))}"
+            f"| {stat_cells(run.stats, evictions)}"
             for run in sorted(runs, key=lambda r: (r.model, order[r.budget], r.server.name, r.conversations))
         ),
     )
@@ -1225,8 +874,11 @@ def print_part_b(runs: Sequence[Run], budgets: Sequence[ByteBudget], args: argpa
     for ours, theirs in pairs:
         print(baseline_line(f", {ours.model}, {budget_label(ours)}, K={ours.conversations}", ours.turns, theirs.turns))
     print("\n" if pairs else "", end="")
-    if EQUAL_BUDGET not in args.b_budgets:
-        return
+    if EQUAL_BUDGET in args.b_budgets:
+        print_held_warm(runs, args)
+
+
+def print_held_warm(runs: Sequence[Run], args: argparse.Namespace) -> None:
     print(
         f"Conversations held warm at the equal budget: the largest swept K up to which the cached share stays >= "
         f"{WARM_FRACTION:.0%} of the server's own share with an unconstrained cache at K={REFERENCE_K}.\n"
@@ -1250,7 +902,7 @@ def print_part_b(runs: Sequence[Run], budgets: Sequence[ByteBudget], args: argpa
         else:
             print(f"- {model}: courier {mine}, mlx_lm.server {peer}: no ratio")
         if (model, COURIER_BASELINE) in held:
-            count = ratio_text(mine, held[model, COURIER_BASELINE][2], lambda n: "n/a" if n is None else f"{n:.0f}")
+            count = ratio_text(mine, held[model, COURIER_BASELINE][2], count_text)
             print(f"- {model}: courier / courier-baseline = {count}")
         for label in (label for label in QUANTIZED_COURIERS if (model, label) in held):
             quantized = held[model, label][2]
@@ -1259,28 +911,6 @@ def print_part_b(runs: Sequence[Run], budgets: Sequence[ByteBudget], args: argpa
                 f"= {ratio_text(quantized, peer, count_text)} (goals: 8-bit >= 1.9x, 4-bit >= 3.5x courier's count)"
             )
     print()
-
-
-def print_part_c(store: dict[str, Any]) -> None:
-    low, high = STORE_SUFFIX_TOKENS
-    print(f"### (c) Snapshot store latency, {store['entries']} entries in process\n")
-    print(
-        f"- vectors: a {STORE_PREFIX_TOKENS}-token shared prefix + {low}-{high} random tokens, "
-        f"{store['sessions']} sessions; built in {store['build_s']:.1f} s\n"
-    )
-    table(
-        "operation | count | p50 us | p99 us | max us | unexpected outcomes",
-        (
-            f"{op['operation']} | {op['count']} | {op['p50_us']:.1f} | {op['p99_us']:.1f} | {op['max_us']:.1f} "
-            f"| {op['unexpected']}"
-            for op in store["operations"]
-        ),
-    )
-    worst = max(
-        (op["p99_us"] for op in store["operations"] if op["operation"].startswith("lookup")), default=float("nan")
-    )
-    verdict = "meets" if worst < STORE_LOOKUP_TARGET_US else "misses"
-    print(f"- worst lookup p99 {worst:.1f} us: {verdict} the target (< {STORE_LOOKUP_TARGET_US:.0f} us)\n")
 
 
 def met(value: float | None, target: float, *, at_most: bool = False) -> str:
@@ -1326,14 +956,14 @@ def print_part_d1(report: Report, args: argparse.Namespace) -> None:
         if problems := trouble(run.stats):
             print(f"- {run.model} K={run.conversations} {run.server.name}: {problems}")
     top = max(run.conversations for run in report.disk_runs)
-    for run in report.disk_runs:
+    for run in (run for run in report.disk_runs if run.conversations == top):
         share_text = percent(cached_share(run.turns))
-        if run.conversations == top and is_courier(run.server.name):
+        if is_courier(run.server.name):
             print(
                 f"- target, >= {D_TARGET_SHARE:.0%} of turns-2+ prompt tokens cached at K={top}, {run.model}: "
                 f"{run.server.name} {share_text}, {met(cached_share(run.turns), D_TARGET_SHARE)}"
             )
-        elif run.conversations == top:
+        else:
             print(f"- {run.model}, K={top}: {run.server.name} {share_text}")
     print()
 
@@ -1378,6 +1008,10 @@ def print_part_d2(report: Report) -> None:
     print()
 
 
+def verified(item: DiskTtft, kind: str) -> list[float]:
+    return [sample.ttft_s for sample in item.samples if sample.kind == kind and sample.verified]
+
+
 def print_part_d3(report: Report) -> None:
     tokens = next((sample.prompt_tokens for item in report.ttft for sample in item.samples), None)
     print(f"#### (d3) TTFT of a {tokens}-token prompt on SmolLM2: cold, from disk, from memory\n")
@@ -1391,9 +1025,6 @@ def print_part_d3(report: Report) -> None:
             print(f"- {item.server.name}: memory budget {item.capacity_bytes} B (--d-ttft-capacity-bytes)")
     print()
 
-    def verified(item: DiskTtft, kind: str) -> list[float]:
-        return [sample.ttft_s for sample in item.samples if sample.kind == kind and sample.verified]
-
     def gained(samples: Sequence[TtftSample], key: str) -> str:
         return str(sum(sample.gained[key] for sample in samples)) if samples and samples[0].gained else "-"
 
@@ -1402,10 +1033,10 @@ def print_part_d3(report: Report) -> None:
         for kind in D3_KINDS:
             if samples := [sample for sample in item.samples if sample.kind == kind]:
                 ttfts = verified(item, kind)
+                low, high = (min(ttfts), max(ttfts)) if ttfts else (None, None)
                 rows.append(
                     f"{item.server.name} | {kind} | {len(ttfts)}/{len(samples)} | {ms(median_or_none(ttfts))} "
-                    f"| {ms(min(ttfts) if ttfts else None)} | {ms(max(ttfts) if ttfts else None)} "
-                    f"| {samples[0].prompt_tokens} "
+                    f"| {ms(low)} | {ms(high)} | {samples[0].prompt_tokens} "
                     f"| {statistics.median(sample.cached_tokens or 0 for sample in samples):.0f} "
                     f"| {' | '.join(gained(samples, key) for key in GAINED_SHOWN)}"
                 )
@@ -1415,23 +1046,27 @@ def print_part_d3(report: Report) -> None:
         rows,
     )
     for item in report.ttft:
-        if item.server.error is not None:
-            print(f"- {item.server.name} FAILED: {item.server.error.splitlines()[0]}")
-        cold = median_or_none(verified(item, COLD))
-        if not is_courier(item.server.name):
-            print(f"- {item.server.name}: cold TTFT p50 {ms(cold)} ms (no disk tier)")
-            continue
-        disk, memory = median_or_none(verified(item, DISK_HIT)), median_or_none(verified(item, MEMORY_HIT))
-        ratio = None if disk is None or not cold else disk / cold
-        print(
-            f"- target, TTFT p50 of a disk hit <= {D_TARGET_TTFT_RATIO}x a cold prefill: {ms(disk)} / {ms(cold)} ms = "
-            f"{'n/a' if ratio is None else f'{ratio:.3f}x'}, {met(ratio, D_TARGET_TTFT_RATIO, at_most=True)}"
-        )
-        if memory is not None and cold:
-            print(f"- memory hit / cold: {ms(memory)} / {ms(cold)} ms = {memory / cold:.3f}x")
-        if problems := trouble(item.stats):
-            print(f"- courier: {problems}")
+        print_d3_lines(item)
     print()
+
+
+def print_d3_lines(item: DiskTtft) -> None:
+    if item.server.error is not None:
+        print(f"- {item.server.name} FAILED: {item.server.error.splitlines()[0]}")
+    cold = median_or_none(verified(item, COLD))
+    if not is_courier(item.server.name):
+        print(f"- {item.server.name}: cold TTFT p50 {ms(cold)} ms (no disk tier)")
+        return
+    disk, memory = median_or_none(verified(item, DISK_HIT)), median_or_none(verified(item, MEMORY_HIT))
+    ratio = None if disk is None or not cold else disk / cold
+    print(
+        f"- target, TTFT p50 of a disk hit <= {D_TARGET_TTFT_RATIO}x a cold prefill: {ms(disk)} / {ms(cold)} ms = "
+        f"{'n/a' if ratio is None else f'{ratio:.3f}x'}, {met(ratio, D_TARGET_TTFT_RATIO, at_most=True)}"
+    )
+    if memory is not None and cold:
+        print(f"- memory hit / cold: {ms(memory)} / {ms(cold)} ms = {memory / cold:.3f}x")
+    if problems := trouble(item.stats):
+        print(f"- courier: {problems}")
 
 
 def print_report(report: Report, args: argparse.Namespace) -> None:
@@ -1444,8 +1079,7 @@ def print_report(report: Report, args: argparse.Namespace) -> None:
         print_part_c(report.store)
     if "d" in args.parts:
         print("### (d) The disk tier\n")
-        records = report.records()
-        print_launches(records[len(report.conversation) + len(report.interleaved) :])
+        print_launches(report.records()[len(report.conversation) + len(report.interleaved) :])
         for budget in report.disk_budgets:
             print(f"- memory budget for {budget.model}: {budget.capacity_bytes} B ({budget.explanation})")
         print("- wall time: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in report.wall_s.items()) + "\n")
@@ -1466,80 +1100,51 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--parts", type=cli.names(PARTS), default=list(DEFAULT_PARTS), help="parts to run (a,b,c; d when asked for)")
     add("--run-timeout", type=float, default=900.0, help="seconds of measuring one server run may take (900)")
     add("--courier-arg", action="append", default=[], help="a flag for every Courier, as --courier-arg=--flag=value")
-    a = parser.add_argument_group("part a: one conversation on SmolLM2")
-    a.add_argument("--turns", type=int, default=10, help="turns of the conversation (10)")
-    a.add_argument("--a-max-tokens", type=int, default=24, help="max_tokens per turn (24)")
-    a.add_argument(
-        "--a-servers", type=cli.names((*A_SERVERS, COURIER_BASELINE)), default=None, help=f"{','.join(A_SERVERS)}"
-    )
-    b = parser.add_argument_group("part b: K interleaved conversations on tiny models")
-    b.add_argument("--conversations", type=cli.positive_ints, default=[2, 8, 32], help="K values (2,8,32)")
-    b.add_argument("--b-turns", type=int, default=4, help="turns per conversation (4)")
-    b.add_argument(
-        "--b-max-tokens", type=int, default=DEFAULT_MAX_TOKENS_B, help=f"max_tokens per turn ({DEFAULT_MAX_TOKENS_B})"
-    )
-    b.add_argument(
-        "--b-models",
-        type=cli.names((*TINY_MODELS, *WIDE_TINY_MODELS)),
-        default=list(TINY_MODELS),
-        help="llama,qwen3_next (-wide: 64-dimension heads, for courier-8bit and courier-4bit)",
-    )
-    b.add_argument("--b-servers", type=cli.names(B_SERVERS), default=None, help=f"{','.join(B_SERVERS)}")
-    b.add_argument(
-        "--b-system-tokens", type=int, default=DEFAULT_SYSTEM_TOKENS_B, help="tokens of each system prompt (550)"
-    )
-    b.add_argument("--b-budgets", type=cli.names(B_BUDGETS), default=list(B_BUDGETS), help=f"{','.join(B_BUDGETS)}")
-    b.add_argument(
+    tiny = cli.names((*TINY_MODELS, *WIDE_TINY_MODELS))
+    add = parser.add_argument_group("part a: one conversation on SmolLM2").add_argument
+    add("--turns", type=int, default=10, help="turns of the conversation (10)")
+    add("--a-max-tokens", type=int, default=24, help="max_tokens per turn (24)")
+    add("--a-servers", type=cli.names((*A_SERVERS, COURIER_BASELINE)), default=None, help=f"{','.join(A_SERVERS)}")
+    add = parser.add_argument_group("part b: K interleaved conversations on tiny models").add_argument
+    add("--conversations", type=cli.positive_ints, default=[2, 8, 32], help="K values (2,8,32)")
+    add("--b-turns", type=int, default=4, help="turns per conversation (4)")
+    add("--b-max-tokens", type=int, default=DEFAULT_MAX_TOKENS_B, help=f"max_tokens per turn ({DEFAULT_MAX_TOKENS_B})")
+    wide = "-wide: 64-dimension heads, for courier-8bit and courier-4bit"
+    add("--b-models", type=tiny, default=list(TINY_MODELS), help=f"llama,qwen3_next ({wide})")
+    add("--b-servers", type=cli.names(B_SERVERS), default=None, help=f"{','.join(B_SERVERS)}")
+    add("--b-system-tokens", type=int, default=DEFAULT_SYSTEM_TOKENS_B, help="tokens of each system prompt (550)")
+    add("--b-budgets", type=cli.names(B_BUDGETS), default=list(B_BUDGETS), help=f"{','.join(B_BUDGETS)}")
+    add(
         "--equal-conversations",
         type=cli.positive_ints,
         default=EQUAL_CONVERSATIONS,
-        help="K at the equal budget (4-16,20,24)",
+        help="K, equal budget (4-16,20,24)",
     )
-    b.add_argument(
-        "--budget-states", type=int, default=BUDGET_STATES, help=f"equal budget in model states ({BUDGET_STATES})"
-    )
-    b.add_argument("--budget-bytes", type=int, default=None, help="the equal byte budget itself (default: derived)")
-    c = parser.add_argument_group("part c: the snapshot store in process")
-    c.add_argument("--store-entries", type=int, default=10_000, help="entries in the store (10000)")
-    c.add_argument("--store-sessions", type=int, default=1000, help="sessions the entries belong to (1000)")
-    c.add_argument("--store-lookups", type=int, default=2000, help="lookups timed per kind (2000)")
-    c.add_argument("--seed", type=int, default=0, help="random seed (0)")
-    d = parser.add_argument_group("part d: the disk tier")
-    d.add_argument("--d-sections", type=cli.names(D_SECTIONS), default=list(D_SECTIONS), help="sections (1,2,3)")
-    d.add_argument(
-        "--d-models",
-        type=cli.names((*TINY_MODELS, *WIDE_TINY_MODELS)),
-        default=list(TINY_MODELS),
-        help="d1, d2 models (llama,qwen3_next; -wide for courier-8bit and courier-4bit)",
-    )
-    d.add_argument(
-        "--d-servers", type=cli.names(D_SERVERS), default=list(D_DEFAULT_SERVERS), help=f"{','.join(D_SERVERS)}"
-    )
-    d.add_argument("--d-conversations", type=cli.positive_ints, default=D_CONVERSATIONS, help="d1: K values (8,32,128)")
-    d.add_argument("--d-turns", type=int, default=D_TURNS, help=f"d1, d2: turns per conversation ({D_TURNS})")
-    d.add_argument(
+    add("--budget-states", type=int, default=BUDGET_STATES, help=f"equal budget in model states ({BUDGET_STATES})")
+    add("--budget-bytes", type=int, default=None, help="the equal byte budget itself (default: derived)")
+    add = parser.add_argument_group("part c: the snapshot store in process").add_argument
+    add("--store-entries", type=int, default=10_000, help="entries in the store (10000)")
+    add("--store-sessions", type=int, default=1000, help="sessions the entries belong to (1000)")
+    add("--store-lookups", type=int, default=2000, help="lookups timed per kind (2000)")
+    add("--seed", type=int, default=0, help="random seed (0)")
+    add = parser.add_argument_group("part d: the disk tier").add_argument
+    add("--d-sections", type=cli.names(D_SECTIONS), default=list(D_SECTIONS), help="sections (1,2,3)")
+    add("--d-models", type=tiny, default=list(TINY_MODELS), help=f"d1, d2 models (llama,qwen3_next; {wide})")
+    add("--d-servers", type=cli.names(D_SERVERS), default=list(D_DEFAULT_SERVERS), help=f"{','.join(D_SERVERS)}")
+    add("--d-conversations", type=cli.positive_ints, default=D_CONVERSATIONS, help="d1: K values (8,32,128)")
+    add("--d-turns", type=int, default=D_TURNS, help=f"d1, d2: turns per conversation ({D_TURNS})")
+    add(
         "--d-budget-conversations", type=int, default=D_BUDGET_CONVERSATIONS, help="d1, d2: memory budget in states (8)"
     )
-    d.add_argument(
-        "--d-budget-bytes", type=int, default=None, help="d1, d2: the memory budget itself (default: derived)"
-    )
-    d.add_argument(
-        "--d-disk-bytes", type=int, default=D_DISK_BYTES, help=f"Courier's --prompt-cache-disk-bytes ({D_DISK_BYTES})"
-    )
-    d.add_argument("--d-restart-conversations", type=int, default=D_RESTART_CONVERSATIONS, help="d2: K (32)")
-    d.add_argument(
-        "--d-restart-signals", type=cli.names(tuple(D_STOP_SIGNALS)), default=list(D_STOP_SIGNALS), help="d2: term,kill"
-    )
-    d.add_argument("--d-ttft-repeats", type=int, default=D_TTFT_REPEATS, help=f"d3: repeats ({D_TTFT_REPEATS})")
-    d.add_argument(
-        "--d-history-tokens", type=int, default=D_HISTORY_TOKENS, help=f"d3: prompt tokens ({D_HISTORY_TOKENS})"
-    )
-    d.add_argument(
-        "--d-ttft-max-tokens", type=int, default=D_TTFT_MAX_TOKENS, help=f"d3: max_tokens ({D_TTFT_MAX_TOKENS})"
-    )
-    d.add_argument(
-        "--d-ttft-capacity-bytes", type=int, default=None, help="d3: Courier's memory budget (default: measured)"
-    )
+    add("--d-budget-bytes", type=int, default=None, help="d1, d2: the memory budget itself (default: derived)")
+    add("--d-disk-bytes", type=int, default=D_DISK_BYTES, help=f"Courier's --prompt-cache-disk-bytes ({D_DISK_BYTES})")
+    add("--d-restart-conversations", type=int, default=D_RESTART_CONVERSATIONS, help="d2: K (32)")
+    signals = cli.names(tuple(D_STOP_SIGNALS))
+    add("--d-restart-signals", type=signals, default=list(D_STOP_SIGNALS), help="d2: term,kill")
+    add("--d-ttft-repeats", type=int, default=D_TTFT_REPEATS, help=f"d3: repeats ({D_TTFT_REPEATS})")
+    add("--d-history-tokens", type=int, default=D_HISTORY_TOKENS, help=f"d3: prompt tokens ({D_HISTORY_TOKENS})")
+    add("--d-ttft-max-tokens", type=int, default=D_TTFT_MAX_TOKENS, help=f"d3: max_tokens ({D_TTFT_MAX_TOKENS})")
+    add("--d-ttft-capacity-bytes", type=int, default=None, help="d3: Courier's memory budget (default: measured)")
     cli.add_results(parser, openblas=MLX_LM_F32)
     cli.add_baseline(parser)
     args = parser.parse_args(argv)
@@ -1559,27 +1164,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not baseline_ready(args.baseline_tree, servers):
         return 2
     blas = load_optimized_blas()  # before MLX is imported
-    settings = {
-        key: value for key, value in vars(args).items() if key not in ("cache_dir", "json", "openblas", "run_timeout")
-    }
-    settings |= {
-        "d_restart_signals": [stop.name for stop in args.d_restart_signals],
-        "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
-    }
+    left_out = ("cache_dir", "json", "openblas", "run_timeout")
+    settings = {key: value for key, value in vars(args).items() if key not in left_out}
+    settings["d_restart_signals"] = [stop.name for stop in args.d_restart_signals]
+    settings["baseline_tree"] = str(args.baseline_tree) if args.baseline_tree else None
     report = Report(environment=environment(blas), settings=settings)
-    if {"a", "b", "d"} & set(
-        args.parts
-    ):  # parts a, b and d share the 4-bit SmolLM2 (the tiny models borrow its tokenizer)
-        with cache_directory(args.cache_dir) as cache_dir:
+    if {"a", "b", "d"} & set(args.parts):  # they share the 4-bit SmolLM2 (the tiny models borrow its tokenizer)
+        with models.cache_directory(args.cache_dir) as cache_dir:
+            logs, tree = cache_dir / "bench-logs", args.baseline_tree
             launcher = Launcher(
-                bench="multiturn",
-                cache_dir=cache_dir,
-                log_dir=cache_dir / "bench-logs",
-                openblas=args.openblas,
-                baseline_tree=args.baseline_tree,
+                bench="multiturn", cache_dir=cache_dir, log_dir=logs, openblas=args.openblas, baseline_tree=tree
             )
             progress("converting the embedded GGUF to a 4-bit MLX directory")
-            dir4 = prepare_4bit_dir(cache_dir)
+            dir4 = models.prepare_4bit_dir(cache_dir)
             for part, run in (("a", run_part_a), ("b", run_part_b), ("d", run_part_d)):
                 if part in args.parts:
                     run(launcher, dir4, args, report)

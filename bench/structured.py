@@ -19,28 +19,10 @@ from typing import Any
 
 import openai
 
-from bench.harness import cli
+from bench.harness import cli, models, servers
 from bench.harness.clients import Round, async_client, burst, json_schema_format, pooled_tps, stream_chat, user
-from bench.harness.models import (
-    WARMUP_PROMPT,
-    cache_directory,
-    float32_dir,
-    load_served_model,
-    prepare_4bit_dir,
-    release_mlx_memory,
-)
 from bench.harness.report import environment, head, inline, percent, progress, shown, table, write_json
-from bench.harness.servers import (
-    COURIER,
-    MLX_LM_F32,
-    BenchmarkError,
-    Launcher,
-    Server,
-    ServerRecord,
-    ServerSpec,
-    openblas_missing,
-    tuned_flags,
-)
+from bench.harness.servers import COURIER, MLX_LM_F32, BenchmarkError, Launcher, Server, ServerRecord, ServerSpec
 from bench.harness.stats import percentile
 from bench.throughput import TOPICS
 from courier.platform.blas import load_optimized_blas
@@ -68,25 +50,32 @@ class SchemaCase:
 
 def _object(properties: dict[str, Any], required: Sequence[str] | None = None) -> dict[str, Any]:
     """A closed object: `required` (all its properties unless given) and no others."""
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties) if required is None else list(required),
-        "additionalProperties": False,
-    }
+    needed = list(properties) if required is None else list(required)
+    return {"type": "object", "properties": properties, "required": needed, "additionalProperties": False}
 
 
 def _string(max_length: int, min_length: int = 0) -> dict[str, Any]:
-    bounds: dict[str, Any] = {"type": "string", "maxLength": max_length}
-    if min_length:
-        bounds["minLength"] = min_length
-    return bounds
+    return {"type": "string", "maxLength": max_length} | ({"minLength": min_length} if min_length else {})
 
 
 def _integer(minimum: int, maximum: int) -> dict[str, Any]:
     return {"type": "integer", "minimum": minimum, "maximum": maximum}
 
 
+def _array(items: dict[str, Any], max_items: int, min_items: int | None = None) -> dict[str, Any]:
+    bounds = {"minItems": min_items} if min_items is not None else {}
+    return {"type": "array", **bounds, "maxItems": max_items, "items": items}
+
+
+def _pattern(pattern: str) -> dict[str, Any]:
+    return {"type": "string", "pattern": pattern}
+
+
+def _enum(*values: str) -> dict[str, Any]:
+    return {"type": "string", "enum": list(values)}
+
+
+BOOLEAN = {"type": "boolean"}
 POINT_REF = {"$ref": "#/$defs/point"}
 SCHEMAS: tuple[SchemaCase, ...] = (
     SchemaCase(
@@ -96,7 +85,7 @@ SCHEMAS: tuple[SchemaCase, ...] = (
             {
                 "name": _string(40, 1),
                 "age": _integer(0, 120),
-                "email": {"type": "string", "pattern": r"^[a-z]{1,12}@[a-z]{1,12}\.(com|org|net)$"},
+                "email": _pattern(r"^[a-z]{1,12}@[a-z]{1,12}\.(com|org|net)$"),
             }
         ),
         instance={"name": "Ada Lovelace", "age": 36, "email": "ada@example.com"},
@@ -111,11 +100,11 @@ SCHEMAS: tuple[SchemaCase, ...] = (
                     {
                         "street": _string(50, 1),
                         "city": _string(30, 1),
-                        "postcode": {"type": "string", "pattern": r"^[0-9]{5}$"},
-                        "country": {"type": "string", "enum": ["FR", "DE", "ES", "IT", "NL", "PT"]},
+                        "postcode": _pattern(r"^[0-9]{5}$"),
+                        "country": _enum("FR", "DE", "ES", "IT", "NL", "PT"),
                     }
                 ),
-                "express": {"type": "boolean"},
+                "express": BOOLEAN,
             }
         ),
         instance={
@@ -127,16 +116,7 @@ SCHEMAS: tuple[SchemaCase, ...] = (
     SchemaCase(
         name="shopping_list",
         task="Make a shopping list for a pancake breakfast.",
-        schema=_object(
-            {
-                "items": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 5,
-                    "items": _object({"item": _string(30, 1), "quantity": _integer(1, 20)}),
-                }
-            }
-        ),
+        schema=_object({"items": _array(_object({"item": _string(30, 1), "quantity": _integer(1, 20)}), 5, 1)}),
         instance={"items": [{"item": "flour", "quantity": 1}, {"item": "eggs", "quantity": 6}]},
     ),
     SchemaCase(
@@ -144,7 +124,7 @@ SCHEMAS: tuple[SchemaCase, ...] = (
         task="Classify the sentiment of this review: 'The soup was cold but the staff were lovely.'",
         schema=_object(
             {
-                "sentiment": {"type": "string", "enum": ["positive", "negative", "neutral", "mixed"]},
+                "sentiment": _enum("positive", "negative", "neutral", "mixed"),
                 "confidence_percent": _integer(0, 100),
                 "language": {"enum": ["en", "fr", "de", "es"]},
             }
@@ -164,7 +144,7 @@ SCHEMAS: tuple[SchemaCase, ...] = (
                         ),
                     ]
                 },
-                "color": {"type": "string", "enum": ["red", "green", "blue", "black"]},
+                "color": _enum("red", "green", "blue", "black"),
             }
         ),
         instance={"shape": {"kind": "rectangle", "width": 40, "height": 25}, "color": "blue"},
@@ -174,13 +154,7 @@ SCHEMAS: tuple[SchemaCase, ...] = (
         task="Plan a short route on a grid: where it starts, where it ends, and up to three points on the way.",
         schema={
             "$defs": {"point": _object({"x": _integer(-100, 100), "y": _integer(-100, 100)})},
-            **_object(
-                {
-                    "start": POINT_REF,
-                    "end": POINT_REF,
-                    "waypoints": {"type": "array", "maxItems": 3, "items": POINT_REF},
-                }
-            ),
+            **_object({"start": POINT_REF, "end": POINT_REF, "waypoints": _array(POINT_REF, 3)}),
         },
         instance={"start": {"x": 0, "y": 0}, "end": {"x": 10, "y": -4}, "waypoints": [{"x": 5, "y": 2}]},
     ),
@@ -188,16 +162,7 @@ SCHEMAS: tuple[SchemaCase, ...] = (
         name="article",
         task="Give the title of a blog post about learning to cook, a few tags for it, and whether it is published.",
         schema=_object(
-            {
-                "title": _string(60, 3),
-                "tags": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 4,
-                    "items": {"type": "string", "pattern": r"^[a-z]{2,12}$"},
-                },
-                "published": {"type": "boolean"},
-            }
+            {"title": _string(60, 3), "tags": _array(_pattern(r"^[a-z]{2,12}$"), 4, 1), "published": BOOLEAN}
         ),
         instance={"title": "Cooking for beginners", "tags": ["cooking", "food"], "published": False},
     ),
@@ -207,8 +172,8 @@ SCHEMAS: tuple[SchemaCase, ...] = (
         schema=_object(
             {
                 "event": _string(40, 1),
-                "date": {"type": "string", "pattern": r"^20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"},
-                "time": {"type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9]$"},
+                "date": _pattern(r"^20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"),
+                "time": _pattern(r"^([01][0-9]|2[0-3]):[0-5][0-9]$"),
                 "attendees": _integer(1, 500),
             }
         ),
@@ -221,13 +186,8 @@ SCHEMAS: tuple[SchemaCase, ...] = (
             {
                 "name": _string(30, 1),
                 "servings": _integer(1, 12),
-                "ingredients": {
-                    "type": "array",
-                    "minItems": 2,
-                    "maxItems": 4,
-                    "items": _object({"name": _string(20, 1), "grams": _integer(1, 1000)}),
-                },
-                "vegetarian": {"type": "boolean"},
+                "ingredients": _array(_object({"name": _string(20, 1), "grams": _integer(1, 1000)}), 4, 2),
+                "vegetarian": BOOLEAN,
             }
         ),
         instance={
@@ -259,8 +219,9 @@ def essay_schema(max_tokens: int) -> dict[str, Any]:
     """The throughput arm's schema: its shortest valid output is longer than `max_tokens` (a section is at least 8
     tokens), so a constrained reply runs to the cap; bounded strings keep the grammar's structure exercised."""
     section = _object({"heading": _string(60), "text": _string(300)})
-    sections = {"type": "array", "minItems": max_tokens // 8 + 1, "items": section}
-    return _object({"title": _string(80), "sections": sections})
+    return _object(
+        {"title": _string(80), "sections": {"type": "array", "minItems": max_tokens // 8 + 1, "items": section}}
+    )
 
 
 def validity_prompt(case: SchemaCase) -> str:
@@ -330,23 +291,15 @@ class ValidityRun:
 
 async def ask_validity(client: openai.AsyncOpenAI, model: str, index: int, args: argparse.Namespace) -> Reply:
     case = SCHEMAS[index % len(SCHEMAS)]
+    extra: dict[str, Any] = {"temperature": VALIDITY_TEMPERATURE, "seed": args.seed + index}
+    extra["response_format"] = json_schema_format(case.name, case.schema)
     try:
-        reply = await stream_chat(
-            client,
-            model,
-            user(validity_prompt(case)),
-            max_tokens=args.max_tokens,
-            temperature=VALIDITY_TEMPERATURE,
-            seed=args.seed + index,
-            response_format=json_schema_format(case.name, case.schema),
-        )
+        reply = await stream_chat(client, model, user(validity_prompt(case)), max_tokens=args.max_tokens, **extra)
     except openai.APIStatusError as error:
         return Reply(index=index, schema=case.name, error=f"HTTP {error.status_code}: {shown(str(error.message))}")
     parses, valid, problem = check_reply(reply.text, case.schema)
     found = FENCE.search(reply.text)
-    parses_unfenced, valid_unfenced = (
-        (parses, valid) if valid else check_reply(found.group(1) if found else reply.text.strip(), case.schema)[:2]
-    )
+    unfenced = (parses, valid) if valid else check_reply(found.group(1) if found else reply.text.strip(), case.schema)
     return Reply(
         index=index,
         schema=case.name,
@@ -354,9 +307,9 @@ async def ask_validity(client: openai.AsyncOpenAI, model: str, index: int, args:
         completion_tokens=reply.completion_tokens,
         seconds=reply.total_s,
         parses=parses,
-        parses_unfenced=parses_unfenced,
+        parses_unfenced=unfenced[0],
         valid=valid,
-        valid_unfenced=valid_unfenced,
+        valid_unfenced=unfenced[1],
         problem=problem,
         content=shown(reply.text),
     )
@@ -370,7 +323,7 @@ async def measure_validity(server: Server, args: argparse.Namespace) -> Validity
             return await ask_validity(client, server.spec.model, index, args)
 
     async with async_client(server.base_url) as client:
-        await stream_chat(client, server.spec.model, user(WARMUP_PROMPT), max_tokens=8)
+        await stream_chat(client, server.spec.model, user(models.WARMUP_PROMPT), max_tokens=8)
         progress(f"{server.spec.name}: validity, {args.requests} requests, {args.streams} at a time")
         started = time.perf_counter()
         replies = list(await asyncio.gather(*(one(client, index) for index in range(args.requests))))
@@ -427,10 +380,8 @@ def print_validity(runs: Sequence[ValidityRun]) -> None:
                 print(f"  - #{reply.index} {reply.schema}: {reply.error or reply.problem}: {inline(reply.content)}")
     for run in runs:
         if (sample := next((reply for reply in run.replies if reply.error is None), None)) is not None:
-            print(
-                f"- a reply from {run.server} (#{sample.index}, {sample.schema}, {sample.finish_reason}): "
-                f"{inline(sample.content)}"
-            )
+            where = f"#{sample.index}, {sample.schema}, {sample.finish_reason}"
+            print(f"- a reply from {run.server} ({where}): {inline(sample.content)}")
         if errors := [reply for reply in run.replies if reply.error is not None]:
             print(f"- {run.server}: {len(errors)} requests failed, first: {errors[0].error}")
     print()
@@ -447,19 +398,10 @@ async def measure_throughput(server: Server, args: argparse.Namespace) -> list[R
 
     async def one(client: openai.AsyncOpenAI, arm: str, index: int) -> Round:
         constrained = arm == "constrained"
-        asked = [next(prompts) for _ in range(args.streams)]
-        streams = [
-            stream_chat(
-                client,
-                server.spec.model,
-                user(prompt),
-                max_tokens=args.max_tokens,
-                temperature=THROUGHPUT_TEMPERATURE,
-                response_format=json_schema_format("essay", schema) if constrained else openai.omit,
-            )
-            for prompt in asked
-        ]
-        done = await burst(streams)
+        extra: dict[str, Any] = {"temperature": THROUGHPUT_TEMPERATURE, "max_tokens": args.max_tokens}
+        extra["response_format"] = json_schema_format("essay", schema) if constrained else openai.omit
+        asked = [user(next(prompts)) for _ in range(args.streams)]
+        done = await burst([stream_chat(client, server.spec.model, messages, **extra) for messages in asked])
         valid = sum(check_reply(s.text, schema)[1] for s in done.streams) if constrained else None
         return Round(arm=arm, index=index, burst=done, valid_json=valid)
 
@@ -507,8 +449,7 @@ def print_throughput(rounds: Sequence[Round], args: argparse.Namespace) -> None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Micro:
     """In process: the grammar tokenizer's build, per schema the constraint's build, a cold compile and a cached
-    matcher (medians, ms), mask fills before every token of the instances (ms, and us per token), and one
-    constrained sequence's whole per-token path (ms)."""
+    matcher (medians, ms), mask fills before every token of the instances, one constrained sequence's path (ms)."""
 
     vocab_size: int
     eos_tokens: list[int]
@@ -530,6 +471,10 @@ def timed(call: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+def median_ms(calls: Sequence[Callable[[], object]]) -> float:
+    return statistics.median(timed(call) for call in calls) * 1000
+
+
 def time_compiles(compiler: Any, tokens: dict[str, list[int]], repeats: int) -> list[dict[str, Any]]:
     from courier.grammar.compiler import GrammarCompiler
     from courier.grammar.constraint import json_schema
@@ -538,20 +483,13 @@ def time_compiles(compiler: Any, tokens: dict[str, list[int]], repeats: int) -> 
     for case in SCHEMAS:
         build = partial(json_schema, case.schema, name=case.name, param="response_format.json_schema.schema")
         constraint = build()
-        builds = [timed(build) for _ in range(repeats)]
-        cold = [timed(partial(GrammarCompiler(compiler.tokenizer).matcher, constraint)) for _ in range(repeats)]
+        figures = {"constraint_build_ms": median_ms([build] * repeats)}
+        cold = [partial(GrammarCompiler(compiler.tokenizer).matcher, constraint) for _ in range(repeats)]
+        figures["compile_cold_ms"] = median_ms(cold)
         compiler.matcher(constraint)  # now cached
-        cached = [timed(partial(compiler.matcher, constraint)) for _ in range(repeats)]
-        rows.append(
-            {
-                "schema": case.name,
-                "grammar_bytes": len(constraint.grammar),
-                "constraint_build_ms": statistics.median(builds) * 1000,
-                "compile_cold_ms": statistics.median(cold) * 1000,
-                "matcher_cached_ms": statistics.median(cached) * 1000,
-                "instance_tokens": len(tokens[case.name]),
-            }
-        )
+        figures["matcher_cached_ms"] = median_ms([partial(compiler.matcher, constraint)] * repeats)
+        grammar = {"schema": case.name, "grammar_bytes": len(constraint.grammar)}
+        rows.append(grammar | figures | {"instance_tokens": len(tokens[case.name])})
     return rows
 
 
@@ -726,20 +664,25 @@ class Report:
     micro_error: str | None = None
 
 
+def print_servers(records: Sequence[ServerRecord]) -> None:
+    """Each server, and the problems its log shows (Courier: tokens the grammar refused, never if masks are right)."""
+    print("### Servers\n")
+    for record in records:
+        print(record.line())
+        log = Path(record.log_path).read_text(errors="replace").splitlines()
+        problems = [line for line in log if LOG_PROBLEM.search(line)]
+        if record.name == COURIER:
+            refused = sum("refused by the grammar" in line for line in problems)
+            print(f"  - tokens refused by the grammar (log): {refused}")
+        for line in problems[:LOG_PROBLEMS_SHOWN]:
+            print(f"  - log: {inline(shown(line))}")
+    print()
+
+
 def print_report(report: Report, args: argparse.Namespace) -> None:
     head("Courier structured outputs benchmark", report.environment, report.settings, "llguidance")
     if report.servers:
-        print("### Servers\n")
-        for record in report.servers:
-            print(record.line())
-            log = Path(record.log_path).read_text(errors="replace").splitlines()
-            problems = [line for line in log if LOG_PROBLEM.search(line)]
-            if record.name == COURIER:  # a mask let a token through that the matcher then refused: never, if right
-                refused = sum("refused by the grammar" in line for line in problems)
-                print(f"  - tokens refused by the grammar (log): {refused}")
-            for line in problems[:LOG_PROBLEMS_SHOWN]:
-                print(f"  - log: {inline(shown(line))}")
-        print()
+        print_servers(report.servers)
     if report.validity:
         print_validity(report.validity)
     if report.throughput:
@@ -774,9 +717,9 @@ def prepare(cache_dir: Path, args: argparse.Namespace, report: Report) -> Path |
     if not peer and "micro" not in args.parts:
         return None
     progress("converting the embedded GGUF and loading it as Courier does")
-    dir4 = prepare_4bit_dir(cache_dir)
-    loaded = load_served_model(cache_dir)
-    dir_f32 = float32_dir(dir4, cache_dir, loaded.model) if peer else None
+    dir4 = models.prepare_4bit_dir(cache_dir)
+    loaded = models.load_served_model(cache_dir)
+    dir_f32 = models.float32_dir(dir4, cache_dir, loaded.model) if peer else None
     if "micro" in args.parts:
         try:
             report.micro = measure_micro(loaded, args)
@@ -784,13 +727,13 @@ def prepare(cache_dir: Path, args: argparse.Namespace, report: Report) -> Path |
             report.micro_error = f"{type(error).__name__}: {error}"
             progress(f"micro: FAILED: {report.micro_error}")
     del loaded
-    release_mlx_memory()
+    models.release_mlx_memory()
     return dir_f32
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if openblas_missing(args.openblas, "validity" in args.parts and args.peer, "--no-peer"):
+    if servers.openblas_missing(args.openblas, "validity" in args.parts and args.peer, "--no-peer"):
         return 2
     for case in SCHEMAS:  # the micro-benchmark's tokens are meant to be allowed
         if not check_reply(json.dumps(case.instance), case.schema)[1]:
@@ -800,10 +743,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     blas = load_optimized_blas()
     keys = ["parts", "requests", "streams", "rounds", "max_tokens", "seed", "peer"]
     keys += ["micro_repeats", "micro_passes", "micro_sequences"] if "micro" in args.parts else []
-    report = Report(
-        environment=environment(blas, "llguidance", "jsonschema"), settings={key: getattr(args, key) for key in keys}
-    )
-    with cache_directory(args.cache_dir) as cache_dir:
+    settings = {key: getattr(args, key) for key in keys}
+    report = Report(environment=environment(blas, "llguidance", "jsonschema"), settings=settings)
+    with models.cache_directory(args.cache_dir) as cache_dir:
         dir_f32 = prepare(cache_dir, args, report)
         launcher = Launcher(
             bench="structured", cache_dir=cache_dir, log_dir=cache_dir / "bench-logs", openblas=args.openblas
@@ -818,7 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "validity" in args.parts or "throughput" in args.parts:
             launcher.run(ServerSpec(name=COURIER), on_courier)
         if dir_f32 is not None:
-            peer = ServerSpec(name=MLX_LM_F32, model_dir=dir_f32, flags=tuned_flags(args.streams))
+            peer = ServerSpec(name=MLX_LM_F32, model_dir=dir_f32, flags=servers.tuned_flags(args.streams))
             launcher.run(peer, lambda server: report.validity.append(asyncio.run(measure_validity(server, args))))
         report.servers = launcher.records
         print_report(report, args)
