@@ -26,7 +26,7 @@ from bench.harness.report import environment, head, inline, num, percent, progre
 from bench.harness.servers import COURIER, MLX_LM_F32_KERNELS, RUN_ERRORS, Launcher, Server, ServerRecord, ServerSpec
 from bench.harness.stats import finite_median, ratio
 from bench.harness.workloads import workload
-from bench.structured import check_reply
+from bench.structured_schemas import check_reply
 from courier.platform.blas import load_optimized_blas
 
 PARTS = ("single", "aggregate", "chat", "json")
