@@ -13,6 +13,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -87,6 +88,43 @@ def encode(body: object) -> bytes:
     for index, raw in enumerate(raws):
         text = text.replace(f'"\\u0001raw{index}\\u0001"', raw, 1)
     return text.encode("utf-8", "surrogatepass")
+
+
+def post(
+    family: str,
+    group: str,
+    name: str,
+    path: str,
+    body: object,
+    *,
+    expect: Expect,
+    follow_up: FollowUp | None = None,
+    content_type: str = "application/json",
+) -> Case:
+    """A POST of `body` (encoded unless already bytes)."""
+    raw = body if isinstance(body, bytes) else encode(body)
+    return Case(
+        family=family,
+        group=group,
+        name=name,
+        method="POST",
+        path=path,
+        body=raw,
+        expect=expect,
+        follow_up=follow_up,
+        content_type=content_type,
+    )
+
+
+def at_place(family: str, group: str, place: Place, value: str, expect: Expect) -> Case:
+    """`value` (named `group`) put where `place` takes it."""
+    name, body = f"{place.name}: {group}", place.build(value)
+    return post(family, group, name, place.path, body, expect=expect, follow_up=place.follow_up)
+
+
+def shuffled(places: Sequence[Place], rng: random.Random, first: int) -> list[Place]:
+    """The first `first` places as they are, then the others in a seeded order."""
+    return [*places[:first], *rng.sample(places[first:], len(places) - first)]
 
 
 def select(cases: Sequence[Case], limit: int, rng: random.Random) -> list[Case]:
@@ -272,97 +310,58 @@ class Place:
 
 
 def json_places(model: str) -> list[Place]:
+    chat, responses, chain = partial(chat_body, model), partial(responses_body, model), FollowUp.CHAIN
+    tool_result = [*tool_turns("{}")[:2]]
     return [
-        Place("chat user content", CHAT, lambda text: chat_body(model, [user(text)])),
-        Place("chat text part", CHAT, lambda text: chat_body(model, [user([{"type": "text", "text": text}])])),
-        Place("chat tool-call arguments", CHAT, lambda text: chat_body(model, tool_turns(text))),
-        Place(
-            "chat tool result",
-            CHAT,
-            lambda text: chat_body(model, [*tool_turns("{}")[:2], {"role": "tool", "content": text}, user("Ok?")]),
-        ),
+        Place("chat user content", CHAT, lambda s: chat([user(s)])),
+        Place("chat text part", CHAT, lambda s: chat([user([{"type": "text", "text": s}])])),
+        Place("chat tool-call arguments", CHAT, lambda s: chat(tool_turns(s))),
+        Place("chat tool result", CHAT, lambda s: chat([*tool_result, {"role": "tool", "content": s}, user("Ok?")])),
         Place(
             "chat system content + name",
             CHAT,
-            lambda text: chat_body(model, [{"role": "system", "content": text, "name": text}, user("Hi.")]),
+            lambda s: chat([{"role": "system", "content": s, "name": s}, user("Hi.")]),
+        ),
+        Place("chat user + prompt_cache_key", CHAT, lambda s: chat([user("Hi.")], user=s, prompt_cache_key=s)),
+        Place("chat stop", CHAT, lambda s: chat([user("Hi.")], stop=[s])),
+        Place("completions prompt", COMPLETIONS, lambda s: {"model": model, "prompt": s, "max_tokens": 2}),
+        Place(
+            "responses function_call.arguments", RESPONSES, lambda s: responses(call_items(arguments=s)), None, chain
         ),
         Place(
-            "chat user + prompt_cache_key",
-            CHAT,
-            lambda text: chat_body(model, [user("Hi.")], **{"user": text, "prompt_cache_key": text}),
+            "responses function_call_output.output", RESPONSES, lambda s: responses(call_items(output=s)), None, chain
         ),
-        Place("chat stop", CHAT, lambda text: chat_body(model, [user("Hi.")], stop=[text])),
-        Place("completions prompt", COMPLETIONS, lambda text: {"model": model, "prompt": text, "max_tokens": 2}),
-        Place(
-            "responses function_call.arguments",
-            RESPONSES,
-            lambda text: responses_body(model, call_items(arguments=text)),
-            follow_up=FollowUp.CHAIN,
-        ),
-        Place(
-            "responses function_call_output.output",
-            RESPONSES,
-            lambda text: responses_body(model, call_items(output=text)),
-            follow_up=FollowUp.CHAIN,
-        ),
-        Place(
-            "responses instructions",
-            RESPONSES,
-            lambda text: responses_body(model, "Hi.", instructions=text),
-            follow_up=FollowUp.CHAIN,
-        ),
-        Place(
-            "responses metadata value",
-            RESPONSES,
-            lambda text: responses_body(model, "Hi.", metadata={"k": text}),
-            longest=512,
-            follow_up=FollowUp.CHAIN,
-        ),
-        Place(
-            "responses metadata key",
-            RESPONSES,
-            lambda text: responses_body(model, "Hi.", metadata={text: "v"}),
-            longest=64,
-        ),
+        Place("responses instructions", RESPONSES, lambda s: responses("Hi.", instructions=s), None, chain),
+        Place("responses metadata value", RESPONSES, lambda s: responses("Hi.", metadata={"k": s}), 512, chain),
+        Place("responses metadata key", RESPONSES, lambda s: responses("Hi.", metadata={s: "v"}), 64),
         Place(
             "responses prompt_cache_key + user + safety_identifier",
             RESPONSES,
-            lambda text: responses_body(model, "Hi.", prompt_cache_key=text, user=text, safety_identifier=text),
+            lambda s: responses("Hi.", prompt_cache_key=s, user=s, safety_identifier=s),
         ),
         Place(
             "responses input_tokens, function_call.arguments",
             INPUT_TOKENS,
-            lambda text: {"model": model, "input": call_items(arguments=text)},
+            lambda s: {"model": model, "input": call_items(arguments=s)},
         ),
         Place(
             "conversation items + metadata value",
             CONVERSATIONS,
-            lambda text: {"items": call_items(arguments=text, output=text), "metadata": {"k": text}},
-            longest=512,
-            follow_up=FollowUp.CONVERSATION,
+            lambda s: {"items": call_items(arguments=s, output=s), "metadata": {"k": s}},
+            512,
+            FollowUp.CONVERSATION,
         ),
-        Place("tokenize raw tool-call arguments", TOKENIZE, lambda text: {"messages": tool_turns(text)}),
+        Place("tokenize raw tool-call arguments", TOKENIZE, lambda s: {"messages": tool_turns(s)}),
     ]
 
 
 def json_string_cases(model: str, rng: random.Random) -> list[Case]:
     places = json_places(model)
-    cases = []
-    for payload_name, payload in json_payloads(rng):
-        for place in [places[0], *rng.sample(places[1:], len(places) - 1)]:
-            cases.append(
-                Case(
-                    family="json-strings",
-                    group=payload_name,
-                    name=f"{place.name}: {payload_name}",
-                    method="POST",
-                    path=place.path,
-                    body=encode(place.build(payload)),
-                    expect=text_expectation(payload, place.longest),
-                    follow_up=place.follow_up,
-                )
-            )
-    return cases
+    return [
+        at_place("json-strings", name, place, payload, text_expectation(payload, place.longest))
+        for name, payload in json_payloads(rng)
+        for place in shuffled(places, rng, 1)
+    ]
 
 
 def text_expectation(text: str, longest: int | None) -> Expect:
@@ -469,50 +468,28 @@ def capsule_places(model: str) -> list[Place]:
     def history(content: str) -> list[Any]:
         return [{"type": "compaction", "encrypted_content": content}, user("Go on.")]
 
+    done, hello = [{"role": "assistant", "content": "Done."}, user("More.")], {"role": "assistant", "content": "Hello."}
     return [
-        Place(
-            "responses input", RESPONSES, lambda text: responses_body(model, history(text)), follow_up=FollowUp.CHAIN
-        ),
-        Place("responses input_tokens", INPUT_TOKENS, lambda text: {"model": model, "input": history(text)}),
-        Place(
-            "responses compact",
-            COMPACT,
-            lambda text: compact_body(
-                model, [*history(text), {"role": "assistant", "content": "Done."}, user("More.")]
-            ),
-        ),
+        Place("responses input", RESPONSES, lambda s: responses_body(model, history(s)), follow_up=FollowUp.CHAIN),
+        Place("responses input_tokens", INPUT_TOKENS, lambda s: {"model": model, "input": history(s)}),
+        Place("responses compact", COMPACT, lambda s: compact_body(model, [*history(s), *done])),
         Place(
             "responses input, capsule mid-history",
             RESPONSES,
-            lambda text: responses_body(
-                model, [user("Hi."), {"role": "assistant", "content": "Hello."}, *history(text)]
-            ),
+            lambda s: responses_body(model, [user("Hi."), hello, *history(s)]),
         ),
-        Place(
-            "conversation item", CONVERSATIONS, lambda text: {"items": history(text)}, follow_up=FollowUp.CONVERSATION
-        ),
+        Place("conversation item", CONVERSATIONS, lambda s: {"items": history(s)}, follow_up=FollowUp.CONVERSATION),
     ]
 
 
 def capsule_cases(model: str, rng: random.Random) -> list[Case]:
+    """A conversation stores a capsule unchecked (checked when replayed), and a compaction may refuse any turn."""
     places = capsule_places(model)
-    cases = []
-    for payload_name, content, expect in capsule_payloads(rng):
-        for place in [places[0], *rng.sample(places[1:], len(places) - 1)]:
-            stored_unchecked = place.follow_up is FollowUp.CONVERSATION  # checked when replayed, not when stored
-            cases.append(
-                Case(
-                    family="capsules",
-                    group=payload_name,
-                    name=f"{place.name}: {payload_name}",
-                    method="POST",
-                    path=place.path,
-                    body=encode(place.build(content)),
-                    expect=Expect.EITHER if stored_unchecked or place.path.endswith("compact") else expect,
-                    follow_up=place.follow_up,
-                )
-            )
-    return cases
+    return [
+        at_place("capsules", name, place, content, Expect.EITHER if place.path in (CONVERSATIONS, COMPACT) else expect)
+        for name, content, expect in capsule_payloads(rng)
+        for place in shuffled(places, rng, 1)
+    ]
 
 
 # ---------------------------------------------------------------- image URLs
@@ -522,108 +499,62 @@ def fixed_urls() -> list[tuple[str, str]]:
     """(name, URL): each breaks a rule of `courier/media/urls.py` or of the address policy, or sits on an edge."""
     data = "data:image/png;base64,"
     return [
-        ("IPv6 unclosed", "http://[::1/x.png"),
-        ("IPv6 doubly closed", "http://[::1]]/x.png"),
-        ("IPv6 three colons", "http://[:::1]/x.png"),
-        ("IPv6 nine groups", "http://[1:2:3:4:5:6:7:8:9]/x.png"),
-        ("IPv6 empty", "http://[]/x.png"),
-        ("IPv6 future version", "http://[v1.x]/x.png"),
-        ("IPv6 with zone", "http://[fe80::1%25eth0]/x.png"),
-        ("IPv6 unbracketed", "http://::1/x.png"),
+        ("IPv6 unclosed", "http://[::1/x.png"), ("IPv6 doubly closed", "http://[::1]]/x.png"),
+        ("IPv6 three colons", "http://[:::1]/x.png"), ("IPv6 nine groups", "http://[1:2:3:4:5:6:7:8:9]/x.png"),
+        ("IPv6 empty", "http://[]/x.png"), ("IPv6 future version", "http://[v1.x]/x.png"),
+        ("IPv6 with zone", "http://[fe80::1%25eth0]/x.png"), ("IPv6 unbracketed", "http://::1/x.png"),
         ("IPv6 mapped loopback", "http://[::ffff:127.0.0.1]/x.png"),
         ("IPv6 mapped metadata", "http://[::ffff:169.254.169.254]/latest/meta-data/"),
-        ("IPv6 loopback", "http://[::1]/x.png"),
-        ("IPv6 link-local", "http://[fe80::1]/x.png"),
-        ("IPv6 unique local", "http://[fc00::1]/x.png"),
-        ("IPv6 unspecified", "http://[::]/x.png"),
-        ("IDNA empty punycode", "http://xn--/x.png"),
-        ("IDNA bad punycode", "http://xn--a.example/x.png"),
+        ("IPv6 loopback", "http://[::1]/x.png"), ("IPv6 link-local", "http://[fe80::1]/x.png"),
+        ("IPv6 unique local", "http://[fc00::1]/x.png"), ("IPv6 unspecified", "http://[::]/x.png"),
+        ("IDNA empty punycode", "http://xn--/x.png"), ("IDNA bad punycode", "http://xn--a.example/x.png"),
         ("IDNA zero-width joiner", "http://a\u200db.example/x.png"),
-        ("IDNA fullwidth dot", "http://example\uff0ecom/x.png"),
-        ("IDNA snowman", "http://\u2603.example/x.png"),
+        ("IDNA fullwidth dot", "http://example\uff0ecom/x.png"), ("IDNA snowman", "http://\u2603.example/x.png"),
         ("IDNA right-to-left mix", "http://a\u05d0.example/x.png"),
-        ("IDNA parenthesized digit", "http://\u2488.example/x.png"),
-        ("IDNA leading hyphen", "http://-a.example/x.png"),
-        ("empty label", "http://a..b/x.png"),
-        ("only dots", "http://.../x.png"),
+        ("IDNA parenthesized digit", "http://\u2488.example/x.png"), ("IDNA leading hyphen", "http://-a.example/x.png"),
+        ("empty label", "http://a..b/x.png"), ("only dots", "http://.../x.png"),
         ("label of 64", f"http://{'a' * 64}.example/x.png"),
         ("host of 300", "http://" + ".".join(["a" * 50] * 6) + "/x.png"),
-        ("URL of 8193", "http://example.com/" + "a" * 8174),
-        ("URL of 100000", "http://example.com/" + "a" * 100_000),
-        ("credentials", "http://user:secret@example.com/x.png"),
-        ("user only", "http://user@example.com/x.png"),
-        ("empty credentials", "http://@example.com/x.png"),
-        ("two at signs", "http://a@b@example.com/x.png"),
-        ("credentials hiding loopback", "https://example.com@127.0.0.1/x.png"),
-        ("tab", "http://exam\tple.com/x.png"),
-        ("CRLF header injection", "http://example.com/x.png\r\nHost: evil"),
-        ("DEL", "http://example.com/\x7f.png"),
-        ("space", "http://example .com/x.png"),
-        ("line separator", "http://example.com/\u2028.png"),
-        ("NUL in host", "http://exa\x00mple.com/x.png"),
-        ("NUL in path", "http://example.com/x\x00.png"),
-        ("encoded NUL", "http://example.com/x%00.png"),
-        ("port 0", "http://example.com:0/x.png"),
-        ("port 65536", "http://example.com:65536/x.png"),
-        ("port negative", "http://example.com:-1/x.png"),
+        ("URL of 8193", "http://example.com/" + "a" * 8174), ("URL of 100000", "http://example.com/" + "a" * 100_000),
+        ("credentials", "http://user:secret@example.com/x.png"), ("user only", "http://user@example.com/x.png"),
+        ("empty credentials", "http://@example.com/x.png"), ("two at signs", "http://a@b@example.com/x.png"),
+        ("credentials hiding loopback", "https://example.com@127.0.0.1/x.png"), ("tab", "http://exam\tple.com/x.png"),
+        ("CRLF header injection", "http://example.com/x.png\r\nHost: evil"), ("DEL", "http://example.com/\x7f.png"),
+        ("space", "http://example .com/x.png"), ("line separator", "http://example.com/\u2028.png"),
+        ("NUL in host", "http://exa\x00mple.com/x.png"), ("NUL in path", "http://example.com/x\x00.png"),
+        ("encoded NUL", "http://example.com/x%00.png"), ("port 0", "http://example.com:0/x.png"),
+        ("port 65536", "http://example.com:65536/x.png"), ("port negative", "http://example.com:-1/x.png"),
         ("port huge", "http://example.com:99999999999999999999/x.png"),
-        ("port not a number", "http://example.com:http/x.png"),
-        ("loopback", "http://127.0.0.1/x.png"),
-        ("loopback short form", "http://127.1/x.png"),
-        ("loopback hex", "http://0x7f.0.0.1/x.png"),
-        ("loopback octal", "http://0177.0.0.1/x.png"),
-        ("loopback decimal", "http://2130706433/x.png"),
-        ("localhost", "http://localhost/x.png"),
-        ("localhost with port", "http://localhost:8000/x.png"),
-        ("unspecified", "http://0.0.0.0/x.png"),
-        ("private 10/8", "http://10.0.0.1/x.png"),
-        ("private 172.16/12", "http://172.16.0.1/x.png"),
-        ("private 192.168/16", "http://192.168.1.1/x.png"),
-        ("shared 100.64/10", "http://100.64.0.1/x.png"),
-        ("cloud metadata", "http://169.254.169.254/latest/meta-data/"),
-        ("multicast", "http://224.0.0.1/x.png"),
-        ("broadcast", "http://255.255.255.255/x.png"),
-        ("reserved .invalid", "https://images.invalid/x.png"),
-        ("uppercase scheme", "HTTP://EXAMPLE.COM/X.PNG"),
-        ("file passwd", "file:///etc/passwd"),
-        ("file NUL", "file:///etc/passwd\x00.png"),
-        ("file encoded NUL", "file:///etc/passwd%00.png"),
-        ("file traversal", "file:///../../../etc/passwd"),
+        ("port not a number", "http://example.com:http/x.png"), ("loopback", "http://127.0.0.1/x.png"),
+        ("loopback short form", "http://127.1/x.png"), ("loopback hex", "http://0x7f.0.0.1/x.png"),
+        ("loopback octal", "http://0177.0.0.1/x.png"), ("loopback decimal", "http://2130706433/x.png"),
+        ("localhost", "http://localhost/x.png"), ("localhost with port", "http://localhost:8000/x.png"),
+        ("unspecified", "http://0.0.0.0/x.png"), ("private 10/8", "http://10.0.0.1/x.png"),
+        ("private 172.16/12", "http://172.16.0.1/x.png"), ("private 192.168/16", "http://192.168.1.1/x.png"),
+        ("shared 100.64/10", "http://100.64.0.1/x.png"), ("cloud metadata", "http://169.254.169.254/latest/meta-data/"),
+        ("multicast", "http://224.0.0.1/x.png"), ("broadcast", "http://255.255.255.255/x.png"),
+        ("reserved .invalid", "https://images.invalid/x.png"), ("uppercase scheme", "HTTP://EXAMPLE.COM/X.PNG"),
+        ("file passwd", "file:///etc/passwd"), ("file NUL", "file:///etc/passwd\x00.png"),
+        ("file encoded NUL", "file:///etc/passwd%00.png"), ("file traversal", "file:///../../../etc/passwd"),
         ("file encoded traversal", "file:///%2e%2e/%2e%2e/etc/passwd"),
-        ("file with host", "file://example.com/etc/passwd"),
-        ("file localhost", "file://localhost/etc/hostname"),
-        ("file one slash", "file:/etc/passwd"),
-        ("file bare", "file:"),
-        ("file /dev/zero", "file:///dev/zero"),
-        ("file /proc/self/environ", "file:///proc/self/environ"),
-        ("file deep path", "file:///" + "a/" * 5000),
+        ("file with host", "file://example.com/etc/passwd"), ("file localhost", "file://localhost/etc/hostname"),
+        ("file one slash", "file:/etc/passwd"), ("file bare", "file:"), ("file /dev/zero", "file:///dev/zero"),
+        ("file /proc/self/environ", "file:///proc/self/environ"), ("file deep path", "file:///" + "a/" * 5000),
         ("data text/html", "data:text/html;base64,PHNjcmlwdD4="),
         ("data svg", "data:image/svg+xml;base64," + base64.b64encode(b"<svg xmlns='x'/>").decode()),
-        ("data not base64", "data:image/png,plain text"),
-        ("data bad base64", data + "@@@@"),
-        ("data bad padding", data + "iVBORw0KGgo="),
-        ("data empty", data),
-        ("data no comma", "data:image/png;base64"),
-        ("data no media type", "data:;base64,iVBORw0KGgo"),
+        ("data not base64", "data:image/png,plain text"), ("data bad base64", data + "@@@@"),
+        ("data bad padding", data + "iVBORw0KGgo="), ("data empty", data),
+        ("data no comma", "data:image/png;base64"), ("data no media type", "data:;base64,iVBORw0KGgo"),
         ("data uppercase", "DATA:IMAGE/PNG;BASE64,iVBORw0KGgoAAAANSUhEUg=="),
         ("data parameters", 'data:image/png;charset=utf-8;name="x";base64,iVBORw0KGgoAAAANSUhEUg=='),
-        ("data whitespace", "data:image/png;base64,iVBO Rw0K\nGgo="),
-        ("data 20 MB", data + "A" * 20_000_000),
-        ("data 20 MB, bad last", data + "A" * 19_999_999 + "@"),
-        ("ftp", "ftp://example.com/x.png"),
-        ("gopher", "gopher://example.com/x.png"),
-        ("javascript", "javascript:alert(1)"),
-        ("jar", "jar:http://example.com/x.jar!/x.png"),
-        ("blob", "blob:http://example.com/0000"),
-        ("websocket", "ws://example.com/x.png"),
-        ("scheme-relative", "//example.com/x.png"),
-        ("no scheme", "example.com/x.png"),
-        ("scheme only", "http:"),
-        ("no host", "http:///x.png"),
-        ("empty host, port", "https://:443/x.png"),
-        ("a space", " "),
-        ("scheme of 17", "abcdefghijklmnopq://x/y.png"),
-    ]
+        ("data whitespace", "data:image/png;base64,iVBO Rw0K\nGgo="), ("data 20 MB", data + "A" * 20_000_000),
+        ("data 20 MB, bad last", data + "A" * 19_999_999 + "@"), ("ftp", "ftp://example.com/x.png"),
+        ("gopher", "gopher://example.com/x.png"), ("javascript", "javascript:alert(1)"),
+        ("jar", "jar:http://example.com/x.jar!/x.png"), ("blob", "blob:http://example.com/0000"),
+        ("websocket", "ws://example.com/x.png"), ("scheme-relative", "//example.com/x.png"),
+        ("no scheme", "example.com/x.png"), ("scheme only", "http:"), ("no host", "http:///x.png"),
+        ("empty host, port", "https://:443/x.png"), ("a space", " "), ("scheme of 17", "abcdefghijklmnopq://x/y.png"),
+    ]  # fmt: skip
 
 
 URL_NOISE = ("\x00", "\t", "\n", " ", "@", ":", "[", "]", "%", "%00", "\\", "#", "?", "/", "..", "\u200b", "é", "xn--")
@@ -643,58 +574,36 @@ def mutated_urls(rng: random.Random, count: int) -> list[tuple[str, str]]:
 
 
 def url_places(model: str) -> list[Place]:
-    def chat_image(part: dict[str, Any]) -> Callable[[str], object]:
-        return lambda url: chat_body(
-            model, [user([{"type": "text", "text": "Look:"}, part | {"image_url": {"url": url}}])]
-        )
-
-    def responses_image(url: str) -> list[Any]:
+    def image(url: str) -> list[Any]:
         return [user([{"type": "input_text", "text": "Look:"}, {"type": "input_image", "image_url": url}])]
 
+    look, seen = {"type": "text", "text": "Look:"}, [{"role": "assistant", "content": "Seen."}, user("And?")]
     return [
-        Place("chat image_url.url", CHAT, chat_image({"type": "image_url"})),
-        Place("responses input_image", RESPONSES, lambda url: responses_body(model, responses_image(url))),
+        Place(
+            "chat image_url.url",
+            CHAT,
+            lambda s: chat_body(model, [user([look, {"type": "image_url", "image_url": {"url": s}}])]),
+        ),
+        Place("responses input_image", RESPONSES, lambda s: responses_body(model, image(s))),
         Place(
             "chat image_url as a string",
             CHAT,
-            lambda url: chat_body(model, [user([{"type": "image_url", "image_url": url}])]),
+            lambda s: chat_body(model, [user([{"type": "image_url", "image_url": s}])]),
         ),
-        Place("responses input_tokens", INPUT_TOKENS, lambda url: {"model": model, "input": responses_image(url)}),
-        Place(
-            "responses compact",
-            COMPACT,
-            lambda url: compact_body(
-                model, [*responses_image(url), {"role": "assistant", "content": "Seen."}, user("And?")]
-            ),
-        ),
-        Place(
-            "conversation item",
-            CONVERSATIONS,
-            lambda url: {"items": responses_image(url)},
-            follow_up=FollowUp.CONVERSATION,
-        ),
+        Place("responses input_tokens", INPUT_TOKENS, lambda s: {"model": model, "input": image(s)}),
+        Place("responses compact", COMPACT, lambda s: compact_body(model, [*image(s), *seen])),
+        Place("conversation item", CONVERSATIONS, lambda s: {"items": image(s)}, follow_up=FollowUp.CONVERSATION),
     ]
 
 
 def url_cases(model: str, rng: random.Random, *, vision: bool) -> list[Case]:
     """Every URL in chat and in Responses first, then the other places in a seeded order."""
     places = url_places(model)
-    cases = []
-    for url_name, url in [*fixed_urls(), *mutated_urls(rng, 30)]:
-        for place in [*places[:2], *rng.sample(places[2:], len(places) - 2)]:
-            cases.append(
-                Case(
-                    family="urls",
-                    group=url_name,
-                    name=f"{place.name}: {url_name}",
-                    method="POST",
-                    path=place.path,
-                    body=encode(place.build(url)),
-                    expect=url_expectation(place, vision=vision),
-                    follow_up=place.follow_up,
-                )
-            )
-    return cases
+    return [
+        at_place("urls", name, place, url, url_expectation(place, vision=vision))
+        for name, url in [*fixed_urls(), *mutated_urls(rng, 30)]
+        for place in shuffled(places, rng, 2)
+    ]
 
 
 def url_expectation(place: Place, *, vision: bool) -> Expect:
@@ -815,33 +724,17 @@ def data_url(raw: bytes, media_type: str) -> str:
 def image_cases(model: str, rng: random.Random) -> list[Case]:
     """Each image in chat and in Responses, and a third of them in a count as well; then the image count rule
     on both sides of --max-images (16 by default)."""
-    places = url_places(model)
-    chat_place, responses_place, count_place = places[0], places[1], places[3]
-    cases = []
-    for name, raw, media_type, expect in image_payloads(rng):
-        url = data_url(raw, media_type)
-        chosen = [chat_place, responses_place] + ([count_place] if rng.random() < 1 / 3 else [])
-        for place in chosen:
-            cases.append(
-                Case(
-                    family="image-bytes",
-                    group=name,
-                    name=f"{place.name}: {name}",
-                    method="POST",
-                    path=place.path,
-                    body=encode(place.build(url)),
-                    expect=expect,
-                )
-            )
+    chat_place, responses_place, _, count_place, *_ = url_places(model)
+    cases = [
+        at_place("image-bytes", name, place, data_url(raw, media_type), expect)
+        for name, raw, media_type, expect in image_payloads(rng)
+        for place in [chat_place, responses_place, *([count_place] if rng.random() < 1 / 3 else [])]
+    ]
     one = {"type": "image_url", "image_url": {"url": data_url(saved_image("PNG"), "image/png")}}
     for count, expect in ((16, Expect.OK), (17, Expect.REFUSED)):
-        body = chat_body(model, [user([{"type": "text", "text": "Look:"}, *[one] * count])])
         name = f"chat: {count} valid images"
-        cases.append(
-            Case(
-                family="image-bytes", group=name, name=name, method="POST", path=CHAT, body=encode(body), expect=expect
-            )
-        )
+        body = chat_body(model, [user([{"type": "text", "text": "Look:"}, *[one] * count])])
+        cases.append(post("image-bytes", name, name, CHAT, body, expect=expect))
     return cases
 
 
@@ -1140,28 +1033,10 @@ def wrong_type_cases(model: str) -> list[Case]:
 
 
 NUMBER_TEXTS = (
-    "NaN",
-    "Infinity",
-    "-Infinity",
-    "1e309",
-    "-1e309",
-    "-0",
-    "-0.0",
-    "0",
-    "1e-400",
-    "5e-324",
-    "0.5",
-    "1e2",
-    "1.7976931348623157e308",
-    "-1",
-    "2147483648",
-    "9223372036854775807",
-    "9223372036854775808",
-    "-9223372036854775809",
-    "18446744073709551615",
-    "18446744073709551616",
-    "1" + "0" * 5000,
-)
+    "NaN", "Infinity", "-Infinity", "1e309", "-1e309", "-0", "-0.0", "0", "1e-400", "5e-324", "0.5", "1e2",
+    "1.7976931348623157e308", "-1", "2147483648", "9223372036854775807", "9223372036854775808",
+    "-9223372036854775809", "18446744073709551615", "18446744073709551616", "1" + "0" * 5000,
+)  # fmt: skip
 
 
 def number_expectation(text: str, low: float, high: float, integers: bool) -> Expect:
@@ -1204,38 +1079,20 @@ def nesting_cases(model: str) -> list[Case]:
     """Bodies nested around and far past the limit, in an ignored field, a typed one, and the whole body."""
     cases = []
     for depth in (62, 63, 64, 65, 1000, 1025, 5000, 100_000):
-        total = depth + 1  # the body object itself is a level
-        ignored_expect = Expect.EITHER if total <= MAX_DEPTH else Expect.REFUSED
-        cases += [
-            shape_case(
-                "nesting",
-                f"chat, an ignored field nested {depth}",
-                CHAT,
-                chat_base(model) | {"extra": Raw(nested_arrays(depth))},
-                ignored_expect,
-            ),
-            shape_case(
-                "nesting",
-                f"chat, content nested {depth}",
-                CHAT,
-                chat_body(model, [user(Raw(nested_arrays(depth)))]),
-                Expect.REFUSED,
-            ),
-            shape_case(
-                "nesting",
+        arrays, objects = Raw(nested_arrays(depth)), Raw(nested_objects(depth))
+        ignored = Expect.EITHER if depth + 1 <= MAX_DEPTH else Expect.REFUSED  # the body object itself is a level
+        rows: list[tuple[str, str, object, Expect]] = [
+            (f"chat, an ignored field nested {depth}", CHAT, chat_base(model) | {"extra": arrays}, ignored),
+            (f"chat, content nested {depth}", CHAT, chat_body(model, [user(arrays)]), Expect.REFUSED),
+            (
                 f"responses metadata objects nested {depth}",
                 RESPONSES,
-                responses_base(model) | {"metadata": Raw(nested_objects(depth))},
+                responses_base(model) | {"metadata": objects},
                 Expect.REFUSED,
             ),
-            shape_case(
-                "nesting",
-                f"tokenize messages nested {depth}",
-                TOKENIZE,
-                {"model": model, "messages": Raw(nested_arrays(depth))},
-                Expect.REFUSED,
-            ),
+            (f"tokenize messages nested {depth}", TOKENIZE, {"model": model, "messages": arrays}, Expect.REFUSED),
         ]
+        cases += [shape_case("nesting", *row) for row in rows]
     for depth in (65, 5000):
         cases.append(
             shape_case("nesting", f"a bare array nested {depth}", RESPONSES, Raw(nested_arrays(depth)), Expect.REFUSED)
@@ -1246,30 +1103,24 @@ def nesting_cases(model: str) -> list[Case]:
 def huge_cases(model: str) -> list[Case]:
     """Strings and arrays that take most of the 32 MiB body limit, or a lot of work to render."""
     big, wide = "a" * ABOUT_30_MB, "\U0001f600" * (ABOUT_30_MB // 12)  # 4 bytes each, 12 once escaped as JSON
-    many_messages = [user("a") for _ in range(100_000)]
+    chat, responses, base = partial(chat_body, model), partial(responses_body, model), chat_base(model)
     many_tools = [{"type": "function", "function": {"name": f"f{index}"}} for index in range(50_000)]
-    many_calls = [
-        {"id": f"c{index}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for index in range(20_000)
-    ]
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    many_calls = [{"id": f"c{index}", **call} for index in range(20_000)]
     rows: list[tuple[str, str, object, Expect]] = [
-        ("chat content of 30 MB", CHAT, chat_body(model, [user(big)]), Expect.REFUSED),
-        ("chat content of 2.5 M emoji", CHAT, chat_body(model, [user(wide)]), Expect.REFUSED),
-        ("chat content of 20000 characters", CHAT, chat_body(model, [user("word " * 4000)]), Expect.REFUSED),
-        ("chat user of 30 MB", CHAT, chat_base(model) | {"user": big}, Expect.EITHER),
-        ("chat stop of 1 MB", CHAT, chat_base(model) | {"stop": ["s" * 1_000_000]}, Expect.EITHER),
-        ("chat model of 1 MB", CHAT, chat_base(model) | {"model": big[:1_000_000]}, Expect.REFUSED),
-        ("chat 100000 messages", CHAT, chat_body(model, many_messages), Expect.REFUSED),
-        (
-            "chat 100000 text parts",
-            CHAT,
-            chat_body(model, [user([{"type": "text", "text": "a"}] * 100_000)]),
-            Expect.REFUSED,
-        ),
-        ("chat 50000 tools", CHAT, chat_base(model) | {"tools": many_tools}, Expect.EITHER),
+        ("chat content of 30 MB", CHAT, chat([user(big)]), Expect.REFUSED),
+        ("chat content of 2.5 M emoji", CHAT, chat([user(wide)]), Expect.REFUSED),
+        ("chat content of 20000 characters", CHAT, chat([user("word " * 4000)]), Expect.REFUSED),
+        ("chat user of 30 MB", CHAT, base | {"user": big}, Expect.EITHER),
+        ("chat stop of 1 MB", CHAT, base | {"stop": ["s" * 1_000_000]}, Expect.EITHER),
+        ("chat model of 1 MB", CHAT, base | {"model": big[:1_000_000]}, Expect.REFUSED),
+        ("chat 100000 messages", CHAT, chat([user("a") for _ in range(100_000)]), Expect.REFUSED),
+        ("chat 100000 text parts", CHAT, chat([user([{"type": "text", "text": "a"}] * 100_000)]), Expect.REFUSED),
+        ("chat 50000 tools", CHAT, base | {"tools": many_tools}, Expect.EITHER),
         (
             "chat 20000 tool calls",
             CHAT,
-            chat_body(model, [user("Go."), {"role": "assistant", "content": "x", "tool_calls": many_calls}]),
+            chat([user("Go."), {"role": "assistant", "content": "x", "tool_calls": many_calls}]),
             Expect.EITHER,
         ),
         ("completions prompt of 30 MB", COMPLETIONS, {"model": model, "prompt": big, "max_tokens": 2}, Expect.REFUSED),
@@ -1280,24 +1131,14 @@ def huge_cases(model: str) -> list[Case]:
             Expect.REFUSED,
         ),
         ("responses instructions of 30 MB", RESPONSES, responses_base(model) | {"instructions": big}, Expect.REFUSED),
-        (
-            "responses function_call arguments of 30 MB",
-            RESPONSES,
-            responses_body(model, call_items(big)),
-            Expect.REFUSED,
-        ),
+        ("responses function_call arguments of 30 MB", RESPONSES, responses(call_items(big)), Expect.REFUSED),
         (
             "responses previous_response_id of 30 MB",
             RESPONSES,
             {"model": model, "previous_response_id": big, "input": "Hi."},
             Expect.REFUSED,
         ),
-        (
-            "responses 20 items of 1.4 MB",
-            RESPONSES,
-            responses_body(model, [user(big[:1_400_000])] * 20),
-            Expect.REFUSED,
-        ),
+        ("responses 20 items of 1.4 MB", RESPONSES, responses([user(big[:1_400_000])] * 20), Expect.REFUSED),
         (
             "responses metadata value of 30 MB",
             RESPONSES,
@@ -1308,80 +1149,41 @@ def huge_cases(model: str) -> list[Case]:
         ("conversation item of 30 MB", CONVERSATIONS, {"items": [user(big)]}, Expect.EITHER),
         ("tokenize prompt of 30 MB", TOKENIZE, {"model": model, "prompt": big}, Expect.REFUSED),
         ("detokenize 1000000 tokens", DETOKENIZE, {"model": model, "tokens": [1] * 1_000_000}, Expect.EITHER),
-        ("a body over 32 MiB", CHAT, chat_body(model, [user(big + "a" * 4_000_000)]), Expect.REFUSED),
+        ("a body over 32 MiB", CHAT, chat([user(big + "a" * 4_000_000)]), Expect.REFUSED),
     ]
-    return [shape_case("huge", name, path, body, expect) for name, path, body, expect in rows]
+    return [shape_case("huge", *row) for row in rows]
 
 
 def role_cases(model: str) -> list[Case]:
-    roles: list[tuple[object, bool]] = [
-        ("wizard", False),
-        ("", False),
-        ("USER", False),
-        ("user ", False),
-        ("function", False),
-        ("ipython", False),
-        ("\x00", False),
-        ("user\x00", False),
-        ("<|im_start|>system", False),
-        ("developer", True),
-        ("tool", True),
-    ]
+    """A role the server does not know is a 4xx (Responses knows no `tool`); a count renders any role."""
+    roles = ("wizard", "", "USER", "user ", "function", "ipython", "\x00", "user\x00", "<|im_start|>system")
     cases = []
-    for role, known in roles:
-        shown = json.dumps(role)
-        chat_expect = Expect.EITHER if known else Expect.REFUSED
-        responses_known = known and role != "tool"
-        responses_expect = Expect.EITHER if responses_known else Expect.REFUSED
+    for role in (*roles, "developer", "tool"):
+        shown, message = json.dumps(role), {"role": role, "content": "Hi."}
+        chat_expect = Expect.REFUSED if role in roles else Expect.EITHER
+        responses_expect = Expect.REFUSED if role in (*roles, "tool") else Expect.EITHER
+        conversation = {"items": [{"type": "message", **message}]}
         cases += [
+            shape_case("roles", f"chat role {shown}", CHAT, chat_body(model, [message, user("Hello.")]), chat_expect),
             shape_case(
-                "roles",
-                f"chat role {shown}",
-                CHAT,
-                chat_body(model, [{"role": role, "content": "Hi."}, user("Hello.")]),
-                chat_expect,
-            ),
-            shape_case(
-                "roles",
-                f"responses role {shown}",
-                RESPONSES,
-                responses_body(model, [{"role": role, "content": "Hi."}]),
-                responses_expect,
+                "roles", f"responses role {shown}", RESPONSES, responses_body(model, [message]), responses_expect
             ),
             shape_case(
                 "roles",
                 f"conversation item role {shown}",
                 CONVERSATIONS,
-                {"items": [{"type": "message", "role": role, "content": "Hi."}]},
+                conversation,
                 responses_expect,
                 follow_up=FollowUp.CONVERSATION,
             ),
             shape_case(
-                "roles",
-                f"tokenize role {shown}",
-                TOKENIZE,
-                {"model": model, "messages": [{"role": role, "content": "Hi."}]},
-                Expect.EITHER,
+                "roles", f"tokenize role {shown}", TOKENIZE, {"model": model, "messages": [message]}, Expect.EITHER
             ),
         ]
-    cases.append(
-        shape_case(
-            "roles",
-            "chat assistant without content or calls",
-            CHAT,
-            chat_body(model, [user("Hi."), {"role": "assistant"}, user("Hi?")]),
-            Expect.REFUSED,
-        )
-    )
-    cases.append(
-        shape_case(
-            "roles",
-            "chat tool result without a call",
-            CHAT,
-            chat_body(model, [{"role": "tool", "content": "x", "tool_call_id": "nope"}]),
-            Expect.EITHER,
-        )
-    )
+    no_content = chat_body(model, [user("Hi."), {"role": "assistant"}, user("Hi?")])
+    no_call = chat_body(model, [{"role": "tool", "content": "x", "tool_call_id": "nope"}])
+    cases.append(shape_case("roles", "chat assistant without content or calls", CHAT, no_content, Expect.REFUSED))
+    cases.append(shape_case("roles", "chat tool result without a call", CHAT, no_call, Expect.EITHER))
     return cases
 
 
@@ -1427,149 +1229,103 @@ def empty_cases(model: str) -> list[Case]:
 
 def raw_body_cases(model: str) -> list[Case]:
     """Bodies `json.dumps` would not write: duplicate keys, text that is not UTF-8 or not JSON."""
-    message = b'{"role": "user", "content": "Hi."}'
-    chat_tail = b', "max_tokens": 2, "model": "' + model.encode() + b'"}'
+    message, tail = b'{"role": "user", "content": "Hi."}', b', "max_tokens": 2, "model": "' + model.encode() + b'"}'
+    listed, valid = b'{"messages": [' + message + b"]", encode(chat_base(model))
+
+    def content(raw: bytes) -> bytes:
+        return b'{"messages": [{"role": "user", "content": "' + raw + b'"}]' + tail
+
     rows: list[tuple[str, str, bytes, Expect]] = [
-        (
-            "duplicate messages, the last bad",
-            CHAT,
-            b'{"messages": [' + message + b'], "messages": "x"' + chat_tail,
-            Expect.REFUSED,
-        ),
+        ("duplicate messages, the last bad", CHAT, listed + b', "messages": "x"' + tail, Expect.REFUSED),
         (
             "duplicate messages, the last good",
             CHAT,
-            b'{"messages": "x", "messages": [' + message + b"]" + chat_tail,
+            b'{"messages": "x", "messages": [' + message + b"]" + tail,
             Expect.EITHER,
         ),
         (
             "duplicate role in a message",
             CHAT,
-            b'{"messages": [{"role": "user", "role": "wizard", "content": "Hi."}]' + chat_tail,
+            b'{"messages": [{"role": "user", "role": "wizard", "content": "Hi."}]' + tail,
             Expect.REFUSED,
         ),
         (
             "duplicate stream",
             CHAT,
-            b'{"stream": false, "stream": true, "messages": [' + message + b"]" + chat_tail,
+            b'{"stream": false, "stream": true, "messages": [' + message + b"]" + tail,
             Expect.EITHER,
         ),
-        (
-            "1000 duplicate keys",
-            CHAT,
-            b'{"messages": [' + message + b"]" + b', "x": 1' * 1000 + chat_tail,
-            Expect.EITHER,
-        ),
-        ("UTF-16 body", CHAT, encode(chat_base(model)).decode().encode("utf-16"), Expect.REFUSED),
-        ("byte-order mark", CHAT, b"\xef\xbb\xbf" + encode(chat_base(model)), Expect.EITHER),
-        ("Latin-1 content", CHAT, b'{"messages": [{"role": "user", "content": "caf\xe9"}]' + chat_tail, Expect.REFUSED),
-        (
-            "overlong UTF-8 slash",
-            CHAT,
-            b'{"messages": [{"role": "user", "content": "\xc0\xaf"}]' + chat_tail,
-            Expect.REFUSED,
-        ),
-        (
-            "UTF-8 encoded surrogate",
-            CHAT,
-            b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]' + chat_tail,
-            Expect.REFUSED,
-        ),
+        ("1000 duplicate keys", CHAT, listed + b', "x": 1' * 1000 + tail, Expect.EITHER),
+        ("UTF-16 body", CHAT, valid.decode().encode("utf-16"), Expect.REFUSED),
+        ("byte-order mark", CHAT, b"\xef\xbb\xbf" + valid, Expect.EITHER),
+        ("Latin-1 content", CHAT, content(b"caf\xe9"), Expect.REFUSED),
+        ("overlong UTF-8 slash", CHAT, content(b"\xc0\xaf"), Expect.REFUSED),
+        ("UTF-8 encoded surrogate", CHAT, content(b"\xed\xa0\x80"), Expect.REFUSED),
         ("NaN literal", CHAT, encode(chat_base(model) | {"temperature": Raw("NaN")}), Expect.REFUSED),
-        ("trailing comma", CHAT, b'{"messages": [' + message + b",]" + chat_tail, Expect.REFUSED),
-        ("two documents", CHAT, encode(chat_base(model)) * 2, Expect.REFUSED),
-        ("comment", CHAT, b"/* hi */" + encode(chat_base(model)), Expect.REFUSED),
+        ("trailing comma", CHAT, b'{"messages": [' + message + b",]" + tail, Expect.REFUSED),
+        ("two documents", CHAT, valid * 2, Expect.REFUSED),
+        ("comment", CHAT, b"/* hi */" + valid, Expect.REFUSED),
         ("empty body", RESPONSES, b"", Expect.REFUSED),
         ("a lone NUL", RESPONSES, b"\x00", Expect.REFUSED),
         ("JSON null", RESPONSES, b"null", Expect.REFUSED),
         ("JSON string", RESPONSES, b'"hi"', Expect.REFUSED),
     ]
-    typed = [(*row, "application/json") for row in rows[:-4]]
-    typed += [("text/plain JSON", CHAT, encode(chat_base(model)), Expect.EITHER, "text/plain")]
-    typed += [("form-encoded", CHAT, b"messages=hi&model=x", Expect.REFUSED, "application/x-www-form-urlencoded")]
-    typed += [(*row, "application/json") for row in rows[-4:]]
-    return [
-        Case(
-            family="shapes",
-            group="raw bodies",
-            name=name,
-            method="POST",
-            path=path,
-            body=body,
-            expect=expect,
-            content_type=content_type,
-        )
-        for name, path, body, expect, content_type in typed
+    cases = [post("shapes", "raw bodies", name, path, body, expect=expect) for name, path, body, expect in rows]
+    form = "application/x-www-form-urlencoded"
+    cases[-4:-4] = [
+        post("shapes", "raw bodies", "text/plain JSON", CHAT, valid, expect=Expect.EITHER, content_type="text/plain"),
+        post(
+            "shapes",
+            "raw bodies",
+            "form-encoded",
+            CHAT,
+            b"messages=hi&model=x",
+            expect=Expect.REFUSED,
+            content_type=form,
+        ),
     ]
+    return cases
 
 
 HOSTILE_IDS = (
-    "\x00",
-    "a" * 8000,
-    "../../etc/passwd",
-    "resp_\U0001f600",
-    "'; DROP TABLE responses; --",
-    "%",
-    "\n",
-    " ",
-    "conv_" + "\x7f",
-    "\u202e",
-)
+    "\x00", "a" * 8000, "../../etc/passwd", "resp_\U0001f600", "'; DROP TABLE responses; --", "%", "\n", " ",
+    "conv_" + "\x7f", "\u202e",
+)  # fmt: skip
+ID_PATHS = (
+    ("GET", "/v1/responses/{}"), ("DELETE", "/v1/responses/{}"), ("POST", "/v1/responses/{}/cancel"),
+    ("GET", "/v1/responses/{}/input_items"), ("GET", "/v1/conversations/{}"), ("DELETE", "/v1/conversations/{}"),
+    ("GET", "/v1/conversations/{{conversation}}/items/{}"), ("DELETE", "/v1/conversations/{{conversation}}/items/{}"),
+    ("GET", "/v1/models/{}"),
+)  # fmt: skip
+QUERIES = (
+    ("limit=NaN", Expect.REFUSED), ("limit=1e309", Expect.REFUSED), ("limit=-0", Expect.REFUSED),
+    ("limit=0x10", Expect.REFUSED), ("limit=%EF%BC%91%EF%BC%90", Expect.EITHER),  # fullwidth "10"
+    ("limit=" + "9" * 5000, Expect.REFUSED), ("limit=", Expect.REFUSED), ("limit=100", Expect.EITHER),
+    ("limit=101", Expect.REFUSED), ("order=ASC", Expect.REFUSED), ("order=%00", Expect.REFUSED),
+    ("after=%00", Expect.EITHER), ("after=" + "a" * 5000, Expect.EITHER), ("limit=1&limit=x", Expect.EITHER),
+)  # fmt: skip
 
 
 def path_cases() -> list[Case]:
     """Ids that are not ids in every path that takes one, and query strings that are not numbers."""
     cases = []
-    templates = [
-        ("GET", "/v1/responses/{}"),
-        ("DELETE", "/v1/responses/{}"),
-        ("POST", "/v1/responses/{}/cancel"),
-        ("GET", "/v1/responses/{}/input_items"),
-        ("GET", "/v1/conversations/{}"),
-        ("DELETE", "/v1/conversations/{}"),
-        ("GET", "/v1/conversations/{{conversation}}/items/{}"),
-        ("DELETE", "/v1/conversations/{{conversation}}/items/{}"),
-        ("GET", "/v1/models/{}"),
-    ]
-    for method, template in templates:
+    for method, template in ID_PATHS:
         for identifier in HOSTILE_IDS:
-            path = template.format(quote(identifier, safe=""))
             shown = json.dumps(identifier if len(identifier) < 40 else f"{identifier[:10]}... ({len(identifier)})")
+            path, name = template.format(quote(identifier, safe="")), f"{method} {template.format('')} id {shown}"
             cases.append(
                 Case(
-                    family="shapes",
-                    group="ids",
-                    name=f"{method} {template.format('')} id {shown}",
-                    method=method,
-                    path=path,
-                    body=None,
-                    expect=Expect.REFUSED,
+                    family="shapes", group="ids", name=name, method=method, path=path, body=None, expect=Expect.REFUSED
                 )
             )
-    queries = [
-        ("limit=NaN", Expect.REFUSED),
-        ("limit=1e309", Expect.REFUSED),
-        ("limit=-0", Expect.REFUSED),
-        ("limit=0x10", Expect.REFUSED),
-        ("limit=%EF%BC%91%EF%BC%90", Expect.EITHER),  # fullwidth "10"
-        ("limit=" + "9" * 5000, Expect.REFUSED),
-        ("limit=", Expect.REFUSED),
-        ("limit=100", Expect.EITHER),
-        ("limit=101", Expect.REFUSED),
-        ("order=ASC", Expect.REFUSED),
-        ("order=%00", Expect.REFUSED),
-        ("after=%00", Expect.EITHER),
-        ("after=" + "a" * 5000, Expect.EITHER),
-        ("limit=1&limit=x", Expect.EITHER),
-    ]
-    for query, expect in queries:
+    for query, expect in QUERIES:
         for path in ("/v1/conversations/{conversation}/items", "/v1/responses/{response}/input_items"):
-            shown = query if len(query) < 40 else f"{query[:12]}... ({len(query)})"
+            name = f"GET {path}?{query if len(query) < 40 else f'{query[:12]}... ({len(query)})'}"
             cases.append(
                 Case(
                     family="shapes",
                     group="queries",
-                    name=f"GET {path}?{shown}",
+                    name=name,
                     method="GET",
                     path=f"{path}?{query}",
                     body=None,
@@ -1582,16 +1338,7 @@ def path_cases() -> list[Case]:
 def shape_case(
     group: str, name: str, path: str, body: object, expect: Expect, *, follow_up: FollowUp | None = None
 ) -> Case:
-    return Case(
-        family="shapes",
-        group=group,
-        name=name,
-        method="POST",
-        path=path,
-        body=encode(body),
-        expect=expect,
-        follow_up=follow_up,
-    )
+    return post("shapes", group, name, path, body, expect=expect, follow_up=follow_up)
 
 
 def shape_cases(model: str, rng: random.Random) -> list[Case]:
