@@ -759,8 +759,13 @@ def json_type(value: object) -> str:
     return "list" if isinstance(value, list) else "obj"
 
 
-NUMBER = frozenset({"int", "float"})
 ANY_TYPE = frozenset({"null", "bool", "int", "float", "str", "list", "obj"})
+POSITIVE: tuple[float, float, bool] = (1, float("inf"), True)
+TEMPERATURE: tuple[float, float, bool] = (0, 2, False)
+TOP_P: tuple[float, float, bool] = (5e-324, 1, False)
+SEED: tuple[float, float, bool] = (0, 2**63 - 1, True)
+ONE: tuple[float, float, bool] = (1, 1, True)
+TOKEN_ID: tuple[float, float, bool] = (0, 49151, True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -771,236 +776,160 @@ class Field:
     at: tuple[str | int, ...]
     takes: frozenset[str]
     base: Callable[[str], dict[str, Any]]
-    method: str = "POST"
-    follow_up: FollowUp | None = None
     numbers: tuple[float, float, bool] | None = None  # (low, high, integers only) for the numbers generator
-    label: str = ""
+    follow_up: FollowUp | None = None
 
     @property
     def name(self) -> str:
-        return self.label or f"{self.route} {'.'.join(str(step) for step in self.at)}"
-
-
-def types(*names: str) -> frozenset[str]:
-    return frozenset(names)
+        return f"{self.route} {'.'.join(str(step) for step in self.at)}"
 
 
 def chat_base(model: str) -> dict[str, Any]:
     return chat_body(model, [user("Hello.")])
 
 
-def chat_parts_base(model: str) -> dict[str, Any]:
-    return chat_body(model, [user([{"type": "text", "text": "Hello."}])])
-
-
-def chat_tools_base(model: str) -> dict[str, Any]:
-    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
-    return chat_body(model, tool_turns("{}"), tools=[tool])
-
-
-def completions_base(model: str) -> dict[str, Any]:
-    return {"model": model, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
-
-
 def responses_base(model: str) -> dict[str, Any]:
     return responses_body(model, "Hello.")
-
-
-def responses_items_base(model: str) -> dict[str, Any]:
-    return responses_body(model, [user([{"type": "input_text", "text": "Hello."}])])
-
-
-def responses_calls_base(model: str) -> dict[str, Any]:
-    tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
-    return responses_body(model, call_items(), tools=[tool])
-
-
-def responses_capsule_base(model: str) -> dict[str, Any]:
-    return responses_body(model, [{"type": "compaction", "encrypted_content": capsule_of(GOOD_CAPSULE)}, user("Go.")])
-
-
-def responses_managed_base(model: str) -> dict[str, Any]:
-    return responses_body(model, "Hello.", context_management=[{"type": "compaction", "compact_threshold": 100_000}])
 
 
 def compact_base(model: str) -> dict[str, Any]:
     return compact_body(model, [user("Hi."), {"role": "assistant", "content": "Hello."}, user("More.")])
 
 
-def conversation_base(_: str) -> dict[str, Any]:
-    return {"metadata": {"k": "v"}, "items": [{"type": "message", "role": "user", "content": "Hello."}]}
-
-
-def tokenize_base(model: str) -> dict[str, Any]:
-    return {"model": model, "prompt": "Hello"}
-
-
-def tokenize_chat_base(model: str) -> dict[str, Any]:
-    return {"model": model, "messages": [user([{"type": "text", "text": "Hello."}])], "add_generation_prompt": True}
-
-
-def detokenize_base(model: str) -> dict[str, Any]:
-    return {"model": model, "tokens": [1, 2]}
-
-
-NULL_STR = types("null", "str")
-NULL_INT = types("null", "int")
-NULL_NUMBER = types("null", "int", "float")
-NULL_BOOL = types("null", "bool")
-NULL_LIST = types("null", "list")
-NULL_OBJ = types("null", "obj")
-POSITIVE: tuple[float, float, bool] = (1, float("inf"), True)
+# (dotted path, the JSON types it takes, and for a number its range); the body each group of fields sits in.
+Spec = tuple[Any, ...]
+CHAT_FIELDS: tuple[Spec, ...] = (
+    ("model", "null str"), ("messages", "list"), ("max_tokens", "null int", POSITIVE),
+    ("max_completion_tokens", "null int", POSITIVE), ("temperature", "null int float", TEMPERATURE),
+    ("top_p", "null int float", TOP_P), ("seed", "null int", SEED), ("stop", "null str list"), ("stream", "null bool"),
+    ("stream_options", "null obj"), ("logprobs", "null bool"),
+)  # fmt: skip
+CHAT_MORE_FIELDS: tuple[Spec, ...] = (
+    ("n", "null int", ONE), ("tools", "null list"), ("tool_choice", "null str"), ("user", "null str"),
+    ("prompt_cache_key", "null str"), ("cache_prompt", "null bool"), ("messages.0", "obj"), ("messages.0.role", "str"),
+    ("messages.0.content", "str list"), ("messages.0.name", "any"),
+)  # fmt: skip
+CHAT_PART_FIELDS: tuple[Spec, ...] = (
+    ("messages.0.content.0", "obj"), ("messages.0.content.0.type", "str"), ("messages.0.content.0.text", "str"),
+)  # fmt: skip
+CHAT_TOOL_FIELDS: tuple[Spec, ...] = (
+    ("messages.1.content", "null str list"), ("messages.1.tool_calls", "null list"), ("messages.1.tool_calls.0", "obj"),
+    ("messages.1.tool_calls.0.id", "any"), ("messages.1.tool_calls.0.function", "obj"),
+    ("messages.1.tool_calls.0.function.name", "str"), ("messages.1.tool_calls.0.function.arguments", "str obj"),
+    ("messages.2.tool_call_id", "any"), ("tools.0", "obj"), ("tools.0.type", "str"), ("tools.0.function", "obj"),
+    ("tools.0.function.name", "str"), ("tools.0.function.parameters", "null obj"),
+)  # fmt: skip
+COMPLETIONS_FIELDS: tuple[Spec, ...] = (
+    ("model", "null str"), ("prompt", "str list"), ("max_tokens", "null int", POSITIVE),
+    ("temperature", "null int float", TEMPERATURE), ("top_p", "null int float", TOP_P), ("seed", "null int", SEED),
+    ("stop", "null str list"), ("stream", "null bool"), ("echo", "null bool"), ("suffix", "any"),
+    ("best_of", "null int", ONE), ("logprobs", "null int", (0, 5, True)), ("n", "null int", ONE), ("user", "null str"),
+)  # fmt: skip
+RESPONSES_FIELDS: tuple[Spec, ...] = (
+    ("model", "null str"), ("input", "str list", None, FollowUp.CHAIN),
+    ("instructions", "null str", None, FollowUp.CHAIN),
+    ("max_output_tokens", "null int", POSITIVE), ("temperature", "null int float", TEMPERATURE),
+    ("top_p", "null int float", TOP_P), ("top_logprobs", "null int", (0, 20, True)), ("tools", "null list"),
+    ("tool_choice", "null str"), ("parallel_tool_calls", "null bool"), ("metadata", "null obj", None, FollowUp.CHAIN),
+)  # fmt: skip
+RESPONSES_MORE_FIELDS: tuple[Spec, ...] = (
+    ("prompt_cache_key", "null str"), ("user", "null str"), ("safety_identifier", "null str"), ("store", "null bool"),
+    ("stream", "null bool"), ("previous_response_id", "null str"), ("conversation", "null str obj"),
+    ("context_management", "null list"),
+)  # fmt: skip
+RESPONSES_MANAGED_FIELDS: tuple[Spec, ...] = (
+    ("context_management.0", "obj"), ("context_management.0.type", "str"),
+    ("context_management.0.compact_threshold", "int", POSITIVE),
+)  # fmt: skip
+RESPONSES_LAST_FIELDS: tuple[Spec, ...] = (
+    ("truncation", "null str"), ("text", "null obj"), ("background", "null bool"), ("n", "null int", ONE),
+)  # fmt: skip
+RESPONSES_ITEM_FIELDS: tuple[Spec, ...] = (
+    ("input.0", "obj", None, FollowUp.CHAIN), ("input.0.type", "str"), ("input.0.role", "str"),
+    ("input.0.content", "str list", None, FollowUp.CHAIN), ("input.0.content.0", "obj"),
+    ("input.0.content.0.type", "str"), ("input.0.content.0.text", "str"),
+)  # fmt: skip
+RESPONSES_CALL_FIELDS: tuple[Spec, ...] = (
+    ("input.2.call_id", "str", None, FollowUp.CHAIN), ("input.2.name", "str", None, FollowUp.CHAIN),
+    ("input.2.arguments", "str", None, FollowUp.CHAIN), ("input.3.call_id", "str", None, FollowUp.CHAIN),
+    ("input.3.output", "str list", None, FollowUp.CHAIN), ("tools.0", "obj"), ("tools.0.type", "str"),
+    ("tools.0.name", "str"), ("tools.0.parameters", "null obj"),
+)  # fmt: skip
+COMPACT_FIELDS: tuple[Spec, ...] = (
+    ("input", "str list"), ("keep_tokens", "null int", POSITIVE), ("max_output_tokens", "null int", (1, 16384, True)),
+    ("instructions", "null str"), ("stream", "null bool"), ("tools", "null list"),
+)  # fmt: skip
+CONVERSATION_FIELDS: tuple[Spec, ...] = (
+    ("metadata", "null obj"), ("items", "null list"), ("items.0", "obj", None, FollowUp.CONVERSATION),
+    ("items.0.content", "str list", None, FollowUp.CONVERSATION),
+)  # fmt: skip
+TOKENIZE_CHAT_FIELDS: tuple[Spec, ...] = (
+    ("messages", "null list"), ("add_generation_prompt", "null bool"), ("tools", "null list"), ("messages.0", "obj"),
+    ("messages.0.role", "any"), ("messages.0.content", "any"), ("messages.0.content.0", "any"),
+    ("messages.0.content.0.text", "any"),
+)  # fmt: skip
 
 
 def fields() -> list[Field]:
-    """Every field the validators read, per route, with the JSON types each takes (`ANY_TYPE`: ignored unless
-    it has the right type, or passed to the chat template as is)."""
-    chat, completions, responses = CHAT, COMPLETIONS, RESPONSES
-    chain = FollowUp.CHAIN
-    rows = [
-        Field(chat, ("model",), NULL_STR, chat_base),
-        Field(chat, ("messages",), types("list"), chat_base),
-        Field(chat, ("max_tokens",), NULL_INT, chat_base, numbers=POSITIVE),
-        Field(chat, ("max_completion_tokens",), NULL_INT, chat_base, numbers=POSITIVE),
-        Field(chat, ("temperature",), NULL_NUMBER, chat_base, numbers=(0, 2, False)),
-        Field(chat, ("top_p",), NULL_NUMBER, chat_base, numbers=(5e-324, 1, False)),
-        Field(chat, ("seed",), NULL_INT, chat_base, numbers=(0, 2**63 - 1, True)),
-        Field(chat, ("stop",), types("null", "str", "list"), chat_base),
-        Field(chat, ("stream",), NULL_BOOL, chat_base),
-        Field(chat, ("stream_options",), NULL_OBJ, chat_base),
-        Field(chat, ("logprobs",), NULL_BOOL, chat_base),
-        Field(chat, ("top_logprobs",), NULL_INT, lambda m: chat_base(m) | {"logprobs": True}, numbers=(0, 20, True)),
-        Field(chat, ("n",), NULL_INT, chat_base, numbers=(1, 1, True)),
-        Field(chat, ("tools",), NULL_LIST, chat_base),
-        Field(chat, ("tool_choice",), NULL_STR, chat_base),
-        Field(chat, ("user",), NULL_STR, chat_base),
-        Field(chat, ("prompt_cache_key",), NULL_STR, chat_base),
-        Field(chat, ("cache_prompt",), NULL_BOOL, chat_base),
-        Field(chat, ("messages", 0), types("obj"), chat_base),
-        Field(chat, ("messages", 0, "role"), types("str"), chat_base),
-        Field(chat, ("messages", 0, "content"), types("str", "list"), chat_base),
-        Field(chat, ("messages", 0, "name"), ANY_TYPE, chat_base),
-        Field(chat, ("messages", 0, "content", 0), types("obj"), chat_parts_base),
-        Field(chat, ("messages", 0, "content", 0, "type"), types("str"), chat_parts_base),
-        Field(chat, ("messages", 0, "content", 0, "text"), types("str"), chat_parts_base),
-        Field(chat, ("messages", 1, "content"), types("null", "str", "list"), chat_tools_base),
-        Field(chat, ("messages", 1, "tool_calls"), NULL_LIST, chat_tools_base),
-        Field(chat, ("messages", 1, "tool_calls", 0), types("obj"), chat_tools_base),
-        Field(chat, ("messages", 1, "tool_calls", 0, "id"), ANY_TYPE, chat_tools_base),
-        Field(chat, ("messages", 1, "tool_calls", 0, "function"), types("obj"), chat_tools_base),
-        Field(chat, ("messages", 1, "tool_calls", 0, "function", "name"), types("str"), chat_tools_base),
-        Field(chat, ("messages", 1, "tool_calls", 0, "function", "arguments"), types("str", "obj"), chat_tools_base),
-        Field(chat, ("messages", 2, "tool_call_id"), ANY_TYPE, chat_tools_base),
-        Field(chat, ("tools", 0), types("obj"), chat_tools_base),
-        Field(chat, ("tools", 0, "type"), types("str"), chat_tools_base),
-        Field(chat, ("tools", 0, "function"), types("obj"), chat_tools_base),
-        Field(chat, ("tools", 0, "function", "name"), types("str"), chat_tools_base),
-        Field(chat, ("tools", 0, "function", "parameters"), NULL_OBJ, chat_tools_base),
-        Field(completions, ("model",), NULL_STR, completions_base),
-        Field(completions, ("prompt",), types("str", "list"), completions_base),
-        Field(completions, ("max_tokens",), NULL_INT, completions_base, numbers=POSITIVE),
-        Field(completions, ("temperature",), NULL_NUMBER, completions_base, numbers=(0, 2, False)),
-        Field(completions, ("top_p",), NULL_NUMBER, completions_base, numbers=(5e-324, 1, False)),
-        Field(completions, ("seed",), NULL_INT, completions_base, numbers=(0, 2**63 - 1, True)),
-        Field(completions, ("stop",), types("null", "str", "list"), completions_base),
-        Field(completions, ("stream",), NULL_BOOL, completions_base),
-        Field(completions, ("echo",), NULL_BOOL, completions_base),
-        Field(completions, ("suffix",), ANY_TYPE, completions_base),
-        Field(completions, ("best_of",), NULL_INT, completions_base, numbers=(1, 1, True)),
-        Field(completions, ("logprobs",), NULL_INT, completions_base, numbers=(0, 5, True)),
-        Field(completions, ("n",), NULL_INT, completions_base, numbers=(1, 1, True)),
-        Field(completions, ("user",), NULL_STR, completions_base),
-        Field(
-            completions,
-            ("prompt", 0),
-            types("int", "str", "list"),
-            lambda m: completions_base(m) | {"prompt": [1, 2]},
-            numbers=(0, 49151, True),
+    """Every field the validators read, per route, with the JSON types each takes (`any`: ignored unless it has
+    the right type, or passed to the chat template as is)."""
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    responses_tool = {"type": "function", "name": "lookup", "parameters": {"type": "object"}}
+    capsule = [{"type": "compaction", "encrypted_content": capsule_of(GOOD_CAPSULE)}, user("Go.")]
+    managed = [{"type": "compaction", "compact_threshold": 100_000}]
+    conversation = {"metadata": {"k": "v"}, "items": [{"type": "message", "role": "user", "content": "Hello."}]}
+    completion = {"max_tokens": 2, "temperature": 0}
+    tokenize_chat = {"messages": [user([{"type": "text", "text": "Hello."}])], "add_generation_prompt": True}
+    groups: list[tuple[str, Callable[[str], dict[str, Any]], tuple[Spec, ...]]] = [
+        (CHAT, chat_base, CHAT_FIELDS),
+        (CHAT, lambda m: chat_base(m) | {"logprobs": True}, (("top_logprobs", "null int", (0, 20, True)),)),
+        (CHAT, chat_base, CHAT_MORE_FIELDS),
+        (CHAT, partial(chat_body, messages=[user([{"type": "text", "text": "Hello."}])]), CHAT_PART_FIELDS),
+        (CHAT, partial(chat_body, messages=tool_turns("{}"), tools=[tool]), CHAT_TOOL_FIELDS),
+        (COMPLETIONS, lambda m: {"model": m, "prompt": "Hello", **completion}, COMPLETIONS_FIELDS),
+        (
+            COMPLETIONS,
+            lambda m: {"model": m, "prompt": [1, 2], **completion},
+            (("prompt.0", "int str list", TOKEN_ID),),
         ),
-        Field(responses, ("model",), NULL_STR, responses_base),
-        Field(responses, ("input",), types("str", "list"), responses_base, follow_up=chain),
-        Field(responses, ("instructions",), NULL_STR, responses_base, follow_up=chain),
-        Field(responses, ("max_output_tokens",), NULL_INT, responses_base, numbers=POSITIVE),
-        Field(responses, ("temperature",), NULL_NUMBER, responses_base, numbers=(0, 2, False)),
-        Field(responses, ("top_p",), NULL_NUMBER, responses_base, numbers=(5e-324, 1, False)),
-        Field(responses, ("top_logprobs",), NULL_INT, responses_base, numbers=(0, 20, True)),
-        Field(responses, ("tools",), NULL_LIST, responses_base),
-        Field(responses, ("tool_choice",), NULL_STR, responses_base),
-        Field(responses, ("parallel_tool_calls",), NULL_BOOL, responses_base),
-        Field(responses, ("metadata",), NULL_OBJ, responses_base, follow_up=chain),
-        Field(responses, ("metadata", "k"), types("str"), lambda m: responses_base(m) | {"metadata": {"k": "v"}}),
-        Field(responses, ("prompt_cache_key",), NULL_STR, responses_base),
-        Field(responses, ("user",), NULL_STR, responses_base),
-        Field(responses, ("safety_identifier",), NULL_STR, responses_base),
-        Field(responses, ("store",), NULL_BOOL, responses_base),
-        Field(responses, ("stream",), NULL_BOOL, responses_base),
-        Field(responses, ("previous_response_id",), NULL_STR, responses_base),
-        Field(responses, ("conversation",), types("null", "str", "obj"), responses_base),
-        Field(responses, ("context_management",), NULL_LIST, responses_base),
-        Field(responses, ("context_management", 0), types("obj"), responses_managed_base),
-        Field(responses, ("context_management", 0, "type"), types("str"), responses_managed_base),
-        Field(
-            responses,
-            ("context_management", 0, "compact_threshold"),
-            types("int"),
-            responses_managed_base,
-            numbers=POSITIVE,
+        (RESPONSES, responses_base, RESPONSES_FIELDS),
+        (RESPONSES, lambda m: responses_base(m) | {"metadata": {"k": "v"}}, (("metadata.k", "str"),)),
+        (RESPONSES, responses_base, RESPONSES_MORE_FIELDS),
+        (RESPONSES, partial(responses_body, items="Hello.", context_management=managed), RESPONSES_MANAGED_FIELDS),
+        (RESPONSES, responses_base, RESPONSES_LAST_FIELDS),
+        (
+            RESPONSES,
+            partial(responses_body, items=[user([{"type": "input_text", "text": "Hello."}])]),
+            RESPONSES_ITEM_FIELDS,
         ),
-        Field(responses, ("truncation",), NULL_STR, responses_base),
-        Field(responses, ("text",), NULL_OBJ, responses_base),
-        Field(responses, ("background",), NULL_BOOL, responses_base),
-        Field(responses, ("n",), NULL_INT, responses_base, numbers=(1, 1, True)),
-        Field(responses, ("input", 0), types("obj"), responses_items_base, follow_up=chain),
-        Field(responses, ("input", 0, "type"), types("str"), responses_items_base),
-        Field(responses, ("input", 0, "role"), types("str"), responses_items_base),
-        Field(responses, ("input", 0, "content"), types("str", "list"), responses_items_base, follow_up=chain),
-        Field(responses, ("input", 0, "content", 0), types("obj"), responses_items_base),
-        Field(responses, ("input", 0, "content", 0, "type"), types("str"), responses_items_base),
-        Field(responses, ("input", 0, "content", 0, "text"), types("str"), responses_items_base),
-        Field(responses, ("input", 2, "call_id"), types("str"), responses_calls_base, follow_up=chain),
-        Field(responses, ("input", 2, "name"), types("str"), responses_calls_base, follow_up=chain),
-        Field(responses, ("input", 2, "arguments"), types("str"), responses_calls_base, follow_up=chain),
-        Field(responses, ("input", 3, "call_id"), types("str"), responses_calls_base, follow_up=chain),
-        Field(responses, ("input", 3, "output"), types("str", "list"), responses_calls_base, follow_up=chain),
-        Field(responses, ("tools", 0), types("obj"), responses_calls_base),
-        Field(responses, ("tools", 0, "type"), types("str"), responses_calls_base),
-        Field(responses, ("tools", 0, "name"), types("str"), responses_calls_base),
-        Field(responses, ("tools", 0, "parameters"), NULL_OBJ, responses_calls_base),
-        Field(responses, ("input", 0, "encrypted_content"), types("str"), responses_capsule_base),
-        Field(INPUT_TOKENS, ("input",), types("str", "list"), responses_base),
-        Field(COMPACT, ("input",), types("str", "list"), compact_base),
-        Field(COMPACT, ("keep_tokens",), NULL_INT, compact_base, numbers=POSITIVE),
-        Field(COMPACT, ("max_output_tokens",), NULL_INT, compact_base, numbers=(1, 16384, True)),
-        Field(COMPACT, ("instructions",), NULL_STR, compact_base),
-        Field(COMPACT, ("stream",), NULL_BOOL, compact_base),
-        Field(COMPACT, ("tools",), NULL_LIST, compact_base),
-        Field(CONVERSATIONS, ("metadata",), NULL_OBJ, conversation_base),
-        Field(CONVERSATIONS, ("items",), NULL_LIST, conversation_base),
-        Field(CONVERSATIONS, ("items", 0), types("obj"), conversation_base, follow_up=FollowUp.CONVERSATION),
-        Field(
-            CONVERSATIONS,
-            ("items", 0, "content"),
-            types("str", "list"),
-            conversation_base,
-            follow_up=FollowUp.CONVERSATION,
+        (RESPONSES, partial(responses_body, items=call_items(), tools=[responses_tool]), RESPONSES_CALL_FIELDS),
+        (RESPONSES, partial(responses_body, items=capsule), (("input.0.encrypted_content", "str"),)),
+        (INPUT_TOKENS, responses_base, (("input", "str list"),)),
+        (COMPACT, compact_base, COMPACT_FIELDS),
+        (CONVERSATIONS, lambda _: conversation, CONVERSATION_FIELDS),
+        ("/v1/conversations/{conversation}", lambda _: conversation, (("metadata", "null obj"),)),
+        ("/v1/conversations/{conversation}/items", lambda _: conversation, (("items", "list"),)),
+        (
+            TOKENIZE,
+            lambda m: {"model": m, "prompt": "Hello"},
+            (("prompt", "null str"), ("add_special_tokens", "null bool"), ("model", "null str")),
         ),
-        Field("/v1/conversations/{conversation}", ("metadata",), NULL_OBJ, conversation_base),
-        Field("/v1/conversations/{conversation}/items", ("items",), types("list"), conversation_base),
-        Field(TOKENIZE, ("prompt",), NULL_STR, tokenize_base),
-        Field(TOKENIZE, ("add_special_tokens",), NULL_BOOL, tokenize_base),
-        Field(TOKENIZE, ("model",), NULL_STR, tokenize_base),
-        Field(TOKENIZE, ("messages",), NULL_LIST, tokenize_chat_base),
-        Field(TOKENIZE, ("add_generation_prompt",), NULL_BOOL, tokenize_chat_base),
-        Field(TOKENIZE, ("tools",), NULL_LIST, tokenize_chat_base),
-        Field(TOKENIZE, ("messages", 0), types("obj"), tokenize_chat_base),
-        Field(TOKENIZE, ("messages", 0, "role"), ANY_TYPE, tokenize_chat_base),
-        Field(TOKENIZE, ("messages", 0, "content"), ANY_TYPE, tokenize_chat_base),
-        Field(TOKENIZE, ("messages", 0, "content", 0), ANY_TYPE, tokenize_chat_base),
-        Field(TOKENIZE, ("messages", 0, "content", 0, "text"), ANY_TYPE, tokenize_chat_base),
-        Field(DETOKENIZE, ("tokens",), types("list"), detokenize_base),
-        Field(DETOKENIZE, ("tokens", 0), types("int"), detokenize_base, numbers=(0, 49151, True)),
+        (TOKENIZE, lambda m: {"model": m, **tokenize_chat}, TOKENIZE_CHAT_FIELDS),
+        (DETOKENIZE, lambda m: {"model": m, "tokens": [1, 2]}, (("tokens", "list"), ("tokens.0", "int", TOKEN_ID))),
     ]
-    return rows
+    return [
+        Field(route, path_of(at), types_of(takes), base, *rest)
+        for route, base, specs in groups
+        for at, takes, *rest in specs
+    ]
+
+
+def path_of(dotted: str) -> tuple[str | int, ...]:
+    return tuple(int(step) if step.isdigit() else step for step in dotted.split("."))
+
+
+def types_of(names: str) -> frozenset[str]:
+    return ANY_TYPE if names == "any" else frozenset(names.split())
 
 
 def with_value(body: dict[str, Any], at: Sequence[str | int], value: object) -> dict[str, Any]:
