@@ -911,21 +911,18 @@ def with_value(body: dict[str, Any], at: Sequence[str | int], value: object) -> 
 
 def wrong_type_cases(model: str) -> list[Case]:
     """Every field, every value of `WRONG_VALUES`: a value of a type the field does not take is a 4xx."""
-    cases = []
-    for row in fields():
-        for value in WRONG_VALUES:
-            takes = json_type(value) in row.takes
-            cases.append(
-                shape_case(
-                    "wrong type",
-                    f"{row.name} = {json.dumps(value)}",
-                    row.route,
-                    with_value(row.base(model), row.at, value),
-                    Expect.EITHER if takes else Expect.REFUSED,
-                    follow_up=row.follow_up,
-                )
-            )
-    return cases
+    return [
+        shape_case(
+            "wrong type",
+            f"{row.name} = {json.dumps(value)}",
+            row.route,
+            with_value(row.base(model), row.at, value),
+            Expect.EITHER if json_type(value) in row.takes else Expect.REFUSED,
+            follow_up=row.follow_up,
+        )
+        for row in fields()
+        for value in WRONG_VALUES
+    ]
 
 
 NUMBER_TEXTS = (
@@ -948,23 +945,18 @@ def number_expectation(text: str, low: float, high: float, integers: bool) -> Ex
 
 def number_cases(model: str) -> list[Case]:
     """Numbers at and past every edge, raw JSON text, in every numeric field."""
-    cases = []
-    for row in fields():
-        if row.numbers is None:
-            continue
-        low, high, integers = row.numbers
-        for text in NUMBER_TEXTS:
-            shown = text if len(text) < 30 else f"1e{len(text) - 1} written out"
-            cases.append(
-                shape_case(
-                    "numbers",
-                    f"{row.name} = {shown}",
-                    row.route,
-                    with_value(row.base(model), row.at, Raw(text)),
-                    number_expectation(text, low, high, integers),
-                )
-            )
-    return cases
+    return [
+        shape_case(
+            "numbers",
+            f"{row.name} = {text if len(text) < 30 else f'1e{len(text) - 1} written out'}",
+            row.route,
+            with_value(row.base(model), row.at, Raw(text)),
+            number_expectation(text, *row.numbers),
+        )
+        for row in fields()
+        if row.numbers is not None
+        for text in NUMBER_TEXTS
+    ]
 
 
 MAX_DEPTH = 64
@@ -1084,15 +1076,11 @@ def role_cases(model: str) -> list[Case]:
 
 
 def empty_cases(model: str) -> list[Case]:
+    no_calls, either = {"role": "assistant", "content": "x", "tool_calls": []}, Expect.EITHER
     rows: list[tuple[str, str, object, Expect]] = [
         ("chat messages []", CHAT, chat_body(model, []), Expect.REFUSED),
         ("chat content []", CHAT, chat_body(model, [user([])]), Expect.EITHER),
-        (
-            "chat tool_calls []",
-            CHAT,
-            chat_body(model, [user("Hi."), {"role": "assistant", "content": "x", "tool_calls": []}, user("?")]),
-            Expect.EITHER,
-        ),
+        ("chat tool_calls []", CHAT, chat_body(model, [user("Hi."), no_calls, user("?")]), Expect.EITHER),
         ("chat tools []", CHAT, chat_base(model) | {"tools": []}, Expect.EITHER),
         ("chat stop []", CHAT, chat_base(model) | {"stop": []}, Expect.EITHER),
         ("chat message {}", CHAT, chat_body(model, [{}]), Expect.REFUSED),
@@ -1104,12 +1092,7 @@ def empty_cases(model: str) -> list[Case]:
         ("responses content []", RESPONSES, responses_body(model, [user([])]), Expect.EITHER),
         ("responses output []", RESPONSES, responses_body(model, call_items(output=[])), Expect.EITHER),
         ("responses tools []", RESPONSES, responses_base(model) | {"tools": []}, Expect.EITHER),
-        (
-            "responses context_management []",
-            RESPONSES,
-            responses_base(model) | {"context_management": []},
-            Expect.EITHER,
-        ),
+        ("responses context_management []", RESPONSES, responses_base(model) | {"context_management": []}, either),
         ('responses input ""', RESPONSES, responses_body(model, ""), Expect.EITHER),
         ("compact input []", COMPACT, compact_body(model, []), Expect.REFUSED),
         ("conversation items []", CONVERSATIONS, {"items": []}, Expect.EITHER),

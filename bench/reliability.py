@@ -164,32 +164,60 @@ class LoadRecord:
     probe: bool = False  # sent alone while the queue was full (not part of the burst)
 
 
+@dataclass(slots=True)
+class Read:
+    """What one streamed chat completion delivered before it ended, failed or was closed."""
+
+    chunks: int = 0
+    finish: str | None = None
+
+    @property
+    def outcome(self) -> str:
+        return "completed" if self.finish is not None else "stream ended without finish_reason"
+
+
+async def read_chat(
+    client: openai.AsyncOpenAI,
+    prompt: str,
+    max_tokens: int,
+    read: Read,
+    *,
+    close_after: int | None = None,
+    on_chunk: Callable[[], None] = lambda: None,
+) -> bool:
+    """Stream a chat completion into `read`; True when closed here after `close_after` chunks (0: before the first)."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
+    stream = await client.chat.completions.create(model=SERVED, messages=messages, max_tokens=max_tokens, stream=True)
+    if close_after == 0:
+        await stream.close()
+        return True
+    async for chunk in stream:
+        read.chunks += 1
+        on_chunk()
+        read.finish = (
+            chunk.choices[0].finish_reason if chunk.choices and chunk.choices[0].finish_reason else read.finish
+        )
+        if close_after is not None and read.chunks >= close_after:
+            await stream.close()
+            return True
+    return False
+
+
 async def load_client(
     client: openai.AsyncOpenAI, wave: int, prompt: str, max_tokens: int, *, probe: bool = False
 ) -> LoadRecord:
-    sent, chunks, finish = time.perf_counter(), 0, None
-    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
+    sent, read, retry_after = time.perf_counter(), Read(), None
     try:
-        async for chunk in await client.chat.completions.create(
-            model=SERVED, messages=messages, max_tokens=max_tokens, stream=True
-        ):
-            chunks += 1
-            finish = chunk.choices[0].finish_reason if chunk.choices and chunk.choices[0].finish_reason else finish
+        await read_chat(client, prompt, max_tokens, read)
+        outcome = read.outcome
     except openai.APIStatusError as error:
-        retry_after = error.response.headers.get("retry-after")
-        return LoadRecord(
-            wave=wave,
-            outcome=status_outcome(error),
-            retry_after=retry_after,
-            seconds=time.perf_counter() - sent,
-            chunks=chunks,
-            probe=probe,
-        )
+        outcome, retry_after = status_outcome(error), error.response.headers.get("retry-after")
     except openai.APIError as error:
         outcome = f"error: {type(error).__name__}: {error}"
-        return LoadRecord(wave=wave, outcome=outcome, seconds=time.perf_counter() - sent, chunks=chunks, probe=probe)
-    outcome = "completed" if finish is not None else "stream ended without finish_reason"
-    return LoadRecord(wave=wave, outcome=outcome, seconds=time.perf_counter() - sent, chunks=chunks, probe=probe)
+    seconds = time.perf_counter() - sent
+    return LoadRecord(
+        wave=wave, outcome=outcome, retry_after=retry_after, seconds=seconds, chunks=read.chunks, probe=probe
+    )
 
 
 async def bounded(coroutine: Any, bound: float, wave: int) -> LoadRecord:
@@ -292,33 +320,17 @@ async def disconnect_client(
 ) -> DisconnectRecord:
     """A stream closed after `planned` chunks (0: before the first; None: read to its end)."""
     plan = "read to end" if planned is None else ("before first chunk" if planned == 0 else "after k chunks")
-    chunks, outcome = 0, ""
+    read = Read()
     async with gate:
         try:
-            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
-            stream = await client.chat.completions.create(
-                model=SERVED, messages=messages, max_tokens=max_tokens, stream=True
-            )
-            finish = None
-            if planned == 0:
-                await stream.close()
-                outcome = "disconnected"
-            else:
-                async for chunk in stream:
-                    chunks += 1
-                    finish = (
-                        chunk.choices[0].finish_reason if chunk.choices and chunk.choices[0].finish_reason else finish
-                    )
-                    if planned is not None and chunks >= planned:
-                        await stream.close()
-                        outcome = "disconnected" if finish is None else "completed before disconnect"
-                        break
-                outcome = outcome or ("completed" if finish is not None else "stream ended without finish_reason")
+            closed = await read_chat(client, prompt, max_tokens, read, close_after=planned)
+            early = read.finish is None or planned == 0
+            outcome = ("disconnected" if early else "completed before disconnect") if closed else read.outcome
         except openai.APIStatusError as error:
             outcome = status_outcome(error)
         except openai.APIError as error:
             outcome = f"error: {type(error).__name__}: {error}"
-    return DisconnectRecord(plan=plan, planned_chunks=planned, chunks=chunks, outcome=outcome)
+    return DisconnectRecord(plan=plan, planned_chunks=planned, chunks=read.chunks, outcome=outcome)
 
 
 async def disconnect_traffic(server: Server, args: argparse.Namespace) -> list[DisconnectRecord]:
@@ -814,27 +826,19 @@ class ShutdownRecord:
 async def shutdown_client(
     client: openai.AsyncOpenAI, record: ShutdownRecord, started: asyncio.Event, sigterm_at: list[float]
 ) -> None:
-    finish = None
+    read = Read()
     try:
-        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": f"Write {record.max_tokens} words."}]
-        async for chunk in await client.chat.completions.create(
-            model=SERVED, messages=messages, max_tokens=record.max_tokens, stream=True
-        ):
-            record.chunks += 1
-            started.set()
-            finish = chunk.choices[0].finish_reason if chunk.choices and chunk.choices[0].finish_reason else finish
-        record.outcome = f"completed ({finish})" if finish else "stream ended without finish_reason"
+        await read_chat(client, f"Write {record.max_tokens} words.", record.max_tokens, read, on_chunk=started.set)
+        record.outcome = f"completed ({read.finish})" if read.finish else read.outcome
     except openai.APIStatusError as error:
         record.outcome = f"status {status_outcome(error)}"
     except openai.APIConnectionError as error:
         record.outcome = f"connection error: {type(error).__name__}"
     except openai.APIError as error:
-        record.outcome, record.error_code, record.error_message = (
-            "error event",
-            str(getattr(error, "code", None)),
-            error.message,
-        )
+        record.outcome, record.error_code = "error event", str(getattr(error, "code", None))
+        record.error_message = error.message
     finally:
+        record.chunks = read.chunks
         started.set()
         if sigterm_at:
             record.ended_after_sigterm_s = time.monotonic() - sigterm_at[0]
