@@ -130,9 +130,7 @@ def is_5xx(answer: Answer) -> bool:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.parser(__doc__)
     add = parser.add_argument
-    add(
-        "--phases", type=cli.names(PHASES), default=list(PHASES), help="phases to run, comma-separated (schema,hostile)"
-    )
+    add("--phases", type=cli.names(PHASES), default=list(PHASES), help="phases to run (schema,hostile)")
     add("--max-examples", type=int, default=25, help="schema: examples per operation (25)")
     add("--time-limit", type=float, default=900.0, help="schema: seconds the whole schemathesis run may take (900)")
     add("--request-timeout", type=float, default=60.0, help="seconds one request may take, server and client (60)")
@@ -140,8 +138,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--hostile-cases", type=int, default=300, help="hostile: most cases per family, follow-ups aside (300)")
     add("--no-vision", dest="vision", action="store_false", help="hostile: skip the vision model's server")
     add("--families", type=lambda text: set(text.split(",")), default=None, help="hostile: only these, e.g. sampling")
-    add("--cache-dir", type=Path, default=None)
-    add("--json", type=Path, default=None, help="write the whole report here")
+    cli.add_results(parser)
     add("--log", type=Path, default=None, help="write schemathesis's output here, and each server's log beside it")
     return parser.parse_args(argv)
 
