@@ -43,6 +43,9 @@ CLIENT_TIMEOUT_S = 300.0
 LOAD_MAX_BATCH = 4
 LOAD_MAX_QUEUE = 16
 EXPECTED_COMPACT_OUTCOME = "422 compaction_failed"  # a soak compaction: random weights never end a summary
+SNAPSHOT_STATS = (
+    "snapshot_inserts", "snapshot_hits", "snapshot_lookups", "snapshot_rejections_oversized", "snapshot_self_evictions",
+)  # fmt: skip
 COUNTERS = ("running", "waiting", "completed", "cancelled", "failed", "rejected")
 WORDS = (
     "apple", "river", "stone", "cloud", "lamp", "forest", "window", "bridge", "candle", "harbor", "meadow",
@@ -627,24 +630,13 @@ def run_soak(setup: Setup) -> PartResult:
     result.row(
         "snapshot entries / LRU evictions at end", f"{stats['snapshot_entries']} / {stats['snapshot_evictions_lru']}"
     )
-    keys = (
-        "snapshot_inserts",
-        "snapshot_hits",
-        "snapshot_lookups",
-        "snapshot_rejections_oversized",
-        "snapshot_self_evictions",
-    )
-    result.row("snapshot stats at end", ", ".join(f"{key}={stats[key]}" for key in keys))
+    result.row("snapshot stats at end", ", ".join(f"{key}={stats[key]}" for key in SNAPSHOT_STATS))
     result.row(
         "max running / waiting sampled",
         " / ".join(str(max((s[key] for s in samples), default=0)) for key in ("running", "waiting")),
     )
-    rss = (
-        rss_values[0] if rss_values else None,
-        minute["rss_kib"] if minute else None,
-        max(rss_values, default=None),
-        rss_end,
-    )
+    first_rss, minute_rss = rss_values[0] if rss_values else None, minute["rss_kib"] if minute else None
+    rss = (first_rss, minute_rss, max(rss_values, default=None), rss_end)
     result.row("RSS first sample / ~60 s / max / end (MiB)", " / ".join(mib(value) for value in rss))
     result.row("RSS growth ~60 s -> end (MiB)", mib(growth))
     if samples and minute is not None:
