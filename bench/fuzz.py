@@ -1,5 +1,5 @@
 """Fuzz every route of a real server on a tiny random-weight model: schemathesis from its /openapi.json, then the
-hostile cases of bench/hostile.py; nothing may answer 5xx, hang, log an error or stop the server."""
+hostile cases of bench/hostile/; nothing may answer 5xx, hang, log an error or stop the server."""
 
 from __future__ import annotations
 
