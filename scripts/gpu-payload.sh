@@ -19,7 +19,8 @@ mkdir -p "$work/all" "$work/pay/wheels" "$work/pay/mlxcuda" "$work/pay/smol" "$w
 "$python" "${download[@]}" --no-deps -d "$work/cuda" "mlx-cuda-13==$mlx_version"
 "$python" "${download[@]}" -d "$work/all" "mlx==$mlx_version" "mlx-lm>=0.32.2,<0.33" "hypercorn>=0.17" "quart>=0.20" \
     "orjson>=3.10" "opentelemetry-sdk>=1.30" "opentelemetry-exporter-otlp-proto-http>=1.30" platformdirs "llguidance>=1.9" \
-    "psycopg[binary]>=3.2" "psycopg-pool>=3.2" "cryptography>=42" "openai>=1.60" "anthropic>=2.0" "jsonschema>=4.20" pydantic
+    "psycopg[binary]>=3.2" "psycopg-pool>=3.2" "cryptography>=42" "openai>=1.60" "anthropic>=2.0" "jsonschema>=4.20" \
+    "jsonschema-rs>=0.60" pydantic
 # What the image (KINDS.md's package list) lacks.
 for name in mlx-0 mlx_lm hypercorn h2- hpack hyperframe priority wsproto quart flask blinker itsdangerous orjson \
     opentelemetry googleapis_common_protos llguidance psycopg cryptography cffi pycparser openai jiter anthropic pydantic \

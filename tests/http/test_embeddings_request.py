@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from courier.http.embeddings_request import MAX_INPUTS, encoded, parse_embeddings_request, shaped
+from courier.http.embeddings_request import encoded, parse_embeddings_request, shaped
 from courier.http.errors import ApiError
+from courier.http.schemas.embeddings import MAX_INPUTS
 
 ACCEPTED: list[tuple[Any, tuple[Any, ...]]] = [
     ("hi", ("hi",)),

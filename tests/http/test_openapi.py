@@ -1,4 +1,5 @@
-"""/openapi.json agrees with the routes and with the validators it is kept beside."""
+"""/openapi.json agrees with the routes, and its request bodies (the schemas every body is validated with,
+`courier/http/schemas/`) give the verdicts the server gives, end to end."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Responses API items: validating input items and building output items.
+"""Responses API items: input items read (their shapes checked by `schemas/responses.py`) and output items built.
 
 Every item the server stores carries a fresh id (`msg_`, `fc_`, `fco_`, `ctc_`, `ctco_`, `rs_`, `cmp_`),
 so a conversation never holds two items with one id. Rendering items for the
@@ -20,104 +20,52 @@ from courier.media.address_policy import MediaRefused
 from courier.media.urls import parse_image_url
 from courier.storage.records import JsonObject
 
-MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
-_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
-_UNSUPPORTED_PARTS = frozenset({"input_file", "input_audio"})
-# The last input item of a request asking for a compaction (see request.py); nowhere else.
-COMPACTION_TRIGGER = "compaction_trigger"
 
-
-def input_items(value: Any, param: str = "input") -> list[JsonObject]:
-    """A string or a list of items -> normalized items with fresh ids."""
+def input_items(value: str | list[dict[str, Any]], param: str = "input") -> list[JsonObject]:
+    """A string or a list of items, which the schema has checked (`schemas/responses.py`) -> normalized items with
+    fresh ids."""
     if isinstance(value, str):
         return [message_item("user", [text_part("input_text", value)])]
-    if not isinstance(value, list) or not value:
-        raise ApiError.invalid(f"'{param}' must be a string or a non-empty list of items", param=param)
     return [_input_item(raw, f"{param}[{index}]") for index, raw in enumerate(value)]
 
 
-def _input_item(raw: Any, param: str) -> JsonObject:
-    if not isinstance(raw, dict):
-        raise ApiError.invalid(f"{param} must be an object", param=param)
-    kind = raw.get("type", "message")
-    if not isinstance(kind, str):
-        raise ApiError.invalid(f"{param}.type must be a string", param=f"{param}.type")
+def _input_item(raw: dict[str, Any], param: str) -> JsonObject:
+    kind = raw.get("type") or "message"
     if kind == "message":
         return _message(raw, param)
-    if kind == "function_call":
-        item: JsonObject = {
-            "id": new_id("fc"),
-            "type": "function_call",
-            "status": "completed",
-            "call_id": _required_text(raw, "call_id", param),
-            "name": _required_text(raw, "name", param),
-            "arguments": _required_text(raw, "arguments", param),
-        }
-        return _with_namespace(item, raw, param)
-    if kind == "custom_tool_call":
-        item = {
-            "id": new_id("ctc"),
-            "type": "custom_tool_call",
-            "status": "completed",
-            "call_id": _required_text(raw, "call_id", param),
-            "name": _required_text(raw, "name", param),
-            "input": _text_field(raw, "input", param),
-        }
-        return _with_namespace(item, raw, param)
+    if kind in ("function_call", "custom_tool_call"):
+        custom = kind == "custom_tool_call"
+        item: JsonObject = {"id": new_id("ctc" if custom else "fc"), "type": kind, "status": "completed"}
+        item.update(call_id=raw["call_id"], name=raw["name"])
+        item["input" if custom else "arguments"] = raw["input" if custom else "arguments"]
+        if raw.get("namespace") is not None:  # a call to a tool in a namespace names it, as the API defines
+            item["namespace"] = raw["namespace"]
+        return item
     if kind in ("function_call_output", "custom_tool_call_output"):
+        output = raw["output"]
         return {
             "id": new_id("fco" if kind == "function_call_output" else "ctco"),
             "type": kind,
             "status": "completed",
-            "call_id": _required_text(raw, "call_id", param),
-            "output": _output_text(raw.get("output"), f"{param}.output"),
+            "call_id": raw["call_id"],
+            "output": output if isinstance(output, str) else "".join(part["text"] for part in output),
         }
     if kind == "compaction":
         # Checked when the history is replayed (`courier.conversation.replay`), where the server's key is known.
-        return {
-            "id": new_id("cmp"),
-            "type": "compaction",
-            "encrypted_content": _required_text(raw, "encrypted_content", param),
-        }
+        return {"id": new_id("cmp"), "type": "compaction", "encrypted_content": raw["encrypted_content"]}
     if kind == "reasoning":
-        return _reasoning(raw, param)
-    if kind == COMPACTION_TRIGGER:
-        raise ApiError.invalid(f"{param}: a compaction_trigger item can only be the last input item", param=param)
-    raise ApiError.invalid(
-        f"{param}.type {kind!r} is not supported; use message, function_call, function_call_output, "
-        "custom_tool_call, custom_tool_call_output, reasoning or compaction items",
-        param=f"{param}.type",
-    )
+        return _reasoning(raw)
+    raise ApiError.invalid(f"{param}: a {kind} item can only be the last input item", param=param)
 
 
-# A reasoning item's content parts: `reasoning_text` (this server's), `text` (as some clients write it back).
-_REASONING_PARTS = {"content": ("reasoning_text", "text"), "summary": ("summary_text",)}
-
-
-def _reasoning(raw: Mapping[str, Any], param: str) -> JsonObject:
+def _reasoning(raw: Mapping[str, Any]) -> JsonObject:
     """A reasoning item sent back: its `reasoning_text` content (else its summary's text) is rendered into the
     assistant turn it belongs to, as the chat template expects. A sealed one (`encrypted_content`) is kept sealed
     here; `unsealed` opens it."""
-    texts: dict[str, str] = {}
-    for key, part_types in _REASONING_PARTS.items():
-        parts = raw.get(key)
-        if parts is None:
-            continue
-        if not isinstance(parts, list) or not all(
-            isinstance(part, dict) and part.get("type") in part_types and isinstance(part.get("text"), str)
-            for part in parts
-        ):
-            raise ApiError.invalid(
-                f"{param}.{key} must be a list of {part_types[0]} parts with a string 'text'", param=f"{param}.{key}"
-            )
-        texts[key] = "".join(part["text"] for part in parts)
-    item = reasoning_item(texts.get("content") or texts.get("summary", ""))
-    sealed = raw.get("encrypted_content")
-    if sealed is not None:
-        if not isinstance(sealed, str) or not sealed:
-            message = f"{param}.encrypted_content must be a non-empty string"
-            raise ApiError.invalid(message, param=f"{param}.encrypted_content")
-        item["encrypted_content"] = sealed
+    content, summary = ("".join(part["text"] for part in raw.get(key) or ()) for key in ("content", "summary"))
+    item = reasoning_item(content or summary)
+    if raw.get("encrypted_content") is not None:
+        item["encrypted_content"] = raw["encrypted_content"]
     return item
 
 
@@ -141,82 +89,24 @@ def unsealed(seal: ReasoningSeal, items: Sequence[JsonObject], param: str = "inp
 
 
 def _message(raw: Mapping[str, Any], param: str) -> JsonObject:
-    role = raw.get("role")
-    if not isinstance(role, str) or role not in MESSAGE_ROLES:
-        raise ApiError.invalid(
-            f"{param}.role must be one of {sorted(MESSAGE_ROLES)}, not {role!r}", param=f"{param}.role"
-        )
+    role = raw["role"]
     kind = "output_text" if role == "assistant" else "input_text"
-    content = raw.get("content")
+    content = raw["content"]
     if isinstance(content, str):
         return message_item(role, [text_part(kind, content)])
-    if not isinstance(content, list):
-        raise ApiError.invalid(f"{param}.content must be a string or a list of content parts", param=f"{param}.content")
     parts: list[JsonObject] = []
     for index, part in enumerate(content):
-        part_param = f"{param}.content[{index}]"
-        part_type = part.get("type") if isinstance(part, dict) else None
-        if not isinstance(part_type, str):
-            raise ApiError.invalid(f"{part_param} must be an object with a string 'type'", param=part_param)
-        if part_type in _UNSUPPORTED_PARTS:
-            raise ApiError.invalid(f"{part_param}: {part_type} parts are not supported", param=part_param)
-        if part_type == "input_image":
-            parts.append(_image_part(part, part_param))
-        elif part_type == "refusal" and isinstance(part.get("refusal"), str):
-            parts.append(text_part(kind, part["refusal"]))
-        elif part_type in _TEXT_PARTS and isinstance(part.get("text"), str):
-            parts.append(text_part(kind, part["text"]))
+        if part["type"] == "input_image":
+            parts.append(_image_part(part, f"{param}.content[{index}]"))
         else:
-            raise ApiError.invalid(f"{part_param} must be a text part with a string 'text'", param=part_param)
+            parts.append(text_part(kind, part["refusal"] if part["type"] == "refusal" else part["text"]))
     return message_item(role, parts)
 
 
 def _image_part(part: Mapping[str, Any], param: str) -> JsonObject:
-    url = part.get("image_url")
-    if part.get("file_id") is not None and url is None:
-        raise ApiError.invalid(
-            f"{param}: file_id needs a Files API this server does not have; send image_url", param=param
-        )
-    if not isinstance(url, str) or not url:
-        raise ApiError.invalid(f"{param}.image_url must be a URL (http(s), data: or file://)", param=param)
+    url = part["image_url"]
     try:
         parse_image_url(url)  # refused here, naming the part, unless the media fetcher could read it
     except MediaRefused as refused:
         raise ApiError.invalid(f"{param}: {refused}", param=param, code=FailureCode.INVALID_IMAGE_URL) from None
-    detail = part.get("detail", "auto")
-    return {"type": "input_image", "image_url": url, "detail": detail if isinstance(detail, str) else "auto"}
-
-
-def _with_namespace(item: JsonObject, raw: Mapping[str, Any], param: str) -> JsonObject:
-    """A call to a tool in a namespace names it (`namespace`), as the API defines; the model knows it qualified."""
-    namespace = raw.get("namespace")
-    if namespace is not None:
-        if not isinstance(namespace, str) or not namespace:
-            raise ApiError.invalid(f"{param}.namespace must be a non-empty string", param=f"{param}.namespace")
-        item["namespace"] = namespace
-    return item
-
-
-def _text_field(raw: Mapping[str, Any], key: str, param: str) -> str:
-    value = raw.get(key)
-    if not isinstance(value, str):
-        raise ApiError.invalid(f"{param}.{key} must be a string", param=f"{param}.{key}")
-    return value
-
-
-def _required_text(raw: Mapping[str, Any], key: str, param: str) -> str:
-    value = raw.get(key)
-    if not isinstance(value, str) or (key != "arguments" and not value):
-        raise ApiError.invalid(f"{param}.{key} must be a non-empty string", param=f"{param}.{key}")
-    return value
-
-
-def _output_text(output: Any, param: str) -> str:
-    if isinstance(output, str):
-        return output
-    if isinstance(output, list) and all(
-        isinstance(part, dict) and str(part.get("type")) in _TEXT_PARTS and isinstance(part.get("text"), str)
-        for part in output
-    ):
-        return "".join(part["text"] for part in output)
-    raise ApiError.invalid(f"{param} must be a string or a list of text parts", param=param)
+    return {"type": "input_image", "image_url": url, "detail": part.get("detail") or "auto"}

@@ -10,7 +10,9 @@
   produce (`local_shell`, `shell`, `apply_patch`), are not offered to the model: agents declare them on every
   request whatever the server, and a declared capability is not a requirement. The request's span lists them
   (`courier.tools.not_offered`). A `tool_choice` that forces one of them is refused: that cannot be honoured.
-- Any other type is refused, naming it.
+
+The shapes, and the types taken, are the schema's (`schemas/responses.py`, checked before anything here reads them);
+what is left here is a name offered twice, and each tool as the model sees it.
 """
 
 from __future__ import annotations
@@ -22,30 +24,9 @@ from typing import Any
 from courier.conversation.ids import new_id
 from courier.core.tools.calls import ToolCall
 from courier.http.errors import ApiError
+from courier.http.schemas.responses import NOT_OFFERED
 from courier.storage.records import JsonObject
 
-# Tools that OpenAI's servers run, or built-in client tools with call items of their own.
-NOT_OFFERED = frozenset(
-    {
-        "web_search",
-        "web_search_2025_08_26",
-        "web_search_preview",
-        "web_search_preview_2025_03_11",
-        "file_search",
-        "code_interpreter",
-        "image_generation",
-        "computer",
-        "computer_use",
-        "computer_use_preview",
-        "mcp",
-        "tool_search",
-        "programmatic_tool_calling",
-        "local_shell",
-        "shell",
-        "apply_patch",
-    }
-)
-CUSTOM_SYNTAXES = ("lark", "regex")
 NAMESPACE_SEPARATOR = "."
 
 
@@ -83,39 +64,21 @@ def qualified(name: str, namespace: str | None) -> str:
     return name if namespace is None else f"{namespace}{NAMESPACE_SEPARATOR}{name}"
 
 
-def responses_tools(value: Any) -> ResponsesTools:
-    """`tools` read as above; each refusal a 400 naming the tool."""
-    if value is None:
-        return ResponsesTools()
-    if not isinstance(value, list):
-        raise ApiError.invalid("'tools' must be a list", param="tools")
+def responses_tools(value: list[Mapping[str, Any]] | None) -> ResponsesTools:
+    """`tools`, which the schema has checked, read as above; a name offered twice is a 400 naming the tool."""
     offered: list[JsonObject] = []
     names: dict[str, OfferedTool] = {}
     not_offered: list[str] = []
-    for index, tool in enumerate(value):
+    for index, tool in enumerate(value or ()):
         param = f"tools[{index}]"
-        kind = _kind(tool, param)
+        kind = tool["type"]
         if kind in NOT_OFFERED:
             not_offered.append(kind)
         elif kind == "namespace":
-            namespace = _name(tool, param)
-            members = tool.get("tools")
-            if not isinstance(members, list) or not members:
-                raise ApiError.invalid(f"{param}.tools must be a non-empty list of tools", param=f"{param}.tools")
-            for position, member in enumerate(members):
-                where = f"{param}.tools[{position}]"
-                if _kind(member, where) not in ("function", "custom"):
-                    message = f"{where}: a namespace holds 'function' and 'custom' tools, not {member.get('type')!r}"
-                    raise ApiError.invalid(message, param=f"{where}.type")
-                _offer(member, where, namespace, offered, names)
-        elif kind in ("function", "custom"):
-            _offer(tool, param, None, offered, names)
+            for position, member in enumerate(tool["tools"]):
+                _offer(member, f"{param}.tools[{position}]", tool["name"], offered, names)
         else:
-            message = (
-                f"{param}: tools of type {kind!r} are not supported; 'function', 'custom' and 'namespace' tools are "
-                f"offered to the model, and hosted tools ({', '.join(sorted(NOT_OFFERED))}) are left out"
-            )
-            raise ApiError.invalid(message, param=f"{param}.type")
+            _offer(tool, param, None, offered, names)
     return ResponsesTools(offered=tuple(offered), not_offered=tuple(not_offered), by_model_name=names)
 
 
@@ -126,87 +89,30 @@ def _offer(
     offered: list[JsonObject],
     names: dict[str, OfferedTool],
 ) -> None:
-    name = _name(tool, param)
-    custom = tool.get("type") == "custom"
+    name = tool["name"]
+    custom = tool["type"] == "custom"
     model_name = qualified(name, namespace)
     if model_name in names:
         raise ApiError.invalid(f"{param}: more than one tool is named {model_name!r}", param=f"{param}.name")
     names[model_name] = OfferedTool(model_name=model_name, name=name, namespace=namespace, custom=custom)
-    description = tool.get("description")
-    if description is not None and not isinstance(description, str):
-        raise ApiError.invalid(f"{param}.description must be a string", param=f"{param}.description")
-    if custom:
-        offered.append(_custom(tool, param, model_name))
-        return
-    parameters = tool.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise ApiError.invalid(f"{param}.parameters must be an object", param=f"{param}.parameters")
-    flat: JsonObject = {"type": "function", "name": model_name}
-    for key in ("description", "parameters", "strict"):
+    flat: JsonObject = {"type": tool["type"], "name": model_name}
+    for key in ("description",) if custom else ("description", "parameters", "strict"):
         if tool.get(key) is not None:
             flat[key] = tool[key]
+    shape = tool.get("format") if custom else None
+    if shape is not None and shape["type"] == "grammar":  # absent or {"type": "text"}: any text
+        flat["format"] = {"type": "grammar", "syntax": shape["syntax"], "definition": shape["definition"]}
     offered.append(flat)
 
 
-def _custom(tool: Mapping[str, Any], param: str, model_name: str) -> JsonObject:
-    """A custom tool: `format` absent or `{"type": "text"}` (any text), or `{"type": "grammar", "syntax": "lark" |
-    "regex", "definition"}`."""
-    flat: JsonObject = {"type": "custom", "name": model_name}
-    if isinstance(tool.get("description"), str):
-        flat["description"] = tool["description"]
-    shape = tool.get("format")
-    if shape is None or (isinstance(shape, dict) and shape.get("type") == "text"):
-        return flat
-    where = f"{param}.format"
-    if not isinstance(shape, dict) or shape.get("type") != "grammar":
-        raise ApiError.invalid(f"{where} must be {{'type': 'text'}} or {{'type': 'grammar', ...}}", param=where)
-    syntax, definition = shape.get("syntax"), shape.get("definition")
-    if syntax not in CUSTOM_SYNTAXES:
-        raise ApiError.invalid(f"{where}.syntax must be 'lark' or 'regex', not {syntax!r}", param=f"{where}.syntax")
-    if not isinstance(definition, str) or not definition.strip():
-        raise ApiError.invalid(f"{where}.definition must be a non-empty string", param=f"{where}.definition")
-    flat["format"] = {"type": "grammar", "syntax": syntax, "definition": definition}
-    return flat
-
-
-def forced_tool(choice: Any, tools: ResponsesTools) -> Any:
+def forced_tool(choice: str | dict[str, Any] | None, tools: ResponsesTools) -> str | dict[str, Any] | None:
     """`tool_choice` in the terms the output spec reads: a custom or namespaced tool named by the name the model
-    knows it by, `allowed_tools` refused; a hosted tool forced is refused (it is never offered)."""
+    knows it by (its namespace may be left out when the name is unique)."""
     if not isinstance(choice, dict):
         return choice
-    kind = choice.get("type")
-    if kind in ("function", "custom"):
-        name = choice.get("name")
-        if not isinstance(name, str) or not name:
-            return choice  # the output spec names what is wrong
-        namespace = choice.get("namespace")
-        model_name = qualified(name, namespace if isinstance(namespace, str) and namespace else None)
-        if model_name not in tools.by_model_name:
-            matches = [tool.model_name for tool in tools.by_model_name.values() if tool.name == name]
-            model_name = matches[0] if len(matches) == 1 else model_name
-        return {"type": "function", "name": model_name}
-    if kind in NOT_OFFERED or kind == "mcp":
-        message = (
-            f"'tool_choice' forces the hosted tool {kind!r}, which this server does not run (hosted tools are left out "
-            "of what the model is offered); force a function or custom tool, or use 'auto'"
-        )
-        raise ApiError.invalid(message, param="tool_choice")
-    if kind == "allowed_tools":
-        raise ApiError.invalid("'tool_choice' of type 'allowed_tools' is not supported", param="tool_choice")
-    return choice
-
-
-def _kind(tool: Any, param: str) -> str:
-    if not isinstance(tool, dict):
-        raise ApiError.invalid(f"{param} must be an object", param=param)
-    kind = tool.get("type")
-    if not isinstance(kind, str):
-        raise ApiError.invalid(f"{param}.type must be a string", param=f"{param}.type")
-    return kind
-
-
-def _name(tool: Mapping[str, Any], param: str) -> str:
-    name = tool.get("name")
-    if not isinstance(name, str) or not name:
-        raise ApiError.invalid(f"{param}.name must be a non-empty string", param=f"{param}.name")
-    return name
+    name = choice["name"]
+    model_name = qualified(name, choice.get("namespace") or None)
+    if model_name not in tools.by_model_name:
+        matches = [tool.model_name for tool in tools.by_model_name.values() if tool.name == name]
+        model_name = matches[0] if len(matches) == 1 else model_name
+    return {"type": "function", "name": model_name}

@@ -14,7 +14,8 @@ from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
 from courier.http.listing import list_object, page_query, refuse_include
 from courier.http.responses.items import input_items, unsealed
-from courier.http.responses.request import parse_metadata
+from courier.http.schemas import responses as schema
+from courier.http.schemas.validator import check
 from courier.messages.asking import Refused, call
 from courier.messages.storage import (
     AppendConversationItems,
@@ -28,9 +29,6 @@ from courier.messages.storage import (
 )
 from courier.storage.records import ItemPage, JsonObject, StoredConversation
 
-# Items one create or append call may add (OpenAI's limit).
-MAX_ITEMS_PER_CALL = 20
-
 
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("conversations", __name__)
@@ -40,10 +38,11 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/conversations")
     async def create_conversation() -> JsonObject:
         body = await read_json_object()
-        items = unsealed(context.seal, _items(body.get("items"), required=False), "items")
-        conversation = StoredConversation(
-            id=new_id("conv"), created_at=int(time.time()), metadata=parse_metadata(body.get("metadata"))
-        )
+        check(schema.CONVERSATION, body)
+        sent = body.get("items")
+        items = unsealed(context.seal, input_items(sent, "items") if sent is not None else [], "items")
+        metadata = dict(body.get("metadata") or {})
+        conversation = StoredConversation(id=new_id("conv"), created_at=int(time.time()), metadata=metadata)
         await call(
             storage,
             lambda reply: CreateConversation(
@@ -61,9 +60,8 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/conversations/<conversation_id>")
     async def update_conversation(conversation_id: str) -> JsonObject:
         body = await read_json_object()
-        if "metadata" not in body:
-            raise ApiError.invalid("'metadata' is required", param="metadata")
-        metadata = parse_metadata(body["metadata"])
+        check(schema.CONVERSATION_UPDATE, body)
+        metadata = dict(body["metadata"] or {})
         updated = await call(
             storage,
             lambda reply: UpdateConversation(
@@ -105,7 +103,9 @@ def blueprint(context: AppContext) -> Blueprint:
     @routes.post("/conversations/<conversation_id>/items")
     async def add_items(conversation_id: str) -> JsonObject:
         refuse_include(request.args)
-        items = unsealed(context.seal, _items((await read_json_object()).get("items"), required=True), "items")
+        body = await read_json_object()
+        check(schema.CONVERSATION_ITEMS, body)
+        items = unsealed(context.seal, input_items(body["items"], "items"), "items")
         if not await call(
             storage,
             lambda reply: AppendConversationItems(
@@ -164,14 +164,6 @@ def _conversation_object(conversation: StoredConversation) -> JsonObject:
         "created_at": conversation.created_at,
         "metadata": dict(conversation.metadata),
     }
-
-
-def _items(value: object, *, required: bool) -> list[JsonObject]:
-    if value is None and not required:
-        return []
-    if isinstance(value, list) and len(value) > MAX_ITEMS_PER_CALL:
-        raise ApiError.invalid(f"'items' holds at most {MAX_ITEMS_PER_CALL} items per call", param="items")
-    return input_items(value, param="items")
 
 
 def _item_not_found(item_id: str) -> ApiError:

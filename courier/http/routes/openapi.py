@@ -12,7 +12,7 @@ from courier.http.openapi import openapi_document
 
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("openapi", __name__)
-    document = openapi_document(context.settings.api_prefix)
+    document = openapi_document(context.settings.api_prefix, context.max_n)
 
     @routes.get("/openapi.json")
     async def openapi() -> dict[str, Any]:

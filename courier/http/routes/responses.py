@@ -11,7 +11,6 @@ from quart import Blueprint, Response, request
 from courier.conversation.ids import new_response_id
 from courier.conversation.turn import count_tokens, history_items, plan_turn, render, replayed, start_turn
 from courier.core.failure_codes import FailureCode
-from courier.http import unsupported_fields
 from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
@@ -22,6 +21,7 @@ from courier.http.responses.prepare import prepared
 from courier.http.responses.request import parse_compact_request, parse_responses_request
 from courier.http.responses.run import run_compaction, run_streamed, run_whole
 from courier.http.responses.websocket import serve_socket
+from courier.http.schemas import responses as responses_schema
 from courier.http.sse import event_stream_response
 from courier.messages.asking import call
 from courier.messages.compactor import CompactHistory
@@ -60,7 +60,7 @@ def blueprint(context: AppContext) -> Blueprint:
     async def count_input_tokens() -> JsonObject:
         body = await read_json_object()
         bound = await context.for_body(body)
-        parsed = parse_responses_request(body, bound.state.sampling_defaults, unsupported_fields.INPUT_TOKENS)
+        parsed = parse_responses_request(body, bound.state.sampling_defaults, responses_schema.INPUT_TOKENS)
         services = bound.turn_services()
         items = [*await history_items(services, parsed), *unsealed(bound.seal, parsed.input_items)]
         rendered = render(services.capsules, parsed, items)

@@ -9,6 +9,8 @@ import pytest
 from courier.conversation.chat_content import IMAGE_PART
 from courier.http.anthropic.content import chat_messages
 from courier.http.errors import ApiError
+from courier.http.schemas import anthropic
+from courier.http.schemas.validator import check
 from courier.messages.media import ImageRef
 
 PNG = "iVBORw0KGgo="
@@ -126,6 +128,8 @@ REFUSED: list[tuple[Any, Any, str]] = [
 
 @pytest.mark.parametrize(("system", "messages", "param"), REFUSED)
 def test_refusals_name_the_block(system: Any, messages: Any, param: str) -> None:
+    """Through the schema the route checks first (`schemas/anthropic.py`), then the translation's own rules."""
     with pytest.raises(ApiError) as refused:
+        check(anthropic.COUNT_TOKENS, {"model": "m", "system": system, "messages": messages})
         chat_messages(system, messages)
     assert (refused.value.status, refused.value.param) == (400, param)
