@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from courier.settings.parsers import (
     parse_bool,
     parse_bytes,
     parse_embedding_pooling,
+    parse_kv_bits,
     parse_positive_int,
     parse_prompt_cache_bits,
     parse_prompt_cache_group_size,
@@ -243,14 +245,16 @@ def test_embedding_pooling_is_a_name_and_a_pooling_each() -> None:
 @pytest.mark.parametrize(
     ("text", "expected"), [("8", 8), ("4", 4), (" 8 ", 8), ("off", None), ("", None), ("none", None), ("0", None)]
 )
-def test_the_bits_setting(text: str, expected: int | None) -> None:
-    assert parse_prompt_cache_bits(text) == expected
+@pytest.mark.parametrize("parse", [parse_prompt_cache_bits, parse_kv_bits])
+def test_the_bits_settings(text: str, expected: int | None, parse: Callable[[str], int | None]) -> None:
+    assert parse(text) == expected
 
 
 @pytest.mark.parametrize("text", ["16", "2", "eight", "8.0"])
-def test_the_bits_setting_refuses(text: str) -> None:
+@pytest.mark.parametrize("parse", [parse_prompt_cache_bits, parse_kv_bits])
+def test_the_bits_settings_refuse(text: str, parse: Callable[[str], int | None]) -> None:
     with pytest.raises(ValueError, match="8, 4 or off"):
-        parse_prompt_cache_bits(text)
+        parse(text)
 
 
 @pytest.mark.parametrize(("text", "expected"), [("32", 32), ("64", 64), ("128", 128)])
@@ -270,3 +274,10 @@ def test_quantized_snapshots_are_off_unless_asked_for_by_flag_or_environment() -
     chosen = settings_from(["--prompt-cache-bits", "4"], {"COURIER_PROMPT_CACHE_GROUP_SIZE": "32"})
     assert (chosen.prompt_cache_bits, chosen.prompt_cache_group_size) == (4, 32)
     assert settings_from([], {"COURIER_PROMPT_CACHE_BITS": "8"}).prompt_cache_bits == 8
+
+
+def test_a_quantized_batch_kv_is_off_unless_asked_for_by_flag_or_environment() -> None:
+    assert (settings_from([], {}).kv_bits, settings_from([], {}).kv_group_size) == (None, 64)
+    chosen = settings_from(["--kv-bits", "4"], {"COURIER_KV_GROUP_SIZE": "32"})
+    assert (chosen.kv_bits, chosen.kv_group_size) == (4, 32)
+    assert settings_from([], {"COURIER_KV_BITS": "8"}).kv_bits == 8

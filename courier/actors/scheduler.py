@@ -115,6 +115,8 @@ class SchedulerActor(Actor[SchedulerMessage]):
     async def setup(self) -> None:
         self._engine = await self._mlx.call(self._make_engine)
         self._stats.speculation.mode = self._engine.speculation_mode
+        if (kv := self._engine.kv_quantization) is not None:
+            self._stats.kv_bits, self._stats.kv_group_size = kv.bits, kv.group_size
 
     async def background(self) -> None:
         assert self._engine is not None, "setup() builds the engine"

@@ -38,6 +38,7 @@ from courier.engine.constrained import MaskFiller
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest
 from courier.engine.generation import RequestId
 from courier.engine.mlx_lm_surface import check_mlx_lm_surface
+from courier.engine.quantized_generation import quantized_generator
 from courier.engine.recovery import Recovery
 from courier.engine.sequences import Sequences
 from courier.engine.speculative_batch import SpeculationCounters, SpeculativeGenerator
@@ -99,6 +100,11 @@ class BatchEngine:
     def snapshot_quantization(self) -> KvQuantization | None:
         """How the snapshots it takes store attention KV (an idle warm-up's too)."""
         return self._limits.snapshot_quantization
+
+    @property
+    def kv_quantization(self) -> KvQuantization | None:
+        """How the generation batch holds attention KV (`--kv-bits`; None: as computed)."""
+        return self._limits.kv_quantization
 
     @property
     def active(self) -> int:
@@ -169,10 +175,13 @@ class BatchEngine:
                 lookup=self._limits.speculation,
                 counters=self.speculation,
                 costs=self._limits.step_costs(),
+                kv_quantization=self._limits.kv_quantization,
                 **options,
             )
             generator.set_forcing(self._sequences)
             return generator
+        if self._limits.kv_quantization is not None:
+            return quantized_generator(self._model, self._limits.kv_quantization, **options)
         return BatchGenerator(self._model, **options)
 
     def _cancel(self, request_ids: Sequence[RequestId]) -> list[EngineOutput]:

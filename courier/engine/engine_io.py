@@ -72,3 +72,5 @@ class BatchLimits:
     prefill_costs: Callable[[], StepCosts] = StepCosts
     # How the snapshots it hands the store hold attention KV (`--prompt-cache-bits`; None: as computed).
     snapshot_quantization: KvQuantization | None = None
+    # How the running generation batch holds attention KV (`--kv-bits`; None: as computed).
+    kv_quantization: KvQuantization | None = None

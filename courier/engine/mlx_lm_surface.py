@@ -24,6 +24,7 @@ from importlib import metadata
 from typing import Any
 
 from mlx_lm.generate import BatchGenerator, GenerationBatch, StopSequences, TokenBuffer
+from mlx_lm.models import base as base_module
 from mlx_lm.models import cache as cache_module
 from mlx_lm.models.cache import BatchKVCache
 
@@ -114,6 +115,8 @@ SURFACE: tuple[Expectation, ...] = (
     Signature(BatchKVCache, "extract", ("idx",)),
     # snapshot_codec.py: only subclasses of mlx-lm's cache base class are built back from a snapshot file.
     Member(cache_module, "_BaseCache"),
+    # quantized_batch_cache.py: attention computes with packed KV when the cache has `bits` (`--kv-bits`).
+    Member(base_module, "quantized_scaled_dot_product_attention"),
 )
 
 

@@ -17,11 +17,12 @@ step time while the previous step computes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_map
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 # Compact once holes take more than this share of the cache's columns, and at least this many columns.
@@ -70,13 +71,16 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
         return written[:, None, None, :] & causal[None, None, :, :]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        width = keys.shape[2]
+        self._mark_written(keys.shape[2])
+        return super().update_and_fetch(keys, values)  # type: ignore[no-any-return]
+
+    def _mark_written(self, width: int) -> None:
+        """The next `width` columns hold every row's tokens."""
         if self.valid.shape[1] < self._idx + width:
             grown = np.zeros((self.valid.shape[0], self._idx + width + VALID_CHUNK), dtype=np.bool_)
             grown[:, : self._idx] = self.valid[:, : self._idx]
             self.valid = grown
         self.valid[:, self._idx : self._idx + width] = True
-        return super().update_and_fetch(keys, values)  # type: ignore[no-any-return]
 
     def keep(self, kept: Sequence[int], width: int) -> None:
         """After a block of `width` positions per row: row i keeps the first `kept[i]` of them, the rest are holes."""
@@ -109,8 +113,8 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
         for row, count in enumerate(counts.tolist()):
             gather[row, length - count :] = np.flatnonzero(self.valid[row, : self._idx])
         index = mx.array(gather)[:, None, :, None]
-        self.keys = mx.take_along_axis(self.keys[..., : self._idx, :], index, axis=2)
-        self.values = mx.take_along_axis(self.values[..., : self._idx, :], index, axis=2)
+        used = self._idx
+        self._map_arrays(lambda array: mx.take_along_axis(array[..., :used, :], index, axis=2))
         self._idx = length
         self.valid = np.arange(length)[None, :] >= (length - counts)[:, None]
         self.left_padding = mx.array((length - counts).astype(np.int32))
@@ -118,18 +122,14 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
 
     def filter(self, batch_indices: Sequence[int]) -> None:
         rows = list(batch_indices)
-        if self.keys is not None:
-            self.keys = self.keys[mx.array(rows)]
-            self.values = self.values[mx.array(rows)]
+        self._map_arrays(lambda array: array[mx.array(rows)])
         self.offset = self.offset[mx.array(rows)]
         self.left_padding = self.left_padding[mx.array(rows)]
         self.valid = self.valid[rows, : self._idx]
         used = np.flatnonzero(self.valid.any(axis=0))
         lead = int(used[0]) if used.size else self._idx
         if lead > 0:  # columns no remaining row uses, on the left
-            if self.keys is not None:
-                self.keys = self.keys[..., lead:, :]
-                self.values = self.values[..., lead:, :]
+            self._map_arrays(lambda array: array[..., lead:, :])
             self._idx -= lead
             self.valid = self.valid[:, lead:]
             self.left_padding = mx.maximum(self.left_padding - lead, 0)
@@ -140,7 +140,7 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
         width = max(self._idx, other._idx)
         mine = _left_pad(self.valid[:, : self._idx], width)
         theirs = _left_pad(other_valid[:, : other._idx], width)
-        super().extend(other)
+        self._extend_arrays(other)
         self.valid = np.concatenate([mine, theirs], axis=0)
         self._mark_holes()
 
@@ -153,10 +153,23 @@ class RaggedKVCache(BatchKVCache):  # type: ignore[misc]
             take: Any = slice(first, self._idx)
         else:
             take = mx.array(columns.astype(np.int32))
-        keys, values = self.keys[idx : idx + 1, :, take], self.values[idx : idx + 1, :, take]
+        keys, values = self._row_arrays(idx, take)
         cache.keys, cache.values = mx.contiguous(keys), mx.contiguous(values)
         cache.offset = cache.keys.shape[2]
         return cache
+
+    def _map_arrays(self, change: Callable[[mx.array], mx.array]) -> None:
+        """Apply `change` to every array holding keys and values (a quantized cache holds three for each)."""
+        if self.keys is not None:
+            self.keys, self.values = tree_map(change, (self.keys, self.values))
+
+    def _extend_arrays(self, other: BatchKVCache) -> None:
+        """`other`'s rows below these, both right-aligned at the longer one's write position."""
+        super().extend(other)
+
+    def _row_arrays(self, idx: int, take: Any) -> tuple[mx.array, mx.array]:
+        """Row `idx`'s keys and values at the columns `take` selects, as the model computes with them."""
+        return self.keys[idx : idx + 1, :, take], self.values[idx : idx + 1, :, take]
 
     def trim(self, n: int) -> int:
         raise NotImplementedError("a ragged cache takes tokens back per row, with keep()")

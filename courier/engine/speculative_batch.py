@@ -7,7 +7,8 @@ waits for the pending tokens, asks each sequence's `PromptLookup` for a draft af
 pass over a right-padded block `[token, draft..., pad...]` per sequence; a sequence without a draft rides along
 with its one token. Each sequence keeps the longest prefix of its draft that its own sampler reproduces at each
 position, plus the token its sampler chose after that prefix (the next step's input), so every step moves each
-sequence on by at least one token. The KV cache (`RaggedKVCache`) takes back each sequence's rejected positions.
+sequence on by at least one token. The KV cache (`RaggedKVCache`, or with `--kv-bits` the quantized
+`BatchQuantizedKVCache`) takes back each sequence's rejected positions.
 
 Lossless: at every position the sequence's own sampler draws from the model's distribution given the tokens before
 it, and a draft token is kept only when the draw equals it. That is greedy decoding exactly at temperature 0, and
@@ -35,11 +36,12 @@ from typing import Any, Protocol, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.sample_utils import greedy_sampler
 
+from courier.core.prompt_cache.quantization import KvQuantization
 from courier.core.step_planning.prompt_lookup import LookupLimits, PromptLookup
 from courier.core.step_planning.verify_width import RowDraft, StepCosts, best_width
+from courier.engine.quantized_batch_cache import as_generation_layer
 from courier.engine.ragged_cache import RaggedKVCache
 from courier.engine.sampling import SeededSampler
 
@@ -121,6 +123,7 @@ class _Row:
 class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
     limits: LookupLimits | None = None  # None: no drafts (forced tokens still apply)
     forcing: Forcing | None = None
+    kv_quantization: KvQuantization | None = None  # `--kv-bits`: rows are quantized as they join
     counters: SpeculationCounters
     # mlx-lm's own attributes this class reads (its module is untyped).
     prompt_cache: list[Any]
@@ -142,7 +145,7 @@ class SpeculativeGenerationBatch(GenerationBatch):  # type: ignore[misc]
 
     def extend(self, batch: GenerationBatch) -> None:
         super().extend(batch)
-        self.prompt_cache = [RaggedKVCache.adopt(c) if type(c) is BatchKVCache else c for c in self.prompt_cache]
+        self.prompt_cache = [as_generation_layer(layer, self.kv_quantization) for layer in self.prompt_cache]
         for index, processors in enumerate(batch.logits_processors):
             guided = self.forcing is not None and self.forcing.may_draft(batch.uids[index])
             lookup = (
@@ -433,12 +436,14 @@ class SpeculativeGenerator(BatchGenerator):  # type: ignore[misc]
         lookup: LookupLimits | None,
         counters: SpeculationCounters,
         costs: StepCosts | None = None,
+        kv_quantization: KvQuantization | None = None,
         **options: Any,
     ) -> None:
         super().__init__(model, **options)
         self._generation_batch = SpeculativeGenerationBatch.create(
             self.model, self.sampler, lookup, counters, costs or StepCosts()
         )
+        self._generation_batch.kv_quantization = kv_quantization
 
     def set_forcing(self, forcing: Forcing | None) -> None:
         self._generation_batch.forcing = forcing

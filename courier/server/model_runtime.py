@@ -62,6 +62,7 @@ from courier.runtime.actor import Actor, ActorBusy, ActorStopped, ask
 from courier.runtime.faults import FaultCounter
 from courier.runtime.message import Message
 from courier.runtime.mlx_thread import MlxThread
+from courier.server.batch_kv import batch_kv_quantization
 from courier.server.embedding_runtime import as_embedding_model, start_embedding_model, start_pooled_embedder
 from courier.server.prompt_cache import PromptCache, open_prompt_cache, snapshot_quantization
 from courier.settings import Settings
@@ -186,11 +187,12 @@ class ModelRuntimes:
         loaded = await services.mlx.call(load)
         try:
             quantization = await snapshot_quantization(settings, loaded, services.mlx)
+            kv_quantization = await batch_kv_quantization(settings, loaded, services.mlx)
             status.progress = "preparing constrained decoding"
             grammars = await anyio.to_thread.run_sync(grammar_compiler, loaded, settings.grammar_cache)
             status.progress = "starting its actors"
             runtime.loaded = loaded
-            await _start_actors(runtime, loaded, grammars, quantization)
+            await _start_actors(runtime, loaded, grammars, quantization, kv_quantization)
             pooling = self._pooling.get(declaration.model_id)
             if pooling is not None:
                 embedder = await start_pooled_embedder(runtime.start, services.mlx, loaded, pooling, status)
@@ -227,7 +229,11 @@ async def _load_embedding_model(runtime: Runtime, declaration: ModelDeclaration,
 
 
 async def _start_actors(
-    runtime: Runtime, loaded: LoadedModel, grammars: Any, quantization: KvQuantization | None
+    runtime: Runtime,
+    loaded: LoadedModel,
+    grammars: Any,
+    quantization: KvQuantization | None,
+    kv_quantization: KvQuantization | None = None,
 ) -> None:
     """In dependency order: the ingress needs the token counter and the scheduler."""
     services, settings = runtime._services, runtime._services.settings
@@ -240,6 +246,7 @@ async def _start_actors(
         if settings.speculation
         else None,
         snapshot_quantization=quantization,
+        kv_quantization=kv_quantization,
     )
     vision = loaded.vision
     media = await runtime.start(_media_fetcher(settings), MEDIA_INBOX) if vision is not None else None

@@ -111,6 +111,16 @@ def parse_prompt_cache_group_size(text: str) -> int:
     return value
 
 
+def parse_kv_bits(text: str) -> int | None:
+    """`8` or `4`; `off` (or empty, `none`, `0`) keeps the running batch's KV as the model computes it."""
+    lowered = text.strip().lower()
+    if lowered in ("", "off", "none", "0"):
+        return None
+    if lowered not in ("8", "4"):
+        raise ValueError(f"KV bits are 8, 4 or off, not {text!r}")
+    return int(lowered)
+
+
 # Several `--model` declarations in one environment variable are separated by this (a path may hold a comma).
 MODEL_SEPARATOR = ";"
 

@@ -21,6 +21,7 @@ from courier.settings.parsers import (
     parse_bool,
     parse_bytes,
     parse_embedding_pooling,
+    parse_kv_bits,
     parse_model_specs,
     parse_names,
     parse_non_negative_float,
@@ -333,6 +334,24 @@ class Settings:
         "values sharing one scale and bias in quantized snapshots (32, 64 or 128); it must divide the model's "
         "attention head dimension, or that model does not load",
         metavar="N",
+    )
+    kv_bits: int | None = setting(
+        None,
+        parse_kv_bits,
+        "keep the running batch's attention KV quantized to 8 or 4 bits (prompts prefill at full precision, and "
+        "rows are quantized as they start decoding): about 2-4x the streams in the same memory, for slower decode "
+        "steps on CPU (see docs/prompt-cache.md); recurrent layers stay exact, models with attention sinks refuse "
+        "it; off: as the model computes it",
+        metavar="BITS",
+        strict=True,
+    )
+    kv_group_size: int = setting(
+        64,
+        parse_prompt_cache_group_size,
+        "values sharing one scale and bias in the quantized batch KV (32, 64 or 128); it must divide the model's "
+        "attention head dimension",
+        metavar="N",
+        strict=True,
     )
     prompt_cache_min_prefix: int = setting(
         16,

@@ -58,14 +58,24 @@ class SchedulerStats:
     warmups_pending: int = 0
     warmups_queued: int = 0
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
+    # How the running batch holds attention KV (`--kv-bits`): quantized to these bits in groups of this size, or
+    # None for as computed. Set once, when the engine is built.
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
 
     @property
     def at_capacity(self) -> bool:
         return self.running + self.waiting >= self.max_batch + self.max_queue
 
     def as_dict(self) -> dict[str, int]:
-        """The counters (speculation has its own view)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "speculation"}
+        """The counters (speculation and the batch KV's quantization have their own views)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_COUNTERS}
+
+    def batch_kv_view(self) -> dict[str, int | None]:
+        return {"bits": self.kv_bits, "group_size": self.kv_group_size}
+
+
+_NOT_COUNTERS = frozenset({"speculation", "kv_bits", "kv_group_size"})
 
 
 @dataclass(slots=True)

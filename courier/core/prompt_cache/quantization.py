@@ -25,6 +25,9 @@ QUANTIZED_CLASS = "KVCache"
 STORED_CLASS = "QuantizedKVCache"
 _PACK_BITS = 32  # values are packed into uint32 words
 _PACKED_ITEMSIZE = 4
+# The options a refusal names: the prompt cache's, or the running batch's (`--kv-bits`).
+PROMPT_CACHE_FLAGS = ("--prompt-cache-bits", "--prompt-cache-group-size")
+BATCH_KV_FLAGS = ("--kv-bits", "--kv-group-size")
 
 
 class QuantizationRefused(ValueError):
@@ -99,14 +102,17 @@ def quantized_layers(classes: Sequence[str]) -> tuple[bool, ...]:
     return tuple(name == QUANTIZED_CLASS for name in classes)
 
 
-def check_head_dims(head_dims: Iterable[int], quantization: KvQuantization) -> None:
-    """Raise `QuantizationRefused` unless every attention head dimension (keys' and values') fits the group size."""
+def check_head_dims(
+    head_dims: Iterable[int], quantization: KvQuantization, flags: tuple[str, str] = PROMPT_CACHE_FLAGS
+) -> None:
+    """Raise `QuantizationRefused` unless every attention head dimension (keys' and values') fits the group size;
+    `flags`: the bits and group-size options the message names."""
     misfits = sorted({dim for dim in head_dims if not quantization.fits(dim)})
     if misfits:
         dims = ", ".join(map(str, misfits))
         raise QuantizationRefused(
-            f"--prompt-cache-group-size {quantization.group_size} does not divide the model's attention head "
-            f"dimension ({dims}): choose a group size that does ({_fitting_sizes(misfits)})"
+            f"{flags[1]} {quantization.group_size} does not divide the model's attention head "
+            f"dimension ({dims}): choose a group size that does ({_fitting_sizes(misfits, flags[0])})"
         )
 
 
@@ -125,6 +131,6 @@ def compression(head_dim: int, itemsize: int, quantization: KvQuantization) -> f
     return head_dim * itemsize / quantization.row_bytes(head_dim, itemsize)
 
 
-def _fitting_sizes(head_dims: Sequence[int]) -> str:
+def _fitting_sizes(head_dims: Sequence[int], bits_flag: str) -> str:
     sizes = [size for size in GROUP_SIZES if all(dim > 0 and dim % size == 0 for dim in head_dims)]
-    return ", ".join(map(str, sizes)) if sizes else "none does: leave --prompt-cache-bits off for this model"
+    return ", ".join(map(str, sizes)) if sizes else f"none does: leave {bits_flag} off for this model"

@@ -59,6 +59,9 @@ def blueprint(context: AppContext) -> Blueprint:
             # Attention KV as stored: quantized to these bits in groups of this size, or null for as computed.
             "snapshot_bits": limits.quantization.bits if limits.quantization else None,
             "snapshot_group_size": limits.quantization.group_size if limits.quantization else None,
+            # The running batch's attention KV (`--kv-bits`): these bits and group size, or null for as computed.
+            "batch_kv_bits": scheduler.kv_bits,
+            "batch_kv_group_size": scheduler.kv_group_size,
             "tokens_reused": counters.tokens_reused,
             "snapshot_warmups_run": scheduler.warmups_run,
             "snapshot_warmups_skipped": scheduler.warmups_skipped,

@@ -32,6 +32,7 @@ def blueprint(context: AppContext) -> Blueprint:
             # Every servable model: loaded or not, its memory, a load's progress (several models: load on demand).
             "models": context.models.view(time.monotonic()) if context.models is not None else None,
             "speculation": state.scheduler.speculation.view(),
+            "batch_kv": state.scheduler.batch_kv_view(),  # --kv-bits: null bits for as computed
             "connections": state.connections.as_dict(),
             "memory": mlx_memory().as_dict(),
             "malloc": malloc_usage(),
