@@ -35,6 +35,7 @@ class FakeEngine:
     """
 
     speculation_mode = "off (a scripted engine)"
+    kv_quantization = None  # the batch KV as computed (no --kv-bits)
     snapshot_quantization: KvQuantization | None = None  # what a warm-up's snapshot is stored as
 
     def __init__(self) -> None:
