@@ -21,6 +21,7 @@ prompt's state instead of ending a prefill segment there, which saves a forward 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +47,10 @@ from courier.engine.step_reader import StepReader, cut_at_deadline
 from courier.engine.step_snapshots import boundary_snapshots
 from courier.grammar.compiler import GrammarCompiler
 from courier.model.vision.embedder import ImageEmbedder
+
+logger = logging.getLogger(__name__)
+# A step at least this long is logged (debug) with its parts: admission, the batched pass, rows, prefill chunk.
+SLOW_STEP_S = 0.5
 
 
 class BatchEngine:
@@ -128,6 +133,7 @@ class BatchEngine:
     ) -> list[EngineOutput]:
         """End `expired` (past their deadline) with what they wrote, admit `added`, drop `cancelled`, then advance
         every running sequence by one step."""
+        entered = time.perf_counter()
         outputs = self._end_at_deadline(expired)
         outputs.extend(self._admission.admit(added, self._generator))
         outputs.extend(self._cancel(cancelled))
@@ -144,7 +150,20 @@ class BatchEngine:
             self._generator = self._new_generator()
             self._admission.shared.clear()
             return outputs + self._recovery.recover(error, self._generator)
-        self._prefill.observe(positions=decoding + done.prompt_tokens, seconds=time.perf_counter() - started)
+        ended = time.perf_counter()
+        self._prefill.observe(positions=decoding + done.prompt_tokens, seconds=ended - started)
+        if ended - entered >= SLOW_STEP_S:
+            logger.debug(
+                "slow step: %.2f s admitting %d, %.2f s batched pass (%d decoding, %d prefilling, chunk %d, %d prompt "
+                "tokens)",
+                started - entered,
+                len(added),
+                ended - started,
+                decoding,
+                prefilling,
+                self._generator.prefill_step_size,
+                done.prompt_tokens,
+            )
         for response in prompt_responses:
             if response.end_of_prompt and (sequence := self._sequences.get(response.uid)) is not None:
                 sequence.prompt_done = True

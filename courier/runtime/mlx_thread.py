@@ -13,8 +13,10 @@ called without an active exception") in most runs; a parked thread never does.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -24,6 +26,10 @@ T = TypeVar("T")
 THREAD_NAME = "courier-mlx"
 # Work items waiting for the thread; callers await their result, so this stays small.
 QUEUE_CAPACITY = 64
+# A work item that holds the thread at least this long is logged (debug): what held the step loop, and how long.
+SLOW_CALL_S = 0.5
+
+logger = logging.getLogger(__name__)
 
 
 class MlxThreadClosed(RuntimeError):
@@ -65,9 +71,19 @@ class MlxThread:
             function, future = item
             if not future.set_running_or_notify_cancel():
                 continue
+            started = time.perf_counter()
             try:
                 future.set_result(function())
             except BaseException as error:  # delivered to the awaiting task, which decides
                 future.set_exception(error)
+            held = time.perf_counter() - started
+            if held >= SLOW_CALL_S:
+                logger.debug("MLX thread held %.2f s by %s", held, _name(function))
         self._parked.set()
         threading.Event().wait()  # parked until the process exits; see the module docstring
+
+
+def _name(function: Callable[[], Any]) -> str:
+    """What a work item is, for the log: a partial's function, else the callable's own name."""
+    inner = getattr(function, "func", function)
+    return str(getattr(inner, "__qualname__", type(inner).__name__))
