@@ -17,6 +17,8 @@ def fetch_repo(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=DEFAULT_ALLOW_PATTERNS))
     except LocalEntryNotFoundError as error:
-        raise ModelLoadError(f"{repo_id} is not in the Hugging Face cache and cannot be downloaded: {error}") from None
+        raise ModelLoadError(
+            f"cannot load model from {repo_id}: it is not in the Hugging Face cache and cannot be downloaded ({error})"
+        ) from None
     except (HfHubHTTPError, OSError, ValueError) as error:
-        raise ModelLoadError(f"cannot download {repo_id} from the Hugging Face hub: {error}") from None
+        raise ModelLoadError(f"cannot load model from {repo_id}: the Hugging Face hub answered {error}") from None

@@ -182,5 +182,5 @@ def test_an_embedding_model_named_by_its_hub_repo_embeds_as_its_directory_does(h
     assert missing.status_code == 503
     error = missing.json()["error"]
     assert error["code"] == "model_load_failed"
-    assert "courier-tests/absent is not in the Hugging Face cache" in error["message"]
+    assert "cannot load model from courier-tests/absent: it is not in the Hugging Face cache" in error["message"]
     assert vectors(embed(http, "bert", "still here"))  # the failed load disturbed nothing

@@ -46,8 +46,9 @@ class PostgresCluster:
     def start(self) -> None:
         self.server.start()
 
-    def stop(self) -> None:
-        self.server.stop()
+    def stop(self, mode: str = "fast") -> None:
+        """`fast`: sessions are cut one by one; `immediate`: all at once, as a crash or a lost network does."""
+        self.server.stop(mode)
 
     def waiting_on_lock(self, url: str, table: str, sessions: int) -> bool:
         """Whether at least `sessions` sessions of the database at `url` wait for a lock on `table`."""
