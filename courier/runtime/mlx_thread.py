@@ -73,12 +73,16 @@ class MlxThread:
                 continue
             started = time.perf_counter()
             try:
-                future.set_result(function())
-            except BaseException as error:  # delivered to the awaiting task, which decides
-                future.set_exception(error)
+                result, error = function(), None
+            except BaseException as raised:  # delivered to the awaiting task, which decides
+                result, error = None, raised
             held = time.perf_counter() - started
-            if held >= SLOW_CALL_S:
+            if held >= SLOW_CALL_S:  # logged before the caller wakes, so the log precedes what follows the call
                 logger.debug("MLX thread held %.2f s by %s", held, _name(function))
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
         self._parked.set()
         threading.Event().wait()  # parked until the process exits; see the module docstring
 
