@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from quart import Quart, Response, g, request
+from quart import Quart, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from courier.core.failure_codes import FailureCode
@@ -34,6 +34,9 @@ from courier.messages.asking import Refused
 logger = logging.getLogger(__name__)
 
 REPLICA_HEADER = "X-Courier-Replica"
+VERSION_PREFIX = "/v1"
+UNVERSIONED_SUFFIX = "_unversioned"  # the name of a family's registration without /v1: `chat_unversioned`
+MODEL_FAMILIES = (models.BLUEPRINT, models.LOADING_BLUEPRINT)
 
 
 def create_app(context: AppContext) -> Any:
@@ -53,10 +56,7 @@ def create_quart_app(context: AppContext) -> Quart:
     app.config["RESPONSE_TIMEOUT"] = None
     # A body must arrive whole within --body-timeout, however slowly it trickles in (408 beyond).
     app.config["BODY_TIMEOUT"] = context.settings.body_timeout
-    modules = (health, models, tokenize, chat, completions, responses, embeddings, conversations, cache, metrics)
-    for module in (*modules, openapi):
-        app.register_blueprint(module.blueprint(context), url_prefix=context.settings.api_prefix or None)
-    app.register_blueprint(anthropic_routes.blueprint(context), url_prefix=context.settings.api_prefix or None)
+    _register_routes(app, context)
 
     open_routes = {f"{context.settings.api_prefix}/health"}
     if context.settings.public_metrics:
@@ -108,6 +108,35 @@ def create_quart_app(context: AppContext) -> Quart:
     return app
 
 
+def _register_routes(app: Quart, context: AppContext) -> None:
+    """Every route is declared once, without `/v1`: here each family is put under `/v1`, beside it, or both, all
+    beneath `--api-prefix`. A family served twice is registered twice, the second time under a name of its own."""
+    root = context.settings.api_prefix
+    versioned = f"{root}{VERSION_PREFIX}"
+    # OpenAI's families: under /v1, and without it too, for OpenAI clients given a base URL that omits it.
+    for routes in (
+        models.blueprint(context),
+        chat.blueprint(context),
+        completions.blueprint(context),
+        responses.blueprint(context),
+        embeddings.blueprint(context),
+        conversations.blueprint(context),
+    ):
+        app.register_blueprint(routes, url_prefix=versioned)
+        app.register_blueprint(routes, url_prefix=root or None, name=f"{routes.name}{UNVERSIONED_SUFFIX}")
+    # Under /v1 only: Anthropic's Messages API (its clients add /v1 themselves), an operator's loads and cache.
+    for routes in (models.loading_blueprint(context), cache.blueprint(context), anthropic_routes.blueprint(context)):
+        app.register_blueprint(routes, url_prefix=versioned)
+    # Beside /v1 only: a prober's and a scraper's routes, vLLM's tokenizer routes, the API's document.
+    for routes in (
+        health.blueprint(context),
+        metrics.blueprint(context),
+        tokenize.blueprint(context),
+        openapi.blueprint(context),
+    ):
+        app.register_blueprint(routes, url_prefix=root or None)
+
+
 def _for_the_model(error: ApiError, context: AppContext) -> ApiError:
     """An image URL that cannot be read, sent to a model that takes no images: what matters is the latter."""
     if error.code is not FailureCode.INVALID_IMAGE_URL or context.state.model is None:
@@ -120,13 +149,22 @@ def _for_the_model(error: ApiError, context: AppContext) -> ApiError:
 
 
 def _envelope() -> Envelope:
-    """Anthropic's error envelope on the Messages API's routes, and on the model listing when an Anthropic client
+    """Anthropic's error envelope on the Messages API's routes, and on the model routes when an Anthropic client
     asks (it sends `anthropic-version`); OpenAI's on every other."""
-    if request.blueprint == anthropic_routes.BLUEPRINT:
+    family = _family()
+    if family == anthropic_routes.BLUEPRINT:
         return Envelope.ANTHROPIC
-    if request.blueprint == models.BLUEPRINT and anthropic_models.wants_anthropic_shape(request.headers):
+    if family in MODEL_FAMILIES and anthropic_models.wants_anthropic_shape(request.headers):
         return Envelope.ANTHROPIC
     return Envelope.OPENAI
+
+
+def _family() -> str | None:
+    """The API family of the request's route: its blueprint's own name, whichever of its registrations matched."""
+    if request.blueprint is None:  # no route matched
+        return None
+    family: str = current_app.blueprints[request.blueprint].name
+    return family
 
 
 def _from_http_exception(error: HTTPException, context: AppContext) -> ApiError:

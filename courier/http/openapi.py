@@ -1,8 +1,9 @@
 """The OpenAPI 3.1 document of every route, served at `/openapi.json`.
 
 Its request bodies are the schemas every body is validated with (`http/schemas/`): the document is the validator's
-schema. Every route the app serves is documented with its methods (`tests/http/test_openapi.py`). Each path is also
-served without its `/v1` prefix (OpenAI clients may omit it); those aliases are not listed twice.
+schema. Every route the app serves is documented with its methods (`tests/http/test_openapi.py`). Each OpenAI path
+is also served without its `/v1` prefix (OpenAI clients may omit it; `http/app.py`); those aliases are not listed
+twice.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ BLUEPRINT = "anthropic"
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint(BLUEPRINT, __name__)
 
-    @routes.post("/v1/messages")
+    @routes.post("/messages")
     async def create_message() -> Response | JsonObject:
         body = await read_json_object()
         bound = await context.for_body(body)  # the model the body names, held until the response ends
@@ -71,7 +71,7 @@ def blueprint(context: AppContext) -> Blueprint:
             usage=outcome.usage,
         )
 
-    @routes.post("/v1/messages/count_tokens")
+    @routes.post("/messages/count_tokens")
     async def count_tokens() -> dict[str, Any]:
         """The tokens the same body's message would prefill (its images counted as the tokens they expand to)."""
         body = await read_json_object()

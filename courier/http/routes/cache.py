@@ -23,7 +23,7 @@ from courier.messages.snapshot_store import ResetSnapshots
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("cache", __name__)
 
-    @routes.get("/v1/cache/stats")
+    @routes.get("/cache/stats")
     async def stats() -> dict[str, Any]:
         # The scheduler's counters before the store's figures: a warm-up counted as run has already told the store
         # its snapshot, so the store, asked next, answers with it (read after, they could count a warm-up whose
@@ -74,7 +74,7 @@ def blueprint(context: AppContext) -> Blueprint:
             **_tier_figures(store),
         }
 
-    @routes.post("/v1/cache/reset")
+    @routes.post("/cache/reset")
     async def reset() -> dict[str, Any]:
         require_admin(context.caller())
         bound = await context.for_model(request.args.get("model"))

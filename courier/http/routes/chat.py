@@ -28,7 +28,6 @@ from courier.messages.ingress import Admitted, ChatPrompt
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("chat", __name__)
 
-    @routes.post("/v1/chat/completions")
     @routes.post("/chat/completions")
     async def chat_completions() -> Response | dict[str, Any]:
         body = await read_json_object()

@@ -25,7 +25,6 @@ from courier.messages.ingress import Admitted
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("completions", __name__)
 
-    @routes.post("/v1/completions")
     @routes.post("/completions")
     async def completions() -> Response | dict[str, Any]:
         body = await read_json_object()

@@ -34,7 +34,6 @@ def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("conversations", __name__)
     storage = context.outboxes.storage
 
-    @routes.post("/v1/conversations")
     @routes.post("/conversations")
     async def create_conversation() -> JsonObject:
         body = await read_json_object()
@@ -51,12 +50,10 @@ def blueprint(context: AppContext) -> Blueprint:
         )
         return _conversation_object(conversation)
 
-    @routes.get("/v1/conversations/<conversation_id>")
     @routes.get("/conversations/<conversation_id>")
     async def retrieve_conversation(conversation_id: str) -> JsonObject:
         return _conversation_object(await _conversation(context, conversation_id))
 
-    @routes.post("/v1/conversations/<conversation_id>")
     @routes.post("/conversations/<conversation_id>")
     async def update_conversation(conversation_id: str) -> JsonObject:
         body = await read_json_object()
@@ -72,7 +69,6 @@ def blueprint(context: AppContext) -> Blueprint:
             raise Refused(conversation_not_found(conversation_id))
         return _conversation_object(updated)
 
-    @routes.delete("/v1/conversations/<conversation_id>")
     @routes.delete("/conversations/<conversation_id>")
     async def delete_conversation(conversation_id: str) -> JsonObject:
         if not await call(
@@ -84,7 +80,6 @@ def blueprint(context: AppContext) -> Blueprint:
             raise Refused(conversation_not_found(conversation_id))
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
-    @routes.get("/v1/conversations/<conversation_id>/items")
     @routes.get("/conversations/<conversation_id>/items")
     async def list_items(conversation_id: str) -> JsonObject:
         refuse_include(request.args)
@@ -99,7 +94,6 @@ def blueprint(context: AppContext) -> Blueprint:
             raise Refused(conversation_not_found(conversation_id))
         return list_object(page)
 
-    @routes.post("/v1/conversations/<conversation_id>/items")
     @routes.post("/conversations/<conversation_id>/items")
     async def add_items(conversation_id: str) -> JsonObject:
         refuse_include(request.args)
@@ -115,7 +109,6 @@ def blueprint(context: AppContext) -> Blueprint:
             raise Refused(conversation_not_found(conversation_id))
         return list_object(ItemPage(items=tuple(items), has_more=False))
 
-    @routes.get("/v1/conversations/<conversation_id>/items/<item_id>")
     @routes.get("/conversations/<conversation_id>/items/<item_id>")
     async def retrieve_item(conversation_id: str, item_id: str) -> JsonObject:
         item = await call(
@@ -129,7 +122,6 @@ def blueprint(context: AppContext) -> Blueprint:
             raise _item_not_found(item_id)
         return item
 
-    @routes.delete("/v1/conversations/<conversation_id>/items/<item_id>")
     @routes.delete("/conversations/<conversation_id>/items/<item_id>")
     async def delete_item(conversation_id: str, item_id: str) -> JsonObject:
         deleted = await call(

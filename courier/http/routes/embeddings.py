@@ -18,7 +18,6 @@ from courier.messages.embedder import EmbedInputs
 def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("embeddings", __name__)
 
-    @routes.post("/v1/embeddings")
     @routes.post("/embeddings")
     async def embeddings() -> dict[str, Any]:
         body = await read_json_object()

@@ -7,7 +7,8 @@ estimated until it has loaded), its requests in flight and its last load; and on
 `capabilities` and `sampling_defaults`. Listing never loads a model. A request that sends `anthropic-version` (any
 Anthropic SDK) gets Anthropic's shapes instead, paginated as Anthropic's are (`http/anthropic/models.py`).
 
-POST /v1/models/{id}/load and /unload: an operator's (an admin key), answered when done.
+POST /v1/models/{id}/load and /unload: an operator's (an admin key), answered when done; a blueprint of their own,
+served under `/v1` only (`http/app.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from courier.status.service_state import ServiceState
 
 OWNER = "courier"
 BLUEPRINT = "models"
+LOADING_BLUEPRINT = "model_loading"
 
 
 def blueprint(context: AppContext) -> Blueprint:
@@ -60,7 +62,6 @@ def blueprint(context: AppContext) -> Blueprint:
         created = info.created if info else int(context.state.started_at)
         return anthropic_models.model_info(name, created, info.usable_context_length if info else None)
 
-    @routes.get("/v1/models")
     @routes.get("/models")
     async def list_models() -> dict[str, Any]:
         if anthropic_models.wants_anthropic_shape(request.headers):
@@ -68,7 +69,6 @@ def blueprint(context: AppContext) -> Blueprint:
             return anthropic_models.model_page(shown, request.args)
         return {"object": "list", "data": [model_object(name, model) for name, model in listed()]}
 
-    @routes.get("/v1/models/<path:model_id>")
     @routes.get("/models/<path:model_id>")
     async def retrieve_model(model_id: str) -> dict[str, Any]:
         shape = anthropic_object if anthropic_models.wants_anthropic_shape(request.headers) else model_object
@@ -86,12 +86,18 @@ def blueprint(context: AppContext) -> Blueprint:
             code=FailureCode.MODEL_NOT_FOUND,
         )
 
-    @routes.post("/v1/models/<path:model_id>/load")
+    return routes
+
+
+def loading_blueprint(context: AppContext) -> Blueprint:
+    routes = Blueprint(LOADING_BLUEPRINT, __name__)
+
+    @routes.post("/models/<path:model_id>/load")
     async def load_model(model_id: str) -> dict[str, Any]:
         """An operator's load (an admin key): answered once it is loaded, or with why it could not be."""
         return await _by_hand(context, lambda reply: LoadModel(name=model_id, reply=reply))
 
-    @routes.post("/v1/models/<path:model_id>/unload")
+    @routes.post("/models/<path:model_id>/unload")
     async def unload_model(model_id: str) -> dict[str, Any]:
         """An operator's unload (an admin key): answered once its requests have ended and it is unloaded; its
         prompt cache's disk tier stays, so its next load finds its conversations warm."""

@@ -37,7 +37,6 @@ def blueprint(context: AppContext) -> Blueprint:
     routes = Blueprint("responses", __name__)
     _websocket(routes, context)
 
-    @routes.post("/v1/responses")
     @routes.post("/responses")
     async def create_response() -> Response | JsonObject:
         bound, body = await context.read_for_model()  # the model the body names, held until the response ends
@@ -55,7 +54,6 @@ def blueprint(context: AppContext) -> Blueprint:
             return event_stream_response(events, done=None, error_event=emit.error)
         return await run_whole(bound, services, await start_turn(services, plan))
 
-    @routes.post("/v1/responses/input_tokens")
     @routes.post("/responses/input_tokens")
     async def count_input_tokens() -> JsonObject:
         body = await read_json_object()
@@ -66,7 +64,6 @@ def blueprint(context: AppContext) -> Blueprint:
         rendered = render(services.capsules, parsed, items)
         return {"object": "response.input_tokens", "input_tokens": await count_tokens(services, parsed, rendered)}
 
-    @routes.post("/v1/responses/compact")
     @routes.post("/responses/compact")
     async def compact_response() -> JsonObject:
         bound, body = await context.read_for_model()
@@ -94,7 +91,6 @@ def blueprint(context: AppContext) -> Blueprint:
             "usage": result.usage,
         }
 
-    @routes.get("/v1/responses/<response_id>")
     @routes.get("/responses/<response_id>")
     async def retrieve_response(response_id: str) -> JsonObject:
         running = context.responses.get(response_id, context.caller().tenant)
@@ -102,7 +98,6 @@ def blueprint(context: AppContext) -> Blueprint:
             return running.snapshot
         return (await _stored(context, response_id)).response
 
-    @routes.delete("/v1/responses/<response_id>")
     @routes.delete("/responses/<response_id>")
     async def delete_response(response_id: str) -> JsonObject:
         if context.responses.get(response_id, context.caller().tenant) is not None:
@@ -114,7 +109,6 @@ def blueprint(context: AppContext) -> Blueprint:
             raise _not_found(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
-    @routes.post("/v1/responses/<response_id>/cancel")
     @routes.post("/responses/<response_id>/cancel")
     async def cancel_response(response_id: str) -> JsonObject:
         running = context.responses.get(response_id, context.caller().tenant)
@@ -129,7 +123,6 @@ def blueprint(context: AppContext) -> Blueprint:
             await running.finished.wait()
         return running.snapshot
 
-    @routes.get("/v1/responses/<response_id>/input_items")
     @routes.get("/responses/<response_id>/input_items")
     async def list_input_items(response_id: str) -> JsonObject:
         query = page_query(request.args)
@@ -143,7 +136,6 @@ def blueprint(context: AppContext) -> Blueprint:
 
 
 def _websocket(routes: Blueprint, context: AppContext) -> None:
-    @routes.websocket("/v1/responses")
     @routes.websocket("/responses")
     async def responses_socket() -> Response | None:
         return await serve_socket(context)
