@@ -1,9 +1,9 @@
 """The OpenAPI 3.1 document of every route, served at `/openapi.json`.
 
 Its request bodies are the schemas every body is validated with (`http/schemas/`): the document is the validator's
-schema. Every route the app serves is documented with its methods (`tests/http/test_openapi.py`). Each OpenAI path
-is also served without its `/v1` prefix (OpenAI clients may omit it; `http/app.py`); those aliases are not listed
-twice.
+schema. Every route the app serves is documented with its methods (`tests/http/test_openapi.py`). OpenAI's generation,
+listing and stored-state paths are also served without their `/v1` prefix (OpenAI clients may omit it; `http/app.py`);
+those aliases are not listed twice.
 """
 
 from __future__ import annotations
@@ -246,7 +246,8 @@ def openapi_document(prefix: str = "", max_n: int | None = None) -> Schema:
             "title": "Courier",
             "version": "1",
             "description": "An OpenAI-compatible inference server for MLX models, which speaks Anthropic's Messages "
-            "API too. Every OpenAI /v1 path is also served without the /v1 prefix.",
+            "API too. The OpenAI paths for generation, embeddings, models, responses and conversations are also served "
+            "without the /v1 prefix (model load and unload, and the cache routes, only with it).",
         },
         "paths": {prefix + path: item_schema for path, item_schema in paths.items()},
         "components": {
