@@ -1,17 +1,7 @@
-"""Another client's small chat while a hostile grammar request runs (issue 30, items 7 and 8), on the embedded SmolLM2.
-
-Each shape of tests/support/hostile_grammars.py is sent once: the three JSON schemas no generation can follow (no
-finite instance, `anyOf` 8x8x8, 2,000 properties), the control, and the four tool sets (128 functions with
-`tool_choice: "required"`, a function of 600 optional properties, 128 functions with pattern bombs, a JSON schema
-beside 128 tools in `auto`). The control sends the prompt the 128 functions render to as plain messages: as long,
-and nothing constrained, so what a long prefill costs the small chats is told apart from what grammar work costs
-them. `--head-start` (0.05 s) later, two-token chats are sent one after another while it runs (at most `--chats`).
-Reported: what the hostile request got (status, finish reason or error code and param, seconds), the small chats'
-latency against the bound (median at most 3 s, worst at most 10 s; the bench exits 1 when a shape's chats miss it)
-and, for comparison, the small chat alone; with the load average before each. `courier-baseline` (`--baseline-tree
-DIR`) measures another commit the same way; `--wide-window` serves the tiny random llama with a 32K window instead,
-where every shape's prompt fits.
-"""
+"""Another client's small chat while a hostile grammar request runs (issue 30, items 7 and 8): each shape of
+tests/support/hostile_grammars.py once on the embedded SmolLM2 (`--wide-window`: the tiny 32K-window llama), with
+two-token chats sent one after another beside it. Exits 1 when a shape's chats miss the bound (median at most 3 s,
+worst at most 10 s)."""
 
 from __future__ import annotations
 
@@ -22,20 +12,18 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import httpx
 
 from bench.harness import cli, support
-from bench.harness.models import cache_directory, prepare_4bit_dir
+from bench.harness.models import prepare_4bit_dir
 from bench.harness.report import num, progress, table, write_json
-from bench.harness.servers import COURIER, COURIER_BASELINE, Launcher, Server, ServerSpec
+from bench.harness.runs import launching
+from bench.harness.servers import COURIER, COURIER_BASELINE, Server, ServerSpec
 from bench.harness.stats import percentile
 
-# "While any such request runs, a small chat is answered within a few seconds": the bound each shape's small chats
-# are held to, their median and their worst. The bench exits 1 when a shape's chats miss it.
-MEDIAN_BOUND_S = 3.0
+MEDIAN_BOUND_S = 3.0  # "a small chat is answered within a few seconds": its median and its worst
 WORST_BOUND_S = 10.0
 ALONE_CHATS = 5
 TIMEOUT_S = 600.0
@@ -52,60 +40,45 @@ class ShapeResult:
     prompt_tokens: int | None = None
     chats_s: list[float] = field(default_factory=list)
     chat_failures: int = 0
-    load: float = 0.0  # the 1-minute load average before it was sent
+    load: float = field(default_factory=lambda: os.getloadavg()[0])  # the 1-minute load average before it was sent
 
 
-async def small_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> float | None:
-    started = time.perf_counter()
-    reply = await client.post("/v1/chat/completions", json=body)
-    return time.perf_counter() - started if reply.status_code == 200 else None
-
-
-async def one_shape(server: Server, shape: str, args: argparse.Namespace) -> ShapeResult:
-    shapes = support.hostile_grammars()
-    model = server.spec.model
-    result = ShapeResult(server=server.spec.name, shape=shape, load=os.getloadavg()[0])
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=TIMEOUT_S) as client:
+async def small_chats(
+    client: httpx.AsyncClient, model: str, result: ShapeResult, most: int, beside: asyncio.Task[Any] | None = None
+) -> None:
+    """Two-token chats one after another, at most `most`, while `beside` runs (None: `most` of them)."""
+    body = support.hostile_grammars().small_chat_body(model)
+    while (beside is None or not beside.done()) and len(result.chats_s) + result.chat_failures < most:
         started = time.perf_counter()
-        hostile = asyncio.create_task(
-            client.post("/v1/chat/completions", json=shapes.hostile_body(model, shape, args.max_tokens))
-        )
+        reply = await client.post("/v1/chat/completions", json=body)
+        if reply.status_code == 200:
+            result.chats_s.append(time.perf_counter() - started)
+        else:
+            result.chat_failures += 1
+
+
+async def one_shape(server: Server, shape: str | None, args: argparse.Namespace) -> ShapeResult:
+    """The hostile request of `shape` with small chats beside it (None: the small chat alone)."""
+    model = server.spec.model
+    result = ShapeResult(server=server.spec.name, shape=shape or "(none: the small chat alone)")
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=TIMEOUT_S) as client:
+        if shape is None:
+            await small_chats(client, model, result, ALONE_CHATS)
+            return result
+        started = time.perf_counter()
+        body = support.hostile_grammars().hostile_body(model, shape, args.max_tokens)
+        hostile = asyncio.create_task(client.post("/v1/chat/completions", json=body))
         await asyncio.sleep(args.head_start)
-        while not hostile.done() and len(result.chats_s) + result.chat_failures < args.chats:
-            latency = await small_chat(client, shapes.small_chat_body(model))
-            if latency is None:
-                result.chat_failures += 1
-            else:
-                result.chats_s.append(latency)
+        await small_chats(client, model, result, args.chats, hostile)
         reply = await hostile
         result.seconds = time.perf_counter() - started
-    result.status = reply.status_code
-    body = reply.json()
+    result.status, answer = reply.status_code, reply.json()
     if reply.status_code == 200:
-        result.finish = body["choices"][0]["finish_reason"]
+        result.finish, result.prompt_tokens = answer["choices"][0]["finish_reason"], answer["usage"]["prompt_tokens"]
     else:
-        result.finish = f"{body['error']['code']} ({body['error']['param']})"
-    result.prompt_tokens = body["usage"]["prompt_tokens"] if reply.status_code == 200 else None
+        result.finish = f"{answer['error']['code']} ({answer['error']['param']})"
+    progress(f"{server.spec.name}: {shape}: {result.status} {result.finish} in {result.seconds:.1f} s")
     return result
-
-
-async def alone(server: Server) -> ShapeResult:
-    result = ShapeResult(server=server.spec.name, shape="(none: the small chat alone)", load=os.getloadavg()[0])
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=TIMEOUT_S) as client:
-        for _ in range(ALONE_CHATS):
-            latency = await small_chat(client, support.hostile_grammars().small_chat_body(server.spec.model))
-            if latency is not None:
-                result.chats_s.append(latency)
-    return result
-
-
-def measure(server: Server, args: argparse.Namespace) -> list[ShapeResult]:
-    results = [asyncio.run(alone(server))]
-    for shape in args.shapes:
-        result = asyncio.run(one_shape(server, shape, args))
-        progress(f"{server.spec.name}: {shape}: {result.status} {result.finish} in {result.seconds:.1f} s")
-        results.append(result)
-    return results
 
 
 def within_bound(result: ShapeResult) -> bool:
@@ -116,27 +89,14 @@ def within_bound(result: ShapeResult) -> bool:
     return percentile(chats, 0.5) <= MEDIAN_BOUND_S and chats[-1] <= WORST_BOUND_S and result.chat_failures == 0
 
 
-def print_report(results: Sequence[ShapeResult], args: argparse.Namespace) -> None:
-    print(
-        f"the hostile request asks for {args.max_tokens} tokens; small chats: 2 tokens each, one after another from "
-        f"{args.head_start:g} s after it while it runs\n"
-    )
-    rows = []
-    for result in results:
-        chats = sorted(result.chats_s)
-        worst = chats[-1] if chats else None
-        within = "n/a" if not chats else ("yes" if within_bound(result) else "**no**")
-        answer = f"{result.status} {result.finish} in {result.seconds:.1f} s" if result.status else ""
-        if result.prompt_tokens is not None:
-            answer += f" ({result.prompt_tokens} prompt tokens)"
-        median = num(percentile(chats, 0.5) if chats else None)
-        chat_cells = f"{len(chats)} | {median} | {num(worst)} | {within}"
-        rows.append(f"{result.server} | {result.shape} | {answer} | {chat_cells} | {result.load:.1f}")
-    table(
-        f"server | hostile request | it got | small chats | p50 (s) | max (s) | p50 <= {MEDIAN_BOUND_S:g} s and max <= "
-        f"{WORST_BOUND_S:g} s | load before",
-        rows,
-    )
+def row(result: ShapeResult) -> str:
+    chats = sorted(result.chats_s)
+    within = "n/a" if not chats else ("yes" if within_bound(result) else "**no**")
+    answer = f"{result.status} {result.finish} in {result.seconds:.1f} s" if result.status else ""
+    answer += f" ({result.prompt_tokens} prompt tokens)" if result.prompt_tokens is not None else ""
+    median, worst = num(percentile(chats, 0.5) if chats else None), num(chats[-1] if chats else None)
+    chat_cells = f"{len(chats)} | {median} | {worst} | {within}"
+    return f"{result.server} | {result.shape} | {answer} | {chat_cells} | {result.load:.1f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -153,25 +113,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     servers = cli.choose_servers(parser, "--servers", args.servers, [COURIER], args.baseline_tree)
     results: list[ShapeResult] = []
-    with cache_directory(args.cache_dir) as cache_dir:
-        launcher = Launcher(
-            bench="hostile_grammars",
-            cache_dir=cache_dir,
-            log_dir=cache_dir / "bench-logs",
-            baseline_tree=args.baseline_tree,
-        )
+    with launching("hostile_grammars", args) as launcher:
         model_dir = None
         if args.wide_window:
-            target = cache_dir / "bench-models" / WIDE_MODEL
-            model_dir = support.hostile_grammars().build_wide_window_llama(prepare_4bit_dir(cache_dir), target)
+            target = launcher.cache_dir / "bench-models" / WIDE_MODEL
+            model_dir = support.hostile_grammars().build_wide_window_llama(prepare_4bit_dir(launcher.cache_dir), target)
         for name in servers:
             spec = ServerSpec(name=name, model_dir=model_dir, served_name=WIDE_MODEL if model_dir else None)
-            _, measured = launcher.run(spec, partial(measure, args=args))
+            _, measured = launcher.run(
+                spec, lambda s: [asyncio.run(one_shape(s, x, args)) for x in [None, *args.shapes]]
+            )
             results.extend(measured or [])
-    for record in launcher.records:
-        print(record.line())
-    print()
-    print_report(results, args)
+    print("\n".join(record.line() for record in launcher.records) + "\n")
+    print(
+        f"the hostile request asks for {args.max_tokens} tokens; small chats: 2 tokens each, one after another from "
+        f"{args.head_start:g} s after it while it runs\n"
+    )
+    bound = f"p50 <= {MEDIAN_BOUND_S:g} s and max <= {WORST_BOUND_S:g} s"
+    table(
+        f"server | hostile request | it got | small chats | p50 (s) | max (s) | {bound} | load before",
+        map(row, results),
+    )
     write_json(results, args.json)
     missed = [f"{result.server}: {result.shape}" for result in results if not within_bound(result)]
     if missed:
