@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import hostile_tenants
 from bench.harness import cli
 from bench.harness.models import prepare_4bit_dir, tiny_model, tiny_vision_model
 from bench.harness.report import progress, table, write_json
 from bench.harness.servers import COURIER, Launcher, ServerSpec
+from bench.hostile import tenants
 from bench.hostile.prober import (
     LOG_HEAD,
     Answer,
@@ -105,11 +105,11 @@ def run_server(
 ) -> FuzzedServer:
     """Start a server for `model` (`keyed`: with API keys, for the tenants family), run `phases` against it, check its
     health, and stop it."""
-    flags = ("--request-timeout", str(args.request_timeout), *(hostile_tenants.FLAGS if keyed else ()))
+    flags = ("--request-timeout", str(args.request_timeout), *(tenants.FLAGS if keyed else ()))
     server = launcher.server(ServerSpec(name=name, kind=COURIER, model_dir=model, served_name=served, flags=flags))
     run = FuzzedServer(name=name, command=server.record.command_text(), log_path=server.record.log_path)
     with server:
-        api_key = hostile_tenants.OWNER if keyed else ""
+        api_key = tenants.OWNER if keyed else ""
         prober = Prober(server, served, args.request_timeout, vision=name == "vision", api_key=api_key)
         if "schema" in phases:
             run.schema = schema_phase(server.base_url, args)
@@ -153,15 +153,12 @@ def schema_phase(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
         exit_code, timed_out = -1, True
     if args.log is not None:
         args.log.write_text(output)
-    return {
-        "command": " ".join(command),
-        "exit_code": exit_code,
-        "timed_out": timed_out,
-        "seconds": round(time.monotonic() - started, 1),
-        "figures": schema_figures(output),
-        "failures": failure_section(output),
-        "summary": [line for line in output.splitlines() if line.strip()][-40:],
-    }
+    summary, seconds = (
+        [line for line in output.splitlines() if line.strip()][-40:],
+        round(time.monotonic() - started, 1),
+    )
+    return {"command": " ".join(command), "exit_code": exit_code, "timed_out": timed_out, "seconds": seconds,
+            "figures": schema_figures(output), "failures": failure_section(output), "summary": summary}  # fmt: skip
 
 
 def schema_figures(output: str) -> dict[str, str]:
@@ -255,10 +252,10 @@ def family_row(run: FamilyRun) -> str:
 
 def print_hostile(servers: Sequence[FuzzedServer], args: argparse.Namespace) -> None:
     print(f"### Phase 2: hostile (seed {args.seed}, at most {args.hostile_cases} cases per family)\n")
+    headers = "server | family | cases (generated) | sent | statuses | 5xx | timeouts | connection errors"
     table(
-        "server | family | cases (generated) | sent | statuses | 5xx | timeouts | connection errors | other problems "
-        "| surprises | faults | health after",
-        (family_row(run) for server in servers for run in server.families),
+        f"{headers} | other problems | surprises | faults | health after",
+        (family_row(r) for s in servers for r in s.families),
     )
     print_answers("Problems", [answer for server in servers for run in server.families for answer in run.problems])
     for run in (run for server in servers for run in server.families if run.unattributed_log_errors):
@@ -298,14 +295,9 @@ def print_surprises(surprises: Sequence[tuple[FamilyRun, Answer]]) -> None:
 
 def print_servers(servers: Sequence[FuzzedServer]) -> None:
     print("### Servers\n")
-    table(
-        "server | health at the end | exit code | ERROR lines in its log | log",
-        (
-            f"{server.name} | {health_text(server.health_after)} | {server.exit_code} | {len(server.log_errors)} "
-            f"| {server.log_path or '-'}"
-            for server in servers
-        ),
-    )
+    rows = [f"{s.name} | {health_text(s.health_after)} | {s.exit_code} | {len(s.log_errors)} | {s.log_path or '-'}"
+            for s in servers]  # fmt: skip
+    table("server | health at the end | exit code | ERROR lines in its log | log", rows)
     for server in servers:
         if server.log_errors:
             print(f"ERROR lines in the {server.name} server's log (first 20):\n\n```")

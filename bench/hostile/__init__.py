@@ -6,30 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bench.hostile.bodies import chat_body, data_url, responses_body, saved_image, user
-from bench.hostile.cases import Case, Expect, FollowUp, Raw, encode, family_rng, select
+from bench.hostile.cases import Case, family_rng
+from bench.hostile.fields import sampling_cases
 from bench.hostile.media import image_cases, url_cases
 from bench.hostile.shapes import shape_cases
 from bench.hostile.strings import capsule_cases, json_string_cases
-
-__all__ = [
-    "Case", "Expect", "FollowUp", "Raw", "all_families", "chat_body", "data_url", "encode", "family_rng",
-    "responses_body", "saved_image", "select", "user",
-]  # fmt: skip
-
-
-def sampling_cases(model: str) -> list[Case]:
-    from bench.hostile_sampling import sampling_cases as cases  # it imports this module's Case and encode
-
-    return cases(model)
+from bench.hostile.tenants import tenant_cases
 
 
 def all_families(model: str, seed: int, *, vision: bool, keyed: bool = False) -> dict[str, Callable[[], list[Case]]]:
     """Each family's generator for a server of `model` (`vision`: one that takes images; `keyed`: one with API keys,
     which gets the tenants family alone)."""
     if keyed:
-        from bench.hostile_tenants import tenant_cases  # it imports this module's Case and encode
-
         return {"tenants": lambda: tenant_cases(model)}
     if vision:
         return {

@@ -1,4 +1,6 @@
-"""Every body field the validators read, with the JSON types it takes: the wrong-type and numbers cases."""
+"""Every body field the validators read, with the JSON types it takes: the wrong-type and numbers cases of the
+shapes family, and the sampling family (every sampling field at its edges, each case followed by another client's
+ordinary requests)."""
 
 from __future__ import annotations
 
@@ -10,24 +12,13 @@ from typing import Any
 
 import orjson
 
-from bench.hostile.bodies import (
-    GOOD_CAPSULE,
-    call_items,
-    capsule_of,
-    chat_base,
-    chat_body,
-    compact_base,
-    responses_base,
-    responses_body,
-    tool_turns,
-    user,
-)
 from bench.hostile.cases import (
     CHAT,
     COMPACT,
     COMPLETIONS,
     CONVERSATIONS,
     DETOKENIZE,
+    GOOD_CAPSULE,
     INPUT_TOKENS,
     RESPONSES,
     TOKENIZE,
@@ -35,7 +26,16 @@ from bench.hostile.cases import (
     Expect,
     FollowUp,
     Raw,
-    shape_case,
+    call_items,
+    capsule_of,
+    chat_base,
+    chat_body,
+    compact_base,
+    post,
+    responses_base,
+    responses_body,
+    tool_turns,
+    user,
 )
 
 WRONG_VALUES: tuple[object, ...] = (None, True, 0, -1, 1.5, "", "x", [], [1], {}, {"a": 1})
@@ -43,17 +43,8 @@ WRONG_VALUES: tuple[object, ...] = (None, True, 0, -1, 1.5, "", "x", [], [1], {}
 
 def json_type(value: object) -> str:
     """The JSON type of a parsed value, with integers and other numbers told apart."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    return "list" if isinstance(value, list) else "obj"
+    kinds = ((type(None), "null"), (bool, "bool"), (int, "int"), (float, "float"), (str, "str"), (list, "list"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "obj")
 
 
 ANY_TYPE = frozenset({"null", "bool", "int", "float", "str", "list", "obj"})
@@ -172,21 +163,15 @@ def fields() -> list[Field]:
         (CHAT, partial(chat_body, messages=[user([{"type": "text", "text": "Hello."}])]), CHAT_PART_FIELDS),
         (CHAT, partial(chat_body, messages=tool_turns("{}"), tools=[tool]), CHAT_TOOL_FIELDS),
         (COMPLETIONS, lambda m: {"model": m, "prompt": "Hello", **completion}, COMPLETIONS_FIELDS),
-        (
-            COMPLETIONS,
-            lambda m: {"model": m, "prompt": [1, 2], **completion},
-            (("prompt.0", "int str list", TOKEN_ID),),
-        ),
+        (COMPLETIONS, lambda m: {"model": m, "prompt": [1, 2], **completion},
+         (("prompt.0", "int str list", TOKEN_ID),)),
         (RESPONSES, responses_base, RESPONSES_FIELDS),
         (RESPONSES, lambda m: responses_base(m) | {"metadata": {"k": "v"}}, (("metadata.k", "str"),)),
         (RESPONSES, responses_base, RESPONSES_MORE_FIELDS),
         (RESPONSES, partial(responses_body, items="Hello.", context_management=managed), RESPONSES_MANAGED_FIELDS),
         (RESPONSES, responses_base, RESPONSES_LAST_FIELDS),
-        (
-            RESPONSES,
-            partial(responses_body, items=[user([{"type": "input_text", "text": "Hello."}])]),
-            RESPONSES_ITEM_FIELDS,
-        ),
+        (RESPONSES, partial(responses_body, items=[user([{"type": "input_text", "text": "Hello."}])]),
+         RESPONSES_ITEM_FIELDS),
         (RESPONSES, partial(responses_body, items=call_items(), tools=[responses_tool]), RESPONSES_CALL_FIELDS),
         (RESPONSES, partial(responses_body, items=capsule), (("input.0.encrypted_content", "str"),)),
         (INPUT_TOKENS, responses_base, (("input", "str list"),)),
@@ -194,14 +179,11 @@ def fields() -> list[Field]:
         (CONVERSATIONS, lambda _: conversation, CONVERSATION_FIELDS),
         ("/v1/conversations/{conversation}", lambda _: conversation, (("metadata", "null obj"),)),
         ("/v1/conversations/{conversation}/items", lambda _: conversation, (("items", "list"),)),
-        (
-            TOKENIZE,
-            lambda m: {"model": m, "prompt": "Hello"},
-            (("prompt", "null str"), ("add_special_tokens", "null bool"), ("model", "null str")),
-        ),
+        (TOKENIZE, lambda m: {"model": m, "prompt": "Hello"},
+         (("prompt", "null str"), ("add_special_tokens", "null bool"), ("model", "null str"))),
         (TOKENIZE, lambda m: {"model": m, **tokenize_chat}, TOKENIZE_CHAT_FIELDS),
         (DETOKENIZE, lambda m: {"model": m, "tokens": [1, 2]}, (("tokens", "list"), ("tokens.0", "int", TOKEN_ID))),
-    ]
+    ]  # fmt: skip
     return [
         Field(route, path_of(at), types_of(takes), base, *rest)
         for route, base, specs in groups
@@ -230,17 +212,12 @@ def with_value(body: dict[str, Any], at: Sequence[str | int], value: object) -> 
 def wrong_type_cases(model: str) -> list[Case]:
     """Every field, every value of `WRONG_VALUES`: a value of a type the field does not take is a 4xx."""
     return [
-        shape_case(
-            "wrong type",
-            f"{row.name} = {json.dumps(value)}",
-            row.route,
-            with_value(row.base(model), row.at, value),
-            Expect.EITHER if json_type(value) in row.takes else Expect.REFUSED,
-            follow_up=row.follow_up,
-        )
+        post("shapes", "wrong type", f"{row.name} = {json.dumps(value)}", row.route,
+             with_value(row.base(model), row.at, value),
+             expect=Expect.EITHER if json_type(value) in row.takes else Expect.REFUSED, follow_up=row.follow_up)
         for row in fields()
         for value in WRONG_VALUES
-    ]
+    ]  # fmt: skip
 
 
 NUMBER_TEXTS = (
@@ -250,28 +227,66 @@ NUMBER_TEXTS = (
 )  # fmt: skip
 
 
-def number_expectation(text: str, low: float, high: float, integers: bool) -> Expect:
-    """What the body parser and the field's range make of `text`: parsed as the server parses JSON."""
+def number(text: str, integers: bool) -> float | None:
+    """`text` parsed as the server parses JSON, when it is a number (an integer, if `integers`)."""
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return Expect.REFUSED
-    if integers and (isinstance(value, bool) or not isinstance(value, int)):
-        return Expect.REFUSED
-    return Expect.EITHER if low <= value <= high else Expect.REFUSED
+        return None
+    if isinstance(value, bool) or not isinstance(value, int if integers else int | float):
+        return None
+    return value
 
 
 def number_cases(model: str) -> list[Case]:
     """Numbers at and past every edge, raw JSON text, in every numeric field."""
-    return [
-        shape_case(
-            "numbers",
-            f"{row.name} = {text if len(text) < 30 else f'1e{len(text) - 1} written out'}",
-            row.route,
-            with_value(row.base(model), row.at, Raw(text)),
-            number_expectation(text, *row.numbers),
-        )
-        for row in fields()
-        if row.numbers is not None
-        for text in NUMBER_TEXTS
-    ]
+    cases = []
+    for row in (row for row in fields() if row.numbers is not None):
+        low, high, integers = row.numbers or (0, 0, False)
+        for text in NUMBER_TEXTS:
+            shown, value = text if len(text) < 30 else f"1e{len(text) - 1} written out", number(text, integers)
+            expect = Expect.EITHER if value is not None and low <= value <= high else Expect.REFUSED
+            body = with_value(row.base(model), row.at, Raw(text))
+            cases.append(post("shapes", "numbers", f"{row.name} = {shown}", row.route, body, expect=expect))
+    return cases
+
+
+VOCABULARY = 49152  # the tiny llama's (SmolLM2's tokenizer)
+# field -> (low, high, integers, low end open): the ranges docs/api.md gives
+SAMPLING_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "temperature": (0.0, 2.0, False, False), "top_p": (0.0, 1.0, False, True), "top_k": (-1, 1_000_000, True, False),
+    "min_p": (0.0, 1.0, False, False), "presence_penalty": (-2.0, 2.0, False, False),
+    "frequency_penalty": (-2.0, 2.0, False, False), "repetition_penalty": (0.01, 10.0, False, False),
+    "seed": (0, 2**63 - 1, True, False),
+}  # fmt: skip
+EDGE_TEXTS = (
+    "0", "-0.0", "1", "-1", "0.5", "2", "10", str(VOCABULARY - 1), str(VOCABULARY), str(VOCABULARY + 1), "1000000",
+    "1000001", "1e-45", "1e-300", "5e-324", "2.2250738585072014e-308", "1.7976931348623157e308",
+    "-1.7976931348623157e308", "1e309", "NaN", "Infinity", '"NaN"', '"nan"', '"Infinity"', "9223372036854775807",
+    "9223372036854775808",
+)  # fmt: skip
+SAMPLING_BASES: dict[str, tuple[str, dict[str, object]]] = {
+    "chat": (CHAT, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 1.0}),
+    "completions": (COMPLETIONS, {"prompt": "Hi", "max_tokens": 4, "temperature": 1.0}),
+    "responses": (RESPONSES, {"input": "Hi", "max_output_tokens": 16, "temperature": 1.0, "store": False}),
+}
+
+
+def sampling_expectation(text: str, field: str) -> Expect:
+    """OK where the value lies in the field's documented range (as the server parses JSON), else REFUSED."""
+    low, high, integers, open_low = SAMPLING_RANGES[field]
+    if (value := number(text, integers)) is None:
+        return Expect.REFUSED
+    return Expect.OK if (low < value if open_low else low <= value) and value <= high else Expect.REFUSED
+
+
+def sampling_cases(model: str) -> list[Case]:
+    cases = []
+    for route, (path, base) in SAMPLING_BASES.items():
+        for field, text in ((field, text) for field in SAMPLING_RANGES for text in EDGE_TEXTS):
+            body = {"model": model, **base, "temperature": 1.0, field: Raw(text)}
+            name, expect = f"{route} {field} = {text}", sampling_expectation(text, field)
+            cases.append(
+                post("sampling", f"{route} {field}", name, path, body, expect=expect, follow_up=FollowUp.ORDINARY)
+            )
+    return cases

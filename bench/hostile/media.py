@@ -12,14 +12,6 @@ from typing import Any
 from PIL import Image
 
 from bench.harness.support import crafted_images, png_header
-from bench.hostile.bodies import (
-    chat_body,
-    compact_body,
-    data_url,
-    responses_body,
-    saved_image,
-    user,
-)
 from bench.hostile.cases import (
     CHAT,
     COMPACT,
@@ -31,8 +23,14 @@ from bench.hostile.cases import (
     FollowUp,
     Place,
     at_place,
+    chat_body,
+    compact_body,
+    data_url,
     post,
+    responses_body,
+    saved_image,
     shuffled,
+    user,
 )
 
 
@@ -120,21 +118,15 @@ def url_places(model: str) -> list[Place]:
 
     look, seen = {"type": "text", "text": "Look:"}, [{"role": "assistant", "content": "Seen."}, user("And?")]
     return [
-        Place(
-            "chat image_url.url",
-            CHAT,
-            lambda s: chat_body(model, [user([look, {"type": "image_url", "image_url": {"url": s}}])]),
-        ),
+        Place("chat image_url.url", CHAT,
+              lambda s: chat_body(model, [user([look, {"type": "image_url", "image_url": {"url": s}}])])),
         Place("responses input_image", RESPONSES, lambda s: responses_body(model, image(s))),
-        Place(
-            "chat image_url as a string",
-            CHAT,
-            lambda s: chat_body(model, [user([{"type": "image_url", "image_url": s}])]),
-        ),
+        Place("chat image_url as a string", CHAT,
+              lambda s: chat_body(model, [user([{"type": "image_url", "image_url": s}])])),
         Place("responses input_tokens", INPUT_TOKENS, lambda s: {"model": model, "input": image(s)}),
         Place("responses compact", COMPACT, lambda s: compact_body(model, [*image(s), *seen])),
         Place("conversation item", CONVERSATIONS, lambda s: {"items": image(s)}, follow_up=FollowUp.CONVERSATION),
-    ]
+    ]  # fmt: skip
 
 
 def url_cases(model: str, rng: random.Random, *, vision: bool) -> list[Case]:

@@ -13,10 +13,22 @@ from typing import Any
 
 import httpx
 
-from bench import hostile
 from bench.harness.report import progress
 from bench.harness.servers import Server
-from bench.hostile import Case, Expect, FollowUp
+from bench.hostile import all_families
+from bench.hostile.cases import (
+    Case,
+    Expect,
+    FollowUp,
+    chat_body,
+    data_url,
+    encode,
+    family_rng,
+    responses_body,
+    saved_image,
+    select,
+    user,
+)
 
 SHOWN_CHARS = 600
 LOG_HEAD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (\w+) ")
@@ -52,6 +64,12 @@ class Answer:
         if self.status is None:
             return "timeout" if self.problem and self.problem.startswith("timeout") else "connection error"
         return str(self.status)
+
+    def must_succeed(self) -> Answer:
+        """A refusal here is a problem, not a surprise: what a case left behind broke an ordinary request."""
+        if self.surprise is not None:
+            self.problem, self.surprise = self.surprise, None
+        return self
 
 
 @dataclass(slots=True, kw_only=True)
@@ -120,12 +138,12 @@ class Prober:
     def run_families(self, server_name: str, args: argparse.Namespace) -> list[FamilyRun]:
         self.prepare_fixtures()
         runs = []
-        families = hostile.all_families(self.model, args.seed, vision=self.vision, keyed=bool(self.api_key))
+        families = all_families(self.model, args.seed, vision=self.vision, keyed=bool(self.api_key))
         for family, generate in families.items():
             if args.families is not None and family not in args.families:
                 continue
             generated = generate()
-            chosen = hostile.select(generated, args.hostile_cases, hostile.family_rng(args.seed, family))
+            chosen = select(generated, args.hostile_cases, family_rng(args.seed, family))
             run = FamilyRun(server=server_name, family=family, generated=len(generated), selected=len(chosen))
             runs.append(run)
             self.run_family(run, chosen)
@@ -136,9 +154,9 @@ class Prober:
 
     def prepare_fixtures(self) -> None:
         """A stored conversation (with an item) and a stored response, for the cases whose paths name one."""
-        conversation = self.http.post("/v1/conversations", json={"items": [hostile.user("Hello.")]}).json()
+        conversation = self.http.post("/v1/conversations", json={"items": [user("Hello.")]}).json()
         items = self.http.get(f"/v1/conversations/{conversation['id']}/items").json()
-        response = self.http.post("/v1/responses", json=hostile.responses_body(self.model, "Hello.")).json()
+        response = self.http.post("/v1/responses", json=responses_body(self.model, "Hello.")).json()
         self.fixtures = {"conversation": conversation["id"], "item": items["data"][0]["id"], "response": response["id"]}
 
     def run_family(self, run: FamilyRun, cases: Sequence[Case]) -> None:
@@ -161,16 +179,9 @@ class Prober:
 
     def send(self, case: Case) -> list[Answer]:
         """The case's answer, then those of its follow-ups (when it was accepted)."""
-        path = self.resolve(case.path)
-        answer, body = self.exchange(
-            case.name,
-            case.method,
-            path,
-            self.resolve_body(case),
-            expect=case.expect,
-            content_type=case.content_type,
-            credentials=case.credentials,
-        )
+        body = self.resolve_body(case)
+        answer, body = self.exchange(case.name, case.method, self.resolve(case.path), body, expect=case.expect,
+                                     content_type=case.content_type, credentials=case.credentials)  # fmt: skip
         answers = [answer]
         if case.follow_up is FollowUp.ORDINARY:  # whatever the answer: nothing it left behind may fail them
             return [answer, *self.ordinary(case)]
@@ -181,13 +192,11 @@ class Prober:
         return answers
 
     def read_fixtures_back(self) -> list[Answer]:
-        answers = []
-        for path in ("/v1/responses/{response}", "/v1/conversations/{conversation}/items/{item}"):
-            answer, _ = self.exchange(f"the owner reads back {path}", "GET", self.resolve(path), None, expect=Expect.OK)
-            if answer.surprise is not None:  # another key's case removed or hid the owner's record
-                answer.problem, answer.surprise = answer.surprise, None
-            answers.append(answer)
-        return answers
+        paths = ("/v1/responses/{response}", "/v1/conversations/{conversation}/items/{item}")
+        reads = (
+            self.exchange(f"the owner reads back {p}", "GET", self.resolve(p), None, expect=Expect.OK) for p in paths
+        )
+        return [answer.must_succeed() for answer, _ in reads]  # another key's case may not remove or hide the record
 
     def resolve_body(self, case: Case) -> bytes | None:
         """A tenants case's body names the owner's records too; other bodies are sent byte for byte."""
@@ -204,13 +213,9 @@ class Prober:
         """Another client's everyday chat requests after `case`: default sampling and an unseeded draw."""
         answers = []
         for name, extra in (("default sampling", {}), ("temperature 1", {"temperature": 1.0})):
-            body = {"model": self.model, "messages": [hostile.user("Hello.")], "max_tokens": 3, **extra}
-            answer, _ = self.exchange(
-                f"{case.name} -> {name}", "POST", "/v1/chat/completions", hostile.encode(body), expect=Expect.OK
-            )
-            if answer.surprise is not None:  # an ordinary request refused: what the case left behind broke it
-                answer.problem, answer.surprise = answer.surprise, None
-            answers.append(answer)
+            body = encode({"model": self.model, "messages": [user("Hello.")], "max_tokens": 3, **extra})
+            answer, _ = self.exchange(f"{case.name} -> {name}", "POST", "/v1/chat/completions", body, expect=Expect.OK)
+            answers.append(answer.must_succeed())
         return answers
 
     def follow_up(self, case: Case, kind: FollowUp, record_id: str) -> list[Answer]:
@@ -221,7 +226,7 @@ class Prober:
         else:
             turn["conversation"] = record_id
             read_back = f"/v1/conversations/{record_id}/items?limit=100"
-        body = hostile.encode(turn)
+        body = encode(turn)
         next_turn, _ = self.exchange(f"{case.name} -> next turn", "POST", "/v1/responses", body, expect=Expect.EITHER)
         read, _ = self.exchange(f"{case.name} -> read back", "GET", read_back, None, expect=Expect.OK)
         return [next_turn, read]
@@ -239,15 +244,9 @@ class Prober:
     ) -> tuple[Answer, bytes]:
         """Send one request (with `credentials`: None the runner's key, "" none, else that key), read the whole answer
         within the timeout, and judge it."""
-        answer = Answer(
-            case=name,
-            method=method,
-            path=shorten(path, 200),
-            request=shorten((body or b"").decode("utf-8", "replace"), SHOWN_CHARS),
-            request_bytes=len(body or b""),
-            expect=str(expect),
-            trace=uuid.uuid4().hex,
-        )
+        request = shorten((body or b"").decode("utf-8", "replace"), SHOWN_CHARS)
+        answer = Answer(case=name, method=method, path=shorten(path, 200), request=request,
+                        request_bytes=len(body or b""), expect=str(expect), trace=uuid.uuid4().hex)  # fmt: skip
         log_start = len(self.server.lines)
         started = time.monotonic()
         content = b""
@@ -305,19 +304,14 @@ class Prober:
             return Health(alive=False, detail=f"exited with code {self.server.poll()}")
         try:
             status, scheduler = self.settled_health()
-            chat = self.http.post("/v1/chat/completions", json=hostile.chat_body(self.model, [hostile.user("Hi.")]))
+            chat = self.http.post("/v1/chat/completions", json=chat_body(self.model, [user("Hi.")]))
             image_status = self.image_chat() if self.vision else None
         except httpx.HTTPError as error:
             return Health(alive=self.server.poll() is None, detail=f"{type(error).__name__}: {error}")
-        return Health(
-            alive=self.server.poll() is None,
-            status=status,
-            running=scheduler.get("running"),
-            waiting=scheduler.get("waiting"),
-            chat_status=chat.status_code,
-            image_chat_status=image_status,
-            detail="" if chat.status_code == 200 else shorten(chat.text, SHOWN_CHARS),
-        )
+        detail = "" if chat.status_code == 200 else shorten(chat.text, SHOWN_CHARS)
+        return Health(alive=self.server.poll() is None, status=status, running=scheduler.get("running"),
+                      waiting=scheduler.get("waiting"), chat_status=chat.status_code, image_chat_status=image_status,
+                      detail=detail)  # fmt: skip
 
     def settled_health(self) -> tuple[int, dict[str, Any]]:
         deadline = time.monotonic() + SETTLE_S
@@ -330,10 +324,9 @@ class Prober:
             time.sleep(0.5)
 
     def image_chat(self) -> int:
-        image = hostile.data_url(hostile.saved_image("PNG", (8, 8)), "image/png")
+        image = data_url(saved_image("PNG", (8, 8)), "image/png")
         content = [{"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": image}}]
-        body = hostile.chat_body(self.model, [hostile.user(content)])
-        return self.http.post("/v1/chat/completions", json=body).status_code
+        return self.http.post("/v1/chat/completions", json=chat_body(self.model, [user(content)])).status_code
 
 
 def log_records(lines: Sequence[str]) -> list[list[str]]:

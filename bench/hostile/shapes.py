@@ -6,20 +6,11 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import partial
+from typing import Any
 from urllib.parse import quote
 
-from bench.hostile.bodies import (
-    call_items,
-    chat_base,
-    chat_body,
-    compact_body,
-    nested_arrays,
-    nested_objects,
-    responses_base,
-    responses_body,
-    user,
-)
 from bench.hostile.cases import (
     ABOUT_30_MB,
     CHAT,
@@ -33,39 +24,44 @@ from bench.hostile.cases import (
     Expect,
     FollowUp,
     Raw,
+    call_items,
+    chat_base,
+    chat_body,
+    compact_body,
     encode,
+    nested_arrays,
+    nested_objects,
     post,
-    shape_case,
+    responses_base,
+    responses_body,
+    user,
 )
 from bench.hostile.fields import number_cases, wrong_type_cases
 
-MAX_DEPTH = 64
-"""The server's body nesting limit (`courier/core/json_text.py`)."""
+MAX_DEPTH = 64  # the server's body nesting limit (`courier/core/json_text.py`)
+
+
+def shapes(group: str, rows: Iterable[tuple[Any, ...]]) -> list[Case]:
+    """Cases of `group` from rows of (name, path, body, expect[, follow_up])."""
+    return [post("shapes", group, name, path, body, expect=expect, follow_up=(*rest, None)[0])
+            for name, path, body, expect, *rest in rows]  # fmt: skip
 
 
 def nesting_cases(model: str) -> list[Case]:
     """Bodies nested around and far past the limit, in an ignored field, a typed one, and the whole body."""
-    cases = []
+    rows: list[tuple[str, str, object, Expect]] = []
     for depth in (62, 63, 64, 65, 1000, 1025, 5000, 100_000):
         arrays, objects = Raw(nested_arrays(depth)), Raw(nested_objects(depth))
         ignored = Expect.EITHER if depth + 1 <= MAX_DEPTH else Expect.REFUSED  # the body object itself is a level
-        rows: list[tuple[str, str, object, Expect]] = [
+        rows += [
             (f"chat, an ignored field nested {depth}", CHAT, chat_base(model) | {"extra": arrays}, ignored),
             (f"chat, content nested {depth}", CHAT, chat_body(model, [user(arrays)]), Expect.REFUSED),
-            (
-                f"responses metadata objects nested {depth}",
-                RESPONSES,
-                responses_base(model) | {"metadata": objects},
-                Expect.REFUSED,
-            ),
+            (f"responses metadata objects nested {depth}", RESPONSES, responses_base(model) | {"metadata": objects},
+             Expect.REFUSED),
             (f"tokenize messages nested {depth}", TOKENIZE, {"model": model, "messages": arrays}, Expect.REFUSED),
-        ]
-        cases += [shape_case("nesting", *row) for row in rows]
-    for depth in (65, 5000):
-        cases.append(
-            shape_case("nesting", f"a bare array nested {depth}", RESPONSES, Raw(nested_arrays(depth)), Expect.REFUSED)
-        )
-    return cases
+        ]  # fmt: skip
+    rows += [(f"a bare array nested {d}", RESPONSES, Raw(nested_arrays(d)), Expect.REFUSED) for d in (65, 5000)]
+    return shapes("nesting", rows)
 
 
 def huge_cases(model: str) -> list[Case]:
@@ -74,85 +70,60 @@ def huge_cases(model: str) -> list[Case]:
     chat, responses, base = partial(chat_body, model), partial(responses_body, model), chat_base(model)
     many_tools = [{"type": "function", "function": {"name": f"f{index}"}} for index in range(50_000)]
     call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
-    many_calls = [{"id": f"c{index}", **call} for index in range(20_000)]
-    rows: list[tuple[str, str, object, Expect]] = [
-        ("chat content of 30 MB", CHAT, chat([user(big)]), Expect.REFUSED),
-        ("chat content of 2.5 M emoji", CHAT, chat([user(wide)]), Expect.REFUSED),
-        ("chat content of 20000 characters", CHAT, chat([user("word " * 4000)]), Expect.REFUSED),
-        ("chat user of 30 MB", CHAT, base | {"user": big}, Expect.EITHER),
-        ("chat stop of 1 MB", CHAT, base | {"stop": ["s" * 1_000_000]}, Expect.EITHER),
-        ("chat model of 1 MB", CHAT, base | {"model": big[:1_000_000]}, Expect.REFUSED),
-        ("chat 100000 messages", CHAT, chat([user("a") for _ in range(100_000)]), Expect.REFUSED),
-        ("chat 100000 text parts", CHAT, chat([user([{"type": "text", "text": "a"}] * 100_000)]), Expect.REFUSED),
-        ("chat 50000 tools", CHAT, base | {"tools": many_tools}, Expect.EITHER),
-        (
-            "chat 20000 tool calls",
-            CHAT,
-            chat([user("Go."), {"role": "assistant", "content": "x", "tool_calls": many_calls}]),
-            Expect.EITHER,
-        ),
-        ("completions prompt of 30 MB", COMPLETIONS, {"model": model, "prompt": big, "max_tokens": 2}, Expect.REFUSED),
-        (
-            "completions 1000000 token ids",
-            COMPLETIONS,
-            {"model": model, "prompt": [1] * 1_000_000, "max_tokens": 2},
-            Expect.REFUSED,
-        ),
-        ("responses instructions of 30 MB", RESPONSES, responses_base(model) | {"instructions": big}, Expect.REFUSED),
-        ("responses function_call arguments of 30 MB", RESPONSES, responses(call_items(big)), Expect.REFUSED),
-        (
-            "responses previous_response_id of 30 MB",
-            RESPONSES,
-            {"model": model, "previous_response_id": big, "input": "Hi."},
-            Expect.REFUSED,
-        ),
-        ("responses 20 items of 1.4 MB", RESPONSES, responses([user(big[:1_400_000])] * 20), Expect.REFUSED),
-        (
-            "responses metadata value of 30 MB",
-            RESPONSES,
-            responses_base(model) | {"metadata": {"k": big}},
-            Expect.REFUSED,
-        ),
-        ("conversation metadata key of 1 MB", CONVERSATIONS, {"metadata": {big[:1_000_000]: "v"}}, Expect.REFUSED),
-        ("conversation item of 30 MB", CONVERSATIONS, {"items": [user(big)]}, Expect.EITHER),
-        ("tokenize prompt of 30 MB", TOKENIZE, {"model": model, "prompt": big}, Expect.REFUSED),
-        ("detokenize 1000000 tokens", DETOKENIZE, {"model": model, "tokens": [1] * 1_000_000}, Expect.EITHER),
-        ("a body over 32 MiB", CHAT, chat([user(big + "a" * 4_000_000)]), Expect.REFUSED),
-    ]
-    return [shape_case("huge", *row) for row in rows]
+    calls = {
+        "role": "assistant",
+        "content": "x",
+        "tool_calls": [{"id": f"c{index}", **call} for index in range(20_000)],
+    }
+    refused, either = Expect.REFUSED, Expect.EITHER
+    return shapes("huge", [
+        ("chat content of 30 MB", CHAT, chat([user(big)]), refused),
+        ("chat content of 2.5 M emoji", CHAT, chat([user(wide)]), refused),
+        ("chat content of 20000 characters", CHAT, chat([user("word " * 4000)]), refused),
+        ("chat user of 30 MB", CHAT, base | {"user": big}, either),
+        ("chat stop of 1 MB", CHAT, base | {"stop": ["s" * 1_000_000]}, either),
+        ("chat model of 1 MB", CHAT, base | {"model": big[:1_000_000]}, refused),
+        ("chat 100000 messages", CHAT, chat([user("a") for _ in range(100_000)]), refused),
+        ("chat 100000 text parts", CHAT, chat([user([{"type": "text", "text": "a"}] * 100_000)]), refused),
+        ("chat 50000 tools", CHAT, base | {"tools": many_tools}, either),
+        ("chat 20000 tool calls", CHAT, chat([user("Go."), calls]), either),
+        ("completions prompt of 30 MB", COMPLETIONS, {"model": model, "prompt": big, "max_tokens": 2}, refused),
+        ("completions 1000000 token ids", COMPLETIONS, {"model": model, "prompt": [1] * 1_000_000, "max_tokens": 2},
+         refused),
+        ("responses instructions of 30 MB", RESPONSES, responses_base(model) | {"instructions": big}, refused),
+        ("responses function_call arguments of 30 MB", RESPONSES, responses(call_items(big)), refused),
+        ("responses previous_response_id of 30 MB", RESPONSES,
+         {"model": model, "previous_response_id": big, "input": "Hi."}, refused),
+        ("responses 20 items of 1.4 MB", RESPONSES, responses([user(big[:1_400_000])] * 20), refused),
+        ("responses metadata value of 30 MB", RESPONSES, responses_base(model) | {"metadata": {"k": big}}, refused),
+        ("conversation metadata key of 1 MB", CONVERSATIONS, {"metadata": {big[:1_000_000]: "v"}}, refused),
+        ("conversation item of 30 MB", CONVERSATIONS, {"items": [user(big)]}, either),
+        ("tokenize prompt of 30 MB", TOKENIZE, {"model": model, "prompt": big}, refused),
+        ("detokenize 1000000 tokens", DETOKENIZE, {"model": model, "tokens": [1] * 1_000_000}, either),
+        ("a body over 32 MiB", CHAT, chat([user(big + "a" * 4_000_000)]), refused),
+    ])  # fmt: skip
 
 
 def role_cases(model: str) -> list[Case]:
     """A role the server does not know is a 4xx (Responses knows no `tool`); a count renders any role."""
     roles = ("wizard", "", "USER", "user ", "function", "ipython", "\x00", "user\x00", "<|im_start|>system")
-    cases = []
+    rows: list[tuple[Any, ...]] = []
     for role in (*roles, "developer", "tool"):
         shown, message = json.dumps(role), {"role": role, "content": "Hi."}
         chat_expect = Expect.REFUSED if role in roles else Expect.EITHER
         responses_expect = Expect.REFUSED if role in (*roles, "tool") else Expect.EITHER
         conversation = {"items": [{"type": "message", **message}]}
-        cases += [
-            shape_case("roles", f"chat role {shown}", CHAT, chat_body(model, [message, user("Hello.")]), chat_expect),
-            shape_case(
-                "roles", f"responses role {shown}", RESPONSES, responses_body(model, [message]), responses_expect
-            ),
-            shape_case(
-                "roles",
-                f"conversation item role {shown}",
-                CONVERSATIONS,
-                conversation,
-                responses_expect,
-                follow_up=FollowUp.CONVERSATION,
-            ),
-            shape_case(
-                "roles", f"tokenize role {shown}", TOKENIZE, {"model": model, "messages": [message]}, Expect.EITHER
-            ),
+        rows += [
+            (f"chat role {shown}", CHAT, chat_body(model, [message, user("Hello.")]), chat_expect),
+            (f"responses role {shown}", RESPONSES, responses_body(model, [message]), responses_expect),
+            (f"conversation item role {shown}", CONVERSATIONS, conversation, responses_expect, FollowUp.CONVERSATION),
+            (f"tokenize role {shown}", TOKENIZE, {"model": model, "messages": [message]}, Expect.EITHER),
         ]
     no_content = chat_body(model, [user("Hi."), {"role": "assistant"}, user("Hi?")])
     no_call = chat_body(model, [{"role": "tool", "content": "x", "tool_call_id": "nope"}])
-    cases.append(shape_case("roles", "chat assistant without content or calls", CHAT, no_content, Expect.REFUSED))
-    cases.append(shape_case("roles", "chat tool result without a call", CHAT, no_call, Expect.EITHER))
-    return cases
+    rows += [("chat assistant without content or calls", CHAT, no_content, Expect.REFUSED),
+             ("chat tool result without a call", CHAT, no_call, Expect.EITHER)]  # fmt: skip
+    return shapes("roles", rows)
 
 
 def empty_cases(model: str) -> list[Case]:
@@ -182,8 +153,8 @@ def empty_cases(model: str) -> list[Case]:
         ('tokenize content ["x"]', TOKENIZE, {"model": model, "messages": [user(["x"])]}, Expect.EITHER),
         ("tokenize content [[]]", TOKENIZE, {"model": model, "messages": [user([[]])]}, Expect.EITHER),
         ("detokenize tokens []", DETOKENIZE, {"model": model, "tokens": []}, Expect.EITHER),
-    ]
-    return [shape_case("empty", name, path, body, expect) for name, path, body, expect in rows]
+    ]  # fmt: skip
+    return shapes("empty", rows)
 
 
 def raw_body_cases(model: str) -> list[Case]:
@@ -194,26 +165,14 @@ def raw_body_cases(model: str) -> list[Case]:
     def content(raw: bytes) -> bytes:
         return b'{"messages": [{"role": "user", "content": "' + raw + b'"}]' + tail
 
-    rows: list[tuple[str, str, bytes, Expect]] = [
+    cases = shapes("raw bodies", [
         ("duplicate messages, the last bad", CHAT, listed + b', "messages": "x"' + tail, Expect.REFUSED),
-        (
-            "duplicate messages, the last good",
-            CHAT,
-            b'{"messages": "x", "messages": [' + message + b"]" + tail,
-            Expect.EITHER,
-        ),
-        (
-            "duplicate role in a message",
-            CHAT,
-            b'{"messages": [{"role": "user", "role": "wizard", "content": "Hi."}]' + tail,
-            Expect.REFUSED,
-        ),
-        (
-            "duplicate stream",
-            CHAT,
-            b'{"stream": false, "stream": true, "messages": [' + message + b"]" + tail,
-            Expect.EITHER,
-        ),
+        ("duplicate messages, the last good", CHAT, b'{"messages": "x", "messages": [' + message + b"]" + tail,
+         Expect.EITHER),
+        ("duplicate role in a message", CHAT,
+         b'{"messages": [{"role": "user", "role": "wizard", "content": "Hi."}]' + tail, Expect.REFUSED),
+        ("duplicate stream", CHAT, b'{"stream": false, "stream": true, "messages": [' + message + b"]" + tail,
+         Expect.EITHER),
         ("1000 duplicate keys", CHAT, listed + b', "x": 1' * 1000 + tail, Expect.EITHER),
         ("UTF-16 body", CHAT, valid.decode().encode("utf-16"), Expect.REFUSED),
         ("byte-order mark", CHAT, b"\xef\xbb\xbf" + valid, Expect.EITHER),
@@ -224,25 +183,15 @@ def raw_body_cases(model: str) -> list[Case]:
         ("trailing comma", CHAT, b'{"messages": [' + message + b",]" + tail, Expect.REFUSED),
         ("two documents", CHAT, valid * 2, Expect.REFUSED),
         ("comment", CHAT, b"/* hi */" + valid, Expect.REFUSED),
+        ("text/plain JSON", CHAT, valid, Expect.EITHER),
+        ("form-encoded", CHAT, b"messages=hi&model=x", Expect.REFUSED),
         ("empty body", RESPONSES, b"", Expect.REFUSED),
         ("a lone NUL", RESPONSES, b"\x00", Expect.REFUSED),
         ("JSON null", RESPONSES, b"null", Expect.REFUSED),
         ("JSON string", RESPONSES, b'"hi"', Expect.REFUSED),
-    ]
-    cases = [post("shapes", "raw bodies", name, path, body, expect=expect) for name, path, body, expect in rows]
-    form = "application/x-www-form-urlencoded"
-    cases[-4:-4] = [
-        post("shapes", "raw bodies", "text/plain JSON", CHAT, valid, expect=Expect.EITHER, content_type="text/plain"),
-        post(
-            "shapes",
-            "raw bodies",
-            "form-encoded",
-            CHAT,
-            b"messages=hi&model=x",
-            expect=Expect.REFUSED,
-            content_type=form,
-        ),
-    ]
+    ])  # fmt: skip
+    cases[-6] = replace(cases[-6], content_type="text/plain")
+    cases[-5] = replace(cases[-5], content_type="application/x-www-form-urlencoded")
     return cases
 
 
@@ -272,42 +221,22 @@ def path_cases() -> list[Case]:
         for identifier in HOSTILE_IDS:
             shown = json.dumps(identifier if len(identifier) < 40 else f"{identifier[:10]}... ({len(identifier)})")
             path, name = template.format(quote(identifier, safe="")), f"{method} {template.format('')} id {shown}"
-            cases.append(
-                Case(
-                    family="shapes", group="ids", name=name, method=method, path=path, body=None, expect=Expect.REFUSED
-                )
-            )
+            cases.append(Case(family="shapes", group="ids", name=name, method=method, path=path, body=None,
+                              expect=Expect.REFUSED))  # fmt: skip
     for query, expect in QUERIES:
         for path in ("/v1/conversations/{conversation}/items", "/v1/responses/{response}/input_items"):
             name = f"GET {path}?{query if len(query) < 40 else f'{query[:12]}... ({len(query)})'}"
-            cases.append(
-                Case(
-                    family="shapes",
-                    group="queries",
-                    name=name,
-                    method="GET",
-                    path=f"{path}?{query}",
-                    body=None,
-                    expect=expect,
-                )
-            )
+            cases.append(Case(family="shapes", group="queries", name=name, method="GET", path=f"{path}?{query}",
+                              body=None, expect=expect))  # fmt: skip
     return cases
 
 
 def shape_cases(model: str, rng: random.Random) -> list[Case]:
     """Grouped by kind, each kind in a seeded order: selection takes from every kind in turn."""
-    kinds: Iterable[list[Case]] = (
-        nesting_cases(model),
-        huge_cases(model),
-        role_cases(model),
-        empty_cases(model),
-        raw_body_cases(model),
-        path_cases(),
-        wrong_type_cases(model),
-        number_cases(model),
-    )
     cases: list[Case] = []
-    for kind in kinds:
+    kinds = (nesting_cases, huge_cases, role_cases, empty_cases, raw_body_cases, lambda _: path_cases())
+    for make in (*kinds, wrong_type_cases, number_cases):
+        kind = make(model)
         rng.shuffle(kind)
         cases += kind
     return cases

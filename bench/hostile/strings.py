@@ -9,26 +9,12 @@ import random
 from functools import partial
 from typing import Any
 
-from bench.hostile.bodies import (
-    GOOD_CAPSULE,
-    base64url,
-    call_items,
-    capsule_of,
-    chat_body,
-    compact_body,
-    nested_arrays,
-    nested_objects,
-    random_json,
-    random_text,
-    responses_body,
-    tool_turns,
-    user,
-)
 from bench.hostile.cases import (
     CHAT,
     COMPACT,
     COMPLETIONS,
     CONVERSATIONS,
+    GOOD_CAPSULE,
     INPUT_TOKENS,
     LONG_TEXT,
     RESPONSES,
@@ -39,8 +25,20 @@ from bench.hostile.cases import (
     Place,
     Raw,
     at_place,
+    base64url,
+    call_items,
+    capsule_of,
+    chat_body,
+    compact_body,
     encode,
+    nested_arrays,
+    nested_objects,
+    random_json,
+    random_text,
+    responses_body,
     shuffled,
+    tool_turns,
+    user,
 )
 
 
@@ -75,48 +73,34 @@ def json_payloads(rng: random.Random) -> list[tuple[str, str]]:
 
 def json_places(model: str) -> list[Place]:
     chat, responses, chain = partial(chat_body, model), partial(responses_body, model), FollowUp.CHAIN
+    calling, answering = lambda s: responses(call_items(arguments=s)), lambda s: responses(call_items(output=s))
     tool_result = [*tool_turns("{}")[:2]]
+
+    def system(text: str) -> dict[str, str]:
+        return {"role": "system", "content": text, "name": text}
+
     return [
         Place("chat user content", CHAT, lambda s: chat([user(s)])),
         Place("chat text part", CHAT, lambda s: chat([user([{"type": "text", "text": s}])])),
         Place("chat tool-call arguments", CHAT, lambda s: chat(tool_turns(s))),
         Place("chat tool result", CHAT, lambda s: chat([*tool_result, {"role": "tool", "content": s}, user("Ok?")])),
-        Place(
-            "chat system content + name",
-            CHAT,
-            lambda s: chat([{"role": "system", "content": s, "name": s}, user("Hi.")]),
-        ),
+        Place("chat system content + name", CHAT, lambda s: chat([system(s), user("Hi.")])),
         Place("chat user + prompt_cache_key", CHAT, lambda s: chat([user("Hi.")], user=s, prompt_cache_key=s)),
         Place("chat stop", CHAT, lambda s: chat([user("Hi.")], stop=[s])),
         Place("completions prompt", COMPLETIONS, lambda s: {"model": model, "prompt": s, "max_tokens": 2}),
-        Place(
-            "responses function_call.arguments", RESPONSES, lambda s: responses(call_items(arguments=s)), None, chain
-        ),
-        Place(
-            "responses function_call_output.output", RESPONSES, lambda s: responses(call_items(output=s)), None, chain
-        ),
+        Place("responses function_call.arguments", RESPONSES, calling, None, chain),
+        Place("responses function_call_output.output", RESPONSES, answering, None, chain),
         Place("responses instructions", RESPONSES, lambda s: responses("Hi.", instructions=s), None, chain),
         Place("responses metadata value", RESPONSES, lambda s: responses("Hi.", metadata={"k": s}), 512, chain),
         Place("responses metadata key", RESPONSES, lambda s: responses("Hi.", metadata={s: "v"}), 64),
-        Place(
-            "responses prompt_cache_key + user + safety_identifier",
-            RESPONSES,
-            lambda s: responses("Hi.", prompt_cache_key=s, user=s, safety_identifier=s),
-        ),
-        Place(
-            "responses input_tokens, function_call.arguments",
-            INPUT_TOKENS,
-            lambda s: {"model": model, "input": call_items(arguments=s)},
-        ),
-        Place(
-            "conversation items + metadata value",
-            CONVERSATIONS,
-            lambda s: {"items": call_items(arguments=s, output=s), "metadata": {"k": s}},
-            512,
-            FollowUp.CONVERSATION,
-        ),
+        Place("responses prompt_cache_key + user + safety_identifier", RESPONSES,
+              lambda s: responses("Hi.", prompt_cache_key=s, user=s, safety_identifier=s)),
+        Place("responses input_tokens, function_call.arguments", INPUT_TOKENS,
+              lambda s: {"model": model, "input": call_items(arguments=s)}),
+        Place("conversation items + metadata value", CONVERSATIONS,
+              lambda s: {"items": call_items(arguments=s, output=s), "metadata": {"k": s}}, 512, FollowUp.CONVERSATION),
         Place("tokenize raw tool-call arguments", TOKENIZE, lambda s: {"messages": tool_turns(s)}),
-    ]
+    ]  # fmt: skip
 
 
 def json_string_cases(model: str, rng: random.Random) -> list[Case]:
@@ -146,12 +130,9 @@ def capsule_payloads(rng: random.Random) -> list[tuple[str, str, Expect]]:
     for version in (True, 1.0, "1", 2, 0, -1, None, 2**64, [1], {"v": 1}):
         payloads.append((f"v = {json.dumps(version)}", capsule_of({**GOOD_CAPSULE, "v": version}), Expect.REFUSED))
     wrong: list[tuple[str, object]] = [
-        ("no v", {"summary": "s", "retained": []}),
-        ("a list", [GOOD_CAPSULE]),
-        ("a string", "capsule"),
-        ("a number", 1),
-        ("null", None),
-    ]
+        ("no v", {"summary": "s", "retained": []}), ("a list", [GOOD_CAPSULE]), ("a string", "capsule"),
+        ("a number", 1), ("null", None),
+    ]  # fmt: skip
     wrong += [(name, GOOD_CAPSULE | changed) for name, changed in (
         ("summary a number", {"summary": 5}), ("summary null", {"summary": None}),
         ("summary an object", {"summary": {"text": "s"}}), ("retained a string", {"retained": "all"}),
@@ -196,13 +177,8 @@ def random_json_object(rng: random.Random) -> dict[str, Any]:
 
 
 def valid_capsule(document: dict[str, Any]) -> bool:
-    return (
-        type(document.get("v")) is int
-        and document["v"] == 1
-        and isinstance(document.get("summary"), str)
-        and isinstance(document.get("retained"), list)
-        and not document["retained"]
-    )
+    retained, summary = document.get("retained"), document.get("summary")
+    return type(document.get("v")) is int and document["v"] == 1 and isinstance(summary, str) and retained == []
 
 
 def capsule_places(model: str) -> list[Place]:
@@ -214,13 +190,10 @@ def capsule_places(model: str) -> list[Place]:
         Place("responses input", RESPONSES, lambda s: responses_body(model, history(s)), follow_up=FollowUp.CHAIN),
         Place("responses input_tokens", INPUT_TOKENS, lambda s: {"model": model, "input": history(s)}),
         Place("responses compact", COMPACT, lambda s: compact_body(model, [*history(s), *done])),
-        Place(
-            "responses input, capsule mid-history",
-            RESPONSES,
-            lambda s: responses_body(model, [user("Hi."), hello, *history(s)]),
-        ),
+        Place("responses input, capsule mid-history", RESPONSES,
+              lambda s: responses_body(model, [user("Hi."), hello, *history(s)])),
         Place("conversation item", CONVERSATIONS, lambda s: {"items": history(s)}, follow_up=FollowUp.CONVERSATION),
-    ]
+    ]  # fmt: skip
 
 
 def capsule_cases(model: str, rng: random.Random) -> list[Case]:
