@@ -1,18 +1,6 @@
-"""Ten-turn agent sessions for bench/agents.py: what each turn sends, in its own dialect and as chat completions.
-
-A session file (bench/data/agents/*.json) holds the first turn's request body as the agent recorded it, and for each
-later turn what the agent appends to the history: the previous reply and what answers it. Turn k's body is the first
-body with the first k - 1 appendices added to its `messages` (Anthropic) or `input` (Responses).
-
-The recorded sessions in tests/data/agents are shorter than ten turns (Claude Code's tool loop has two, Codex's
-three-turn session three), so `build` continues them against a running Courier: each later turn appends the model's
-own reply to the turn before, asked to call the tool the recorded session calls (Claude Code's `Bash`, Codex's
-`exec_command`), and that call's result, as the recorded sessions carry theirs (a `tool_result` block, a
-`function_call_output` item). The results are made-up listings of about 150 tokens: nothing is run.
-
-`chat_turn` renders a turn as the chat messages Courier's own translation makes of it (the Messages API's blocks, the
-Responses items), with its tools written into the system message as Courier's generic tool mode writes them, so
-mlx_lm.server (whose template knows no tools either) is given the same conversation through chat completions.
+"""Ten-turn agent sessions for bench/agents.py: what each turn sends, in its own dialect (a session file in
+bench/data/agents/ holds the first body and what each later turn appends to its history) and as chat completions.
+`build` continues the shorter recorded sessions of tests/data/agents against a running Courier; how: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -106,12 +94,8 @@ class Session:
         return body
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "dialect": self.dialect.value,
-            "built_from": self.built_from,
-            "first": self.first,
-            "appendices": self.appendices,
-        }
+        return {"dialect": self.dialect.value, "built_from": self.built_from, "first": self.first,
+                "appendices": self.appendices}  # fmt: skip
 
 
 def load(dialect: Dialect, directory: Path = DATA_DIR) -> Session:
@@ -146,16 +130,13 @@ def build(dialect: Dialect, base_url: str, model: str) -> Session:
         while session.turns < TURNS:
             turn = session.turns
             body = session.body(turn, model=model if dialect is Dialect.RESPONSES else None)
-            body["stream"] = False
-            if dialect is Dialect.ANTHROPIC:
-                body["tool_choice"] = {"type": "tool", "name": session.shape.tool}
-                reply = _post(http, session.shape.path, body)
-                appendix = _anthropic_appendix(reply, turn)
-            else:
-                body["tool_choice"] = {"type": "function", "name": session.shape.tool}
-                reply = _post(http, session.shape.path, body)
-                appendix = _responses_appendix(reply, turn)
-            session.appendices.append(appendix)
+            anthropic = dialect is Dialect.ANTHROPIC
+            body["stream"], body["tool_choice"] = (
+                False,
+                {"type": "tool" if anthropic else "function", "name": session.shape.tool},
+            )
+            reply = _post(http, session.shape.path, body)
+            session.appendices.append((_anthropic_appendix if anthropic else _responses_appendix)(reply, turn))
     return session
 
 
@@ -208,15 +189,9 @@ def _anthropic_appendix(reply: dict[str, Any], turn: int) -> list[dict[str, Any]
     calls = [block for block in reply["content"] if block["type"] == "tool_use"]
     if not calls:
         raise RuntimeError(f"turn {turn}: the forced call did not come: {reply}")
-    results = [
-        {
-            "type": "tool_result",
-            "tool_use_id": call["id"],
-            "content": _listing(turn, str(call["input"].get("command", ""))),
-            "is_error": False,
-        }
-        for call in calls
-    ]
+    results = [{"type": "tool_result", "tool_use_id": call["id"],
+                "content": _listing(turn, str(call["input"].get("command", ""))), "is_error": False}
+               for call in calls]  # fmt: skip
     return [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": results}]
 
 

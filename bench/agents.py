@@ -1,26 +1,17 @@
-"""Agent sessions replayed against Courier and mlx_lm.server: a recorded 10-turn Claude Code session (Anthropic's
-Messages API) and a 10-turn Codex session (the Responses dialect), each turn's whole history sent again as the agents
-send it, streamed; mlx_lm.server (and Courier, for comparison) given the same turns through chat completions.
-
-Per turn: the prompt's tokens, the share the prompt cache served (Courier: `cache_read_input_tokens` /
-`input_tokens_details.cached_tokens` / `prompt_tokens_details.cached_tokens`; mlx_lm.server: its
-`prompt_tokens_details.cached_tokens`), and the time to the first output event. Each session is replayed
-`--sessions` times, each a new session of the same agent in the same directory (a fresh cache session and its own
-first question): the system prompt and tools may be served from the cache on turn 1, the conversation may not.
-
-The model: a tiny random-weight llama with a 64K window and SmolLM2's tokenizer and template (tests/support/
-agent_model.py), since Claude Code's first prompt (~23K tokens) is past SmolLM2's 8K window. It ends its replies
-within a few tokens, so a turn's time is mostly its prefill. `--build` continues the recorded sessions to ten turns
-(bench/agent_sessions.py) and writes them to bench/data/agents/.
-"""
+"""Agent sessions replayed against Courier and mlx_lm.server (issue 31): a recorded Claude Code session (Messages
+API) and a Codex session (Responses), ten turns each, every turn's whole history sent again and streamed;
+mlx_lm.server (and Courier, for comparison) given the same turns as chat completions. Per turn: prompt tokens, the
+share the prompt cache served, the time to the first output event. `--build` continues the recorded sessions to ten
+turns (bench/agent_sessions.py)."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import httpx
@@ -28,9 +19,10 @@ import httpx
 from bench import agent_sessions
 from bench.agent_sessions import Dialect, Session
 from bench.harness import cli
-from bench.harness.models import cache_directory, prepare_4bit_dir
+from bench.harness.models import prepare_4bit_dir
 from bench.harness.report import environment, head, ms, percent, progress, table, write_json
-from bench.harness.servers import COURIER, MLX_LM_F32, Launcher, ServerRecord, ServerSpec, openblas_missing
+from bench.harness.runs import launching
+from bench.harness.servers import COURIER, MLX_LM_F32, Launcher, Server, ServerRecord, ServerSpec, openblas_missing
 from bench.harness.stats import percentile, share
 from courier.platform.blas import load_optimized_blas
 
@@ -69,86 +61,74 @@ class Report:
     servers: list[ServerRecord] = field(default_factory=list)
 
 
-def sse_events(response: httpx.Response) -> Iterator[tuple[float, dict[str, Any]]]:
-    """(arrival time, data) of each server-sent event carrying JSON."""
-    for line in response.iter_lines():
-        if line.startswith("data:"):
-            data = line[5:].strip()
-            if data and data != "[DONE]":
-                yield time.perf_counter(), json.loads(data)
-
-
-def timed(http: httpx.Client, path: str, body: dict[str, Any], headers: dict[str, str], read: Reader) -> Timing:
-    sent = time.perf_counter()
-    with http.stream("POST", path, json=body, headers=headers) as response:
-        if response.status_code != 200:
-            response.read()
-            raise RuntimeError(f"POST {path}: {response.status_code} {response.text[:500]}")
-        timing = read(sse_events(response))
-    return Timing(timing.first - sent, timing.prompt_tokens, timing.cached_tokens, timing.output_events)
-
-
 @dataclass(frozen=True, slots=True)
 class Timing:
-    first: float  # an arrival time while reading; the TTFT once `timed` returns it
+    ttft_s: float
     prompt_tokens: int
     cached_tokens: int | None
     output_events: int
 
 
-Reader = Callable[[Iterator[tuple[float, dict[str, Any]]]], Timing]
+@dataclass(frozen=True, slots=True)
+class StreamKind:
+    """How a stream of one API says it wrote output, and where it puts its usage."""
+
+    is_output: Callable[[dict[str, Any]], bool]
+    usage: Callable[[dict[str, Any]], dict[str, Any] | None]  # the usage an event carries, if any
+    tokens: Callable[[dict[str, Any]], tuple[int, int | None]]  # (prompt tokens, cached tokens) from the usage
 
 
-def read_anthropic(events: Iterator[tuple[float, dict[str, Any]]]) -> Timing:
-    first: float | None = None
-    deltas, last = 0, 0.0
-    usage: dict[str, Any] = {}
-    for last, event in events:
-        if event["type"] == "content_block_delta":
-            deltas += 1
-            first = first or last
-        elif event["type"] == "message_delta":
-            usage = event["usage"]
+def anthropic_tokens(usage: dict[str, Any]) -> tuple[int, int | None]:
     read = usage.get("cache_read_input_tokens") or 0
-    prompt = usage.get("input_tokens", 0) + read + (usage.get("cache_creation_input_tokens") or 0)
-    return Timing(first or last, prompt, read, deltas)
+    return usage.get("input_tokens", 0) + read + (usage.get("cache_creation_input_tokens") or 0), read
 
 
-def read_responses(events: Iterator[tuple[float, dict[str, Any]]]) -> Timing:
-    first: float | None = None
-    deltas, last = 0, 0.0
+STREAMS = {
+    "anthropic": StreamKind(
+        lambda event: event["type"] == "content_block_delta",
+        lambda event: event["usage"] if event["type"] == "message_delta" else None,
+        anthropic_tokens,
+    ),
+    "responses": StreamKind(
+        lambda event: event["type"].endswith(".delta"),
+        lambda e: e["response"]["usage"] if e["type"] in ("response.completed", "response.incomplete") else None,
+        lambda u: (u.get("input_tokens", 0), (u.get("input_tokens_details") or {}).get("cached_tokens")),
+    ),
+    "chat": StreamKind(
+        lambda chunk: any(choice.get("delta", {}).get("content") for choice in chunk.get("choices", [])),
+        lambda chunk: chunk.get("usage"),
+        lambda u: (u.get("prompt_tokens", 0), (u.get("prompt_tokens_details") or {}).get("cached_tokens")),
+    ),
+}
+
+
+def timed(http: httpx.Client, path: str, body: dict[str, Any], headers: dict[str, str], stream: StreamKind) -> Timing:
+    """POST `body` and read its server-sent events: TTFT to the first output event (the end of the stream when the
+    reply has none), the usage's prompt and cached tokens, the output events."""
+    sent, first, last, events = time.perf_counter(), None, 0.0, 0
     usage: dict[str, Any] = {}
-    for last, event in events:
-        if event["type"].endswith(".delta"):
-            deltas += 1
-            first = first or last
-        elif event["type"] in ("response.completed", "response.incomplete"):
-            usage = event["response"]["usage"]
-    details = usage.get("input_tokens_details") or {}
-    return Timing(first or last, usage.get("input_tokens", 0), details.get("cached_tokens"), deltas)
+    with http.stream("POST", path, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            response.read()
+            raise RuntimeError(f"POST {path}: {response.status_code} {response.text[:500]}")
+        for line in response.iter_lines():
+            data = line[5:].strip() if line.startswith("data:") else ""
+            if not data or data == "[DONE]":
+                continue
+            last, event = time.perf_counter(), json.loads(data)
+            if stream.is_output(event):
+                events, first = events + 1, first or last
+            usage = stream.usage(event) or usage
+    return Timing((first or last) - sent, *stream.tokens(usage), events)
 
 
-def read_chat(events: Iterator[tuple[float, dict[str, Any]]]) -> Timing:
-    first: float | None = None
-    deltas, last = 0, 0.0
-    usage: dict[str, Any] = {}
-    for last, chunk in events:
-        if any(choice.get("delta", {}).get("content") for choice in chunk.get("choices", [])):
-            deltas += 1
-            first = first or last
-        usage = chunk.get("usage") or usage
-    details = usage.get("prompt_tokens_details") or {}
-    return Timing(first or last, usage.get("prompt_tokens", 0), details.get("cached_tokens"), deltas)
-
-
-def replay(
-    server: str, base_url: str, model: str, arms: Sequence[str], *, sessions: int, tool_s: float = 0.0
-) -> list[Turn]:
-    """Every session of each arm, turn by turn, on the server at `base_url`; `tool_s` between a reply and the next
-    turn, standing in for the tool the agent runs (0: the next turn at once, the worst case for a warm-up)."""
+def replay(on: Server, model: str, arms: Sequence[str], *, sessions: int, tool_s: float = 0.0) -> list[Turn]:
+    """Every session of each arm, turn by turn, on the server `on`; `tool_s` between a reply and the next turn,
+    standing in for the tool the agent runs (0: the next turn at once, the worst case for a warm-up)."""
     turns: list[Turn] = []
     loaded = {dialect: agent_sessions.load(dialect) for dialect in Dialect}
-    with httpx.Client(base_url=base_url, timeout=REQUEST_TIMEOUT_S) as http:
+    server = on.spec.name
+    with httpx.Client(base_url=on.base_url, timeout=REQUEST_TIMEOUT_S) as http:
         for arm in arms:
             dialects = [Dialect(arm)] if arm in ("anthropic", "responses") else list(Dialect)
             for dialect in dialects:
@@ -160,40 +140,24 @@ def replay(
                     for turn in range(1, session.turns + 1):
                         if turn > 1 and tool_s > 0:
                             time.sleep(tool_s)  # the workload's pause (the agent running its tool), not a wait
-                        timing = _turn(http, session, arm, turn, label=label, model=model)
-                        turns.append(
-                            Turn(
-                                server=server,
-                                arm=arm,
-                                dialect=dialect.value,
-                                session=index + 1,
-                                turn=turn,
-                                prompt_tokens=timing.prompt_tokens,
-                                cached_tokens=timing.cached_tokens,
-                                ttft_s=timing.first,
-                                output_events=timing.output_events,
-                            )
-                        )
+                        t = _turn(http, session, arm, turn, label=label, model=model)
+                        turns.append(Turn(server=server, arm=arm, dialect=dialect.value, session=index + 1, turn=turn,
+                                          prompt_tokens=t.prompt_tokens, cached_tokens=t.cached_tokens,
+                                          ttft_s=t.ttft_s, output_events=t.output_events))  # fmt: skip
     return turns
 
 
 def _turn(http: httpx.Client, session: Session, arm: str, turn: int, *, label: str, model: str) -> Timing:
     if arm == "anthropic":
         body = session.body(turn, label=label)
-        return timed(http, session.shape.path, body, ANTHROPIC_HEADERS, read_anthropic)
+        return timed(http, session.shape.path, body, ANTHROPIC_HEADERS, STREAMS["anthropic"])
     if arm == "responses":
         body = session.body(turn, label=label, model=model)
-        return timed(http, session.shape.path, body, {}, read_responses)
-    chat = {
-        "model": model,
-        "messages": agent_sessions.chat_turn(session, turn, label),
-        "max_tokens": CHAT_MAX_TOKENS,
-        "temperature": 1.0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "user": label,  # Courier's cache session (mlx_lm.server ignores it)
-    }
-    return timed(http, "/v1/chat/completions", chat, {}, read_chat)
+        return timed(http, session.shape.path, body, {}, STREAMS["responses"])
+    messages = agent_sessions.chat_turn(session, turn, label)
+    chat = {"model": model, "messages": messages, "max_tokens": CHAT_MAX_TOKENS, "temperature": 1.0, "stream": True,
+            "stream_options": {"include_usage": True}, "user": label}  # user: Courier's cache session  # fmt: skip
+    return timed(http, "/v1/chat/completions", chat, {}, STREAMS["chat"])
 
 
 def build_sessions(launcher: Launcher, spec: ServerSpec) -> int:
@@ -281,50 +245,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     blas = load_optimized_blas()  # before MLX is imported
     from bench.harness.support import build_agent_model
 
-    settings = {
-        "sessions": args.sessions,
-        "arms": args.arms,
-        "turns": agent_sessions.TURNS,
-        "tool_seconds": args.tool_seconds,
-    }
+    settings = {"sessions": args.sessions, "arms": args.arms, "turns": agent_sessions.TURNS}
+    settings["tool_seconds"] = args.tool_seconds
     report = Report(environment=environment(blas, "anthropic"), settings=settings)
-    with cache_directory(args.cache_dir) as cache_dir:
-        launcher = Launcher(
-            bench="agents", cache_dir=cache_dir, log_dir=cache_dir / "bench-logs", openblas=args.openblas
-        )
+    with launching("agents", args) as launcher:
         progress("building the agent model (SmolLM2's tokenizer)")
+        cache_dir = launcher.cache_dir
         model_dir = build_agent_model(prepare_4bit_dir(cache_dir), cache_dir / "bench-models" / "agent")
         courier = ServerSpec(name=COURIER, model_dir=model_dir, served_name=COURIER_NAMES)
         if args.build:
             return build_sessions(launcher, courier)
+        mlx = ServerSpec(name=MLX_LM, kind=MLX_LM_F32, model_dir=model_dir, flags=("--log-level", "WARNING"))
         courier_arms = [arm for arm in args.arms if arm != "mlx-lm-chat"]
-        if courier_arms:
-            _, turns = launcher.run(
-                courier,
-                lambda server: replay(
-                    COURIER,
-                    server.base_url,
-                    SERVED_NAME,
-                    courier_arms,
-                    sessions=args.sessions,
-                    tool_s=args.tool_seconds,
-                ),
-            )
-            report.turns += turns or []
-        if "mlx-lm-chat" in args.arms:
-            mlx = ServerSpec(name=MLX_LM, kind=MLX_LM_F32, model_dir=model_dir, flags=("--log-level", "WARNING"))
-            _, turns = launcher.run(
-                mlx,
-                lambda server: replay(
-                    MLX_LM,
-                    server.base_url,
-                    mlx.model,
-                    ["mlx-lm-chat"],
-                    sessions=args.sessions,
-                    tool_s=args.tool_seconds,
-                ),
-            )
-            report.turns += turns or []
+        mlx_arms = [arm for arm in args.arms if arm == "mlx-lm-chat"]
+        for spec, model, arms in ((courier, SERVED_NAME, courier_arms), (mlx, mlx.model, mlx_arms)):
+            if arms:
+                run = partial(replay, model=model, arms=arms, sessions=args.sessions, tool_s=args.tool_seconds)
+                report.turns += launcher.run(spec, run)[1] or []
         report.servers = launcher.records
     print_report(report)
     write_json(report, args.json)
