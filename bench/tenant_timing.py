@@ -1,7 +1,6 @@
-"""Can one API key learn another's prompt from timing? Key A has two requests in flight that share a long system
-prompt; key B then sends a request with that same system prompt (a guess) or with another of the same length (a
-miss), and the time to its first token is compared. A guess answered faster than a miss tells B what A sends: the
-two must take the same time (bound: a guess's median TTFT at least `--bound` times a miss's)."""
+"""Can one API key learn another's prompt from timing (issue 30, item 4)? Key B's time to first token with key A's
+system prompt (a guess) against another of the same length (a miss), while A's requests decode; exits 1 unless a
+guess's median TTFT is at least `--bound` times a miss's."""
 
 from __future__ import annotations
 
@@ -15,11 +14,13 @@ from dataclasses import dataclass
 from functools import partial
 
 import openai
+from openai.types.chat import ChatCompletionSystemMessageParam
 
 from bench.harness import cli
-from bench.harness.models import cache_directory
+from bench.harness.clients import user
 from bench.harness.report import num, progress, table, write_json
-from bench.harness.servers import COURIER, COURIER_BASELINE, Launcher, Server, ServerSpec, check_baseline_tree
+from bench.harness.runs import launching
+from bench.harness.servers import COURIER, COURIER_BASELINE, Server, ServerSpec, check_baseline_tree
 
 KEYS = ("key-a-0123456789", "key-b-0123456789")
 BOUND = 0.8
@@ -33,34 +34,28 @@ class Probe:
     ttft_s: float
 
 
+def system_message(text: str) -> ChatCompletionSystemMessageParam:
+    return {"role": "system", "content": text}
+
+
 def system_prompt(tag: str, words: int) -> str:
     return f"You are assistant {tag}. " + " ".join(f"rule-{tag}-{number}" for number in range(words))
 
 
 async def first_token(
-    client: openai.AsyncOpenAI,
-    model: str,
-    system: str,
-    question: str,
-    max_tokens: int,
-    *,
-    decoding: asyncio.Event | None = None,
+    client: openai.AsyncOpenAI, model: str, chat: tuple[str, str], max_tokens: int, decoding: asyncio.Event
 ) -> float:
-    """Seconds to the first content delta (`decoding` is set then); the stream is read to its end."""
-    sent = time.perf_counter()
+    """Seconds to the first content delta of (system, question) (`decoding` is set then); the stream is read to its
+    end."""
+    sent, messages = time.perf_counter(), [system_message(chat[0]), *user(chat[1])]
     stream = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
     )
     first = None
     async for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter()
-            if decoding is not None:
-                decoding.set()
+            decoding.set()
     return (first or time.perf_counter()) - sent
 
 
@@ -75,9 +70,7 @@ async def one_round(server: Server, name: str, index: int, args: argparse.Namesp
     ):
         decoding = [asyncio.Event(), asyncio.Event()]
         owners = [
-            asyncio.create_task(
-                first_token(a, model, secret, f"Question {n}.", args.owner_tokens, decoding=decoding[n])
-            )
+            asyncio.create_task(first_token(a, model, (secret, f"Question {n}."), args.owner_tokens, decoding[n]))
             for n in range(2)
         ]
         for event in decoding:  # A's requests prefilled and decoding: B's probes compete with decode steps only
@@ -85,7 +78,7 @@ async def one_round(server: Server, name: str, index: int, args: argparse.Namesp
         order = ("guess", "miss") if index % 2 == 0 else ("miss", "guess")
         for kind in order:
             system = secret if kind == "guess" else system_prompt(f"x{index}", args.system_words)
-            ttft = await first_token(b, model, system, "Hello?", 1)
+            ttft = await first_token(b, model, (system, "Hello?"), 1, asyncio.Event())
             probes.append(Probe(name, index, kind, ttft))
         await asyncio.gather(*owners)
     return probes
@@ -99,23 +92,25 @@ def measure(server: Server, *, name: str, args: argparse.Namespace) -> list[Prob
     return probes
 
 
-def print_report(probes: list[Probe], names: Sequence[str], args: argparse.Namespace) -> None:
+def print_report(probes: list[Probe], names: Sequence[str], args: argparse.Namespace) -> list[float | None]:
+    """The table; each server's guess / miss ratio of median TTFTs (None when it failed)."""
     print(
         f"Key A: two requests in flight sharing a {args.system_words}-word system prompt; key B: one request with that "
         f"prompt (guess) or another of the same length (miss); {args.rounds} rounds, alternating order\n"
     )
-    rows = []
+    rows, ratios = [], []
     for name in names:
         guess = [p.ttft_s for p in probes if p.server == name and p.kind == "guess"]
         miss = [p.ttft_s for p in probes if p.server == name and p.kind == "miss"]
-        if not guess or not miss:
+        ratios.append(ratio := statistics.median(guess) / statistics.median(miss) if guess and miss else None)
+        if ratio is None:
             rows.append(f"{name} | failed | | |")
             continue
-        ratio = statistics.median(guess) / statistics.median(miss)
         verdict = "holds" if ratio >= args.bound else "**breaks**"
         row = f"{name} | {num(statistics.median(guess), 2)} | {num(statistics.median(miss), 2)} | {ratio:.2f}"
         rows.append(f"{row} ({verdict} the bound >= {args.bound})")
     table("server | guess TTFT median (s) | miss TTFT median (s) | guess / miss", rows)
+    return ratios
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,23 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_baseline_tree(args.baseline_tree)
         specs.append(ServerSpec(name=COURIER_BASELINE, flags=flags))
     probes: list[Probe] = []
-    with cache_directory(args.cache_dir) as cache_dir:
-        launcher = Launcher(
-            bench="tenant_timing",
-            cache_dir=cache_dir,
-            log_dir=cache_dir / "bench-logs",
-            baseline_tree=args.baseline_tree,
-        )
+    with launching("tenant_timing", args) as launcher:
         for spec in specs:
             _, measured = launcher.run(spec, partial(measure, name=spec.name, args=args))
             probes.extend(measured or [])
-    print_report(probes, [spec.name for spec in specs], args)
+    ratios = print_report(probes, [spec.name for spec in specs], args)
     write_json(probes, args.json)
-    names = [spec.name for spec in specs]
-    ours = [p for p in probes if p.server == names[0]]
-    guess = [p.ttft_s for p in ours if p.kind == "guess"]
-    miss = [p.ttft_s for p in ours if p.kind == "miss"]
-    return 0 if guess and miss and statistics.median(guess) / statistics.median(miss) >= args.bound else 1
+    return 0 if ratios[0] is not None and ratios[0] >= args.bound else 1
 
 
 if __name__ == "__main__":
