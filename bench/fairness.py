@@ -144,8 +144,8 @@ def print_report(results: list[RoundResult], args: argparse.Namespace) -> None:
             f"{arm} | {ms(percentile(gaps, 0.5), 0)} | {ms(percentile(gaps, 0.95), 0)} | {ms(max(gaps), 0)} | "
             f"{num(percentile(long, 0.5))} | {num(percentile(short, 0.5))}"
         )
-    gaps = "streams' gap p50 (ms) | gap p95 (ms) | gap max (ms)"
-    table(f"arm | {gaps} | long prompt TTFT p50 (s) | short TTFT p50 (s)", rows)
+    gap_cells = "streams' gap p50 (ms) | gap p95 (ms) | gap max (ms)"
+    table(f"arm | {gap_cells} | long prompt TTFT p50 (s) | short TTFT p50 (s)", rows)
     ratios = bounds(results)
     if ratios is not None:
         print("\nCourier with its prefill budget over Courier without it:")
