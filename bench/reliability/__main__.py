@@ -14,18 +14,10 @@ from bench.harness import cli
 from bench.harness.models import cache_directory, prepare_4bit_dir, tiny_model
 from bench.harness.report import environment, progress, table, write_json
 from bench.harness.servers import Launcher
-from bench.reliability.common import (
-    PARTS,
-    REPO_ROOT,
-    SERVED,
-    PartResult,
-    Setup,
-)
-from bench.reliability.disconnects import run_disconnects
+from bench.reliability.common import PARTS, REPO_ROOT, SERVED, PartResult, Setup
 from bench.reliability.kill import run_kill
-from bench.reliability.load import run_load
-from bench.reliability.shutdown import run_shutdown
 from bench.reliability.soak import run_soak
+from bench.reliability.streams import run_disconnects, run_load, run_shutdown
 from courier.platform.blas import load_optimized_blas
 
 RUNNERS: dict[str, Callable[[Setup], PartResult]] = {
@@ -41,13 +33,11 @@ def source_state() -> dict[str, object]:
     """The checkout measured (read-only git commands; the working tree may differ from HEAD)."""
 
     def git(*argv: str) -> str:
+        command = ["git", "--no-optional-locks", *argv]
         try:
-            done = subprocess.run(
-                ["git", "--no-optional-locks", *argv], cwd=REPO_ROOT, capture_output=True, text=True, check=False
-            )
+            return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False).stdout.strip()
         except OSError:
             return ""
-        return done.stdout.strip()
 
     changed = [line[3:] for line in git("status", "--porcelain").splitlines() if line[3:].startswith("courier/")]
     return {"head": git("rev-parse", "--short", "HEAD"), "courier_files_changed_from_head": changed}
@@ -113,20 +103,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_dir = (args.log_dir or cache_dir / "bench-logs").resolve()
         progress("converting the embedded GGUF (the tiny model borrows its tokenizer)")
         model_dir = tiny_model("llama", prepare_4bit_dir(cache_dir), cache_dir)
-        setup = Setup(
-            launcher=Launcher(bench="reliability", cache_dir=cache_dir, log_dir=log_dir), model_dir=model_dir, args=args
-        )
+        launcher = Launcher(bench="reliability", cache_dir=cache_dir, log_dir=log_dir)
+        setup = Setup(launcher=launcher, model_dir=model_dir, args=args)
         for name in args.parts:
             progress(f"part {name}")
             try:
                 parts.append(RUNNERS[name](setup))
             except Exception as error:  # one part's crash is reported, the others still run
                 progress(f"{name}: FAILED: {type(error).__name__}: {error}")
-                parts.append(
-                    PartResult(
-                        name=name, command=f"bench.reliability --parts {name}", error=f"{type(error).__name__}: {error}"
-                    )
-                )
+                failed = f"{type(error).__name__}: {error}"
+                parts.append(PartResult(name=name, command=f"bench.reliability --parts {name}", error=failed))
     settings = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
     env, source = environment(blas), source_state()
     print_report(env, source, settings, parts)
