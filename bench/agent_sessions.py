@@ -94,8 +94,8 @@ class Session:
         return body
 
     def to_json(self) -> dict[str, Any]:
-        return {"dialect": self.dialect.value, "built_from": self.built_from, "first": self.first,
-                "appendices": self.appendices}  # fmt: skip
+        built = {"dialect": self.dialect.value, "built_from": self.built_from}
+        return built | {"first": self.first, "appendices": self.appendices}
 
 
 def load(dialect: Dialect, directory: Path = DATA_DIR) -> Session:
@@ -189,9 +189,10 @@ def _anthropic_appendix(reply: dict[str, Any], turn: int) -> list[dict[str, Any]
     calls = [block for block in reply["content"] if block["type"] == "tool_use"]
     if not calls:
         raise RuntimeError(f"turn {turn}: the forced call did not come: {reply}")
-    results = [{"type": "tool_result", "tool_use_id": call["id"],
-                "content": _listing(turn, str(call["input"].get("command", ""))), "is_error": False}
-               for call in calls]  # fmt: skip
+    results = []
+    for call in calls:
+        listing = _listing(turn, str(call["input"].get("command", "")))
+        results.append({"type": "tool_result", "tool_use_id": call["id"], "content": listing, "is_error": False})
     return [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": results}]
 
 

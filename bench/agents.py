@@ -10,7 +10,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -141,9 +141,14 @@ def replay(on: Server, model: str, arms: Sequence[str], *, sessions: int, tool_s
                         if turn > 1 and tool_s > 0:
                             time.sleep(tool_s)  # the workload's pause (the agent running its tool), not a wait
                         t = _turn(http, session, arm, turn, label=label, model=model)
-                        turns.append(Turn(server=server, arm=arm, dialect=dialect.value, session=index + 1, turn=turn,
-                                          prompt_tokens=t.prompt_tokens, cached_tokens=t.cached_tokens,
-                                          ttft_s=t.ttft_s, output_events=t.output_events))  # fmt: skip
+                        place: dict[str, Any] = {
+                            "server": server,
+                            "arm": arm,
+                            "dialect": dialect.value,
+                            "session": index + 1,
+                            "turn": turn,
+                        }
+                        turns.append(Turn(**place, **asdict(t)))
     return turns
 
 
@@ -155,8 +160,8 @@ def _turn(http: httpx.Client, session: Session, arm: str, turn: int, *, label: s
         body = session.body(turn, label=label, model=model)
         return timed(http, session.shape.path, body, {}, STREAMS["responses"])
     messages = agent_sessions.chat_turn(session, turn, label)
-    chat = {"model": model, "messages": messages, "max_tokens": CHAT_MAX_TOKENS, "temperature": 1.0, "stream": True,
-            "stream_options": {"include_usage": True}, "user": label}  # user: Courier's cache session  # fmt: skip
+    chat = {"model": model, "messages": messages, "max_tokens": CHAT_MAX_TOKENS, "temperature": 1.0, "stream": True}
+    chat |= {"stream_options": {"include_usage": True}, "user": label}  # user: Courier's cache session
     return timed(http, "/v1/chat/completions", chat, {}, STREAMS["chat"])
 
 
@@ -172,33 +177,25 @@ def build_sessions(launcher: Launcher, spec: ServerSpec) -> int:
 
 def print_report(report: Report) -> None:
     head("Agent sessions: Courier and mlx_lm.server", report.environment, report.settings)
-    groups = sorted({(turn.server, turn.arm, turn.dialect) for turn in report.turns}, key=_order)
+    groups: dict[tuple[str, str, str], list[Turn]] = {}
+    for turn in sorted(report.turns, key=lambda t: (t.server != COURIER, ARMS.index(t.arm), t.dialect)):
+        groups.setdefault((turn.server, turn.arm, turn.dialect), []).append(turn)
     rows = []
-    for server, arm, dialect in groups:
-        mine = [turn for turn in report.turns if (turn.server, turn.arm, turn.dialect) == (server, arm, dialect)]
-        later = [turn for turn in mine if turn.turn >= 2]
-        cached = _cached_share(later)
-        first = [turn.ttft_s for turn in mine if turn.turn == 1]
-        rows.append(
-            f"{server} | {arm} | {dialect} | {max(turn.prompt_tokens for turn in mine)} | {percent(cached)} "
-            f"| {ms(percentile(first, 0.5))} | {ms(percentile([t.ttft_s for t in later], 0.5))} "
-            f"| {ms(percentile([t.ttft_s for t in later], 0.95))}"
-        )
-    table(
-        "server | arm | session | last prompt (tokens) | turns 2+ cached | TTFT turn 1 p50 ms | TTFT turns 2+ p50 ms "
-        "| TTFT turns 2+ p95 ms",
-        rows,
-    )
-    for server, arm, dialect in groups:
-        mine = [turn for turn in report.turns if (turn.server, turn.arm, turn.dialect) == (server, arm, dialect)]
+    for (server, arm, dialect), mine in groups.items():
+        later, first = [t for t in mine if t.turn >= 2], [t for t in mine if t.turn == 1]
+        prompt, cached = max(t.prompt_tokens for t in mine), percent(_cached_share(later))
+        ttfts = f"{ttft(first, 0.5)} | {ttft(later, 0.5)} | {ttft(later, 0.95)}"
+        rows.append(f"{server} | {arm} | {dialect} | {prompt} | {cached} | {ttfts}")
+    headers = "server | arm | session | last prompt (tokens) | turns 2+ cached | TTFT turn 1 p50 ms"
+    table(f"{headers} | TTFT turns 2+ p50 ms | TTFT turns 2+ p95 ms", rows)
+    for (server, arm, dialect), mine in groups.items():
         print(f"**{server}, {arm} ({dialect} session)**, per turn over {len({t.session for t in mine})} sessions:\n")
         per_turn = []
         for number in sorted({turn.turn for turn in mine}):
             these = [turn for turn in mine if turn.turn == number]
-            ttfts = [turn.ttft_s for turn in these]
+            cached = percent(_cached_share(these))
             per_turn.append(
-                f"{number} | {these[0].prompt_tokens} | {percent(_cached_share(these))} | {ms(percentile(ttfts, 0.5))} "
-                f"| {ms(percentile(ttfts, 0.95))}"
+                f"{number} | {these[0].prompt_tokens} | {cached} | {ttft(these, 0.5)} | {ttft(these, 0.95)}"
             )
         table("turn | prompt tokens | cached | TTFT p50 ms | TTFT p95 ms", per_turn)
     print("Servers:\n")
@@ -213,26 +210,17 @@ def _cached_share(turns: Sequence[Turn]) -> float | None:
     return share(sum(turn.cached_tokens or 0 for turn in turns), sum(turn.prompt_tokens for turn in turns))
 
 
-def _order(group: tuple[str, str, str]) -> tuple[int, int, str]:
-    server, arm, dialect = group
-    return (0 if server == COURIER else 1, ARMS.index(arm), dialect)
+def ttft(turns: Sequence[Turn], fraction: float) -> str:
+    return ms(percentile([turn.ttft_s for turn in turns], fraction))
 
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     parser = cli.parser(__doc__)
     parser.add_argument("--sessions", type=cli.positive_int, default=DEFAULT_SESSIONS, help="replays of each session")
-    parser.add_argument(
-        "--arms",
-        type=cli.names(ARMS),
-        default=list(ARMS),
-        help="what to replay: anthropic, responses (Courier), courier-chat and mlx-lm-chat (both sessions as chat)",
-    )
-    parser.add_argument(
-        "--tool-seconds",
-        type=float,
-        default=0.0,
-        help="pause between a reply and the next turn, standing in for the agent's tool run (default 0: at once)",
-    )
+    arms = "what to replay: anthropic, responses (Courier), courier-chat and mlx-lm-chat (both sessions as chat)"
+    parser.add_argument("--arms", type=cli.names(ARMS), default=list(ARMS), help=arms)
+    pause = "pause between a reply and the next turn, standing in for the agent's tool run (default 0: at once)"
+    parser.add_argument("--tool-seconds", type=float, default=0.0, help=pause)
     parser.add_argument("--build", action="store_true", help="continue the recorded sessions to ten turns and stop")
     cli.add_results(parser, openblas=MLX_LM_F32)
     return parser.parse_args(argv)

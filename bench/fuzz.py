@@ -157,8 +157,9 @@ def schema_phase(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
         [line for line in output.splitlines() if line.strip()][-40:],
         round(time.monotonic() - started, 1),
     )
-    return {"command": " ".join(command), "exit_code": exit_code, "timed_out": timed_out, "seconds": seconds,
-            "figures": schema_figures(output), "failures": failure_section(output), "summary": summary}  # fmt: skip
+    figures, failures = schema_figures(output), failure_section(output)
+    run = {"command": " ".join(command), "exit_code": exit_code, "timed_out": timed_out, "seconds": seconds}
+    return run | {"figures": figures, "failures": failures, "summary": summary}
 
 
 def schema_figures(output: str) -> dict[str, str]:
@@ -295,8 +296,10 @@ def print_surprises(surprises: Sequence[tuple[FamilyRun, Answer]]) -> None:
 
 def print_servers(servers: Sequence[FuzzedServer]) -> None:
     print("### Servers\n")
-    rows = [f"{s.name} | {health_text(s.health_after)} | {s.exit_code} | {len(s.log_errors)} | {s.log_path or '-'}"
-            for s in servers]  # fmt: skip
+    rows = [
+        f"{s.name} | {health_text(s.health_after)} | {s.exit_code} | {len(s.log_errors)} | {s.log_path or '-'}"
+        for s in servers
+    ]
     table("server | health at the end | exit code | ERROR lines in its log | log", rows)
     for server in servers:
         if server.log_errors:

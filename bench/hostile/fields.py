@@ -211,13 +211,12 @@ def with_value(body: dict[str, Any], at: Sequence[str | int], value: object) -> 
 
 def wrong_type_cases(model: str) -> list[Case]:
     """Every field, every value of `WRONG_VALUES`: a value of a type the field does not take is a 4xx."""
-    return [
-        post("shapes", "wrong type", f"{row.name} = {json.dumps(value)}", row.route,
-             with_value(row.base(model), row.at, value),
-             expect=Expect.EITHER if json_type(value) in row.takes else Expect.REFUSED, follow_up=row.follow_up)
-        for row in fields()
-        for value in WRONG_VALUES
-    ]  # fmt: skip
+    cases = []
+    for row, value in ((row, value) for row in fields() for value in WRONG_VALUES):
+        name, body = f"{row.name} = {json.dumps(value)}", with_value(row.base(model), row.at, value)
+        expect = Expect.EITHER if json_type(value) in row.takes else Expect.REFUSED
+        cases.append(post("shapes", "wrong type", name, row.route, body, expect=expect, follow_up=row.follow_up))
+    return cases
 
 
 NUMBER_TEXTS = (

@@ -180,8 +180,15 @@ class Prober:
     def send(self, case: Case) -> list[Answer]:
         """The case's answer, then those of its follow-ups (when it was accepted)."""
         body = self.resolve_body(case)
-        answer, body = self.exchange(case.name, case.method, self.resolve(case.path), body, expect=case.expect,
-                                     content_type=case.content_type, credentials=case.credentials)  # fmt: skip
+        sent = self.resolve(case.path), body
+        answer, body = self.exchange(
+            case.name,
+            case.method,
+            *sent,
+            expect=case.expect,
+            content_type=case.content_type,
+            credentials=case.credentials,
+        )
         answers = [answer]
         if case.follow_up is FollowUp.ORDINARY:  # whatever the answer: nothing it left behind may fail them
             return [answer, *self.ordinary(case)]
@@ -245,8 +252,15 @@ class Prober:
         """Send one request (with `credentials`: None the runner's key, "" none, else that key), read the whole answer
         within the timeout, and judge it."""
         request = shorten((body or b"").decode("utf-8", "replace"), SHOWN_CHARS)
-        answer = Answer(case=name, method=method, path=shorten(path, 200), request=request,
-                        request_bytes=len(body or b""), expect=str(expect), trace=uuid.uuid4().hex)  # fmt: skip
+        answer = Answer(
+            case=name,
+            method=method,
+            path=shorten(path, 200),
+            request=request,
+            request_bytes=len(body or b""),
+            expect=str(expect),
+            trace=uuid.uuid4().hex,
+        )
         log_start = len(self.server.lines)
         started = time.monotonic()
         content = b""
@@ -308,10 +322,13 @@ class Prober:
             image_status = self.image_chat() if self.vision else None
         except httpx.HTTPError as error:
             return Health(alive=self.server.poll() is None, detail=f"{type(error).__name__}: {error}")
-        detail = "" if chat.status_code == 200 else shorten(chat.text, SHOWN_CHARS)
-        return Health(alive=self.server.poll() is None, status=status, running=scheduler.get("running"),
-                      waiting=scheduler.get("waiting"), chat_status=chat.status_code, image_chat_status=image_status,
-                      detail=detail)  # fmt: skip
+        health = Health(alive=self.server.poll() is None, status=status, chat_status=chat.status_code)
+        health.running, health.waiting = scheduler.get("running"), scheduler.get("waiting")
+        health.image_chat_status, health.detail = (
+            image_status,
+            "" if chat.status_code == 200 else shorten(chat.text, SHOWN_CHARS),
+        )
+        return health
 
     def settled_health(self) -> tuple[int, dict[str, Any]]:
         deadline = time.monotonic() + SETTLE_S

@@ -43,8 +43,9 @@ MAX_DEPTH = 64  # the server's body nesting limit (`courier/core/json_text.py`)
 
 def shapes(group: str, rows: Iterable[tuple[Any, ...]]) -> list[Case]:
     """Cases of `group` from rows of (name, path, body, expect[, follow_up])."""
-    return [post("shapes", group, name, path, body, expect=expect, follow_up=(*rest, None)[0])
-            for name, path, body, expect, *rest in rows]  # fmt: skip
+    return [
+        post("shapes", group, n, path, body, expect=e, follow_up=(*rest, None)[0]) for n, path, body, e, *rest in rows
+    ]
 
 
 def nesting_cases(model: str) -> list[Case]:
@@ -121,8 +122,8 @@ def role_cases(model: str) -> list[Case]:
         ]
     no_content = chat_body(model, [user("Hi."), {"role": "assistant"}, user("Hi?")])
     no_call = chat_body(model, [{"role": "tool", "content": "x", "tool_call_id": "nope"}])
-    rows += [("chat assistant without content or calls", CHAT, no_content, Expect.REFUSED),
-             ("chat tool result without a call", CHAT, no_call, Expect.EITHER)]  # fmt: skip
+    rows.append(("chat assistant without content or calls", CHAT, no_content, Expect.REFUSED))
+    rows.append(("chat tool result without a call", CHAT, no_call, Expect.EITHER))
     return shapes("roles", rows)
 
 
@@ -216,18 +217,21 @@ QUERIES = (
 
 def path_cases() -> list[Case]:
     """Ids that are not ids in every path that takes one, and query strings that are not numbers."""
-    cases = []
+    cases, refused = [], Expect.REFUSED
     for method, template in ID_PATHS:
         for identifier in HOSTILE_IDS:
             shown = json.dumps(identifier if len(identifier) < 40 else f"{identifier[:10]}... ({len(identifier)})")
             path, name = template.format(quote(identifier, safe="")), f"{method} {template.format('')} id {shown}"
-            cases.append(Case(family="shapes", group="ids", name=name, method=method, path=path, body=None,
-                              expect=Expect.REFUSED))  # fmt: skip
+            cases.append(
+                Case(family="shapes", group="ids", name=name, method=method, path=path, body=None, expect=refused)
+            )
     for query, expect in QUERIES:
-        for path in ("/v1/conversations/{conversation}/items", "/v1/responses/{response}/input_items"):
-            name = f"GET {path}?{query if len(query) < 40 else f'{query[:12]}... ({len(query)})'}"
-            cases.append(Case(family="shapes", group="queries", name=name, method="GET", path=f"{path}?{query}",
-                              body=None, expect=expect))  # fmt: skip
+        for route in ("/v1/conversations/{conversation}/items", "/v1/responses/{response}/input_items"):
+            name = f"GET {route}?{query if len(query) < 40 else f'{query[:12]}... ({len(query)})'}"
+            path = f"{route}?{query}"
+            cases.append(
+                Case(family="shapes", group="queries", name=name, method="GET", path=path, body=None, expect=expect)
+            )
     return cases
 
 

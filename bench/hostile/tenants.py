@@ -4,6 +4,8 @@ or a wrong key (404, 401, 401), or for an admin's route (403); the owner's recor
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bench.hostile.cases import Case, Expect, encode
 
 OWNER, OTHER, ADMIN, WRONG = (
@@ -40,10 +42,17 @@ def tenant_cases(model: str) -> list[Case]:
         body = encode(turn) if turn is not None else None
         for who, key, status in (("another key", OTHER, 404), ("no key", "", 401), ("a wrong key", WRONG, 401)):
             name, group = f"{who}: {what} ({method} {path}, expect {status})", f"{what} ({path})"
-            cases.append(Case(family="tenants", group=group, name=name, method=method, path=path, body=body,
-                              expect=Expect.REFUSED, credentials=key))  # fmt: skip
+            case = Case(family="tenants", group=group, name=name, path=path, body=body, expect=Expect.REFUSED)
+            cases.append(replace(case, method=method, credentials=key))
     for who, key in (("another key", OTHER), ("the owner's key", OWNER)):
         name = f"{who}: reset the prompt cache (POST /v1/cache/reset, expect 403)"
-        cases.append(Case(family="tenants", group="reset the prompt cache", name=name, path="/v1/cache/reset",
-                          body=None, expect=Expect.REFUSED, credentials=key))  # fmt: skip
+        case = Case(
+            family="tenants",
+            group="reset the prompt cache",
+            name=name,
+            path="/v1/cache/reset",
+            body=None,
+            expect=Expect.REFUSED,
+        )
+        cases.append(replace(case, credentials=key))
     return cases
