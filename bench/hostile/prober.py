@@ -16,19 +16,8 @@ import httpx
 from bench.harness.report import progress
 from bench.harness.servers import Server
 from bench.hostile import all_families
-from bench.hostile.cases import (
-    Case,
-    Expect,
-    FollowUp,
-    chat_body,
-    data_url,
-    encode,
-    family_rng,
-    responses_body,
-    saved_image,
-    select,
-    user,
-)
+from bench.hostile import cases as hostile
+from bench.hostile.cases import Case, Expect, FollowUp
 
 SHOWN_CHARS = 600
 LOG_HEAD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (\w+) ")
@@ -143,7 +132,7 @@ class Prober:
             if args.families is not None and family not in args.families:
                 continue
             generated = generate()
-            chosen = select(generated, args.hostile_cases, family_rng(args.seed, family))
+            chosen = hostile.select(generated, args.hostile_cases, hostile.family_rng(args.seed, family))
             run = FamilyRun(server=server_name, family=family, generated=len(generated), selected=len(chosen))
             runs.append(run)
             self.run_family(run, chosen)
@@ -154,9 +143,9 @@ class Prober:
 
     def prepare_fixtures(self) -> None:
         """A stored conversation (with an item) and a stored response, for the cases whose paths name one."""
-        conversation = self.http.post("/v1/conversations", json={"items": [user("Hello.")]}).json()
+        conversation = self.http.post("/v1/conversations", json={"items": [hostile.user("Hello.")]}).json()
         items = self.http.get(f"/v1/conversations/{conversation['id']}/items").json()
-        response = self.http.post("/v1/responses", json=responses_body(self.model, "Hello.")).json()
+        response = self.http.post("/v1/responses", json=hostile.responses_body(self.model, "Hello.")).json()
         self.fixtures = {"conversation": conversation["id"], "item": items["data"][0]["id"], "response": response["id"]}
 
     def run_family(self, run: FamilyRun, cases: Sequence[Case]) -> None:
@@ -220,7 +209,7 @@ class Prober:
         """Another client's everyday chat requests after `case`: default sampling and an unseeded draw."""
         answers = []
         for name, extra in (("default sampling", {}), ("temperature 1", {"temperature": 1.0})):
-            body = encode({"model": self.model, "messages": [user("Hello.")], "max_tokens": 3, **extra})
+            body = hostile.encode({"model": self.model, "messages": [hostile.user("Hello.")], "max_tokens": 3, **extra})
             answer, _ = self.exchange(f"{case.name} -> {name}", "POST", "/v1/chat/completions", body, expect=Expect.OK)
             answers.append(answer.must_succeed())
         return answers
@@ -233,7 +222,7 @@ class Prober:
         else:
             turn["conversation"] = record_id
             read_back = f"/v1/conversations/{record_id}/items?limit=100"
-        body = encode(turn)
+        body = hostile.encode(turn)
         next_turn, _ = self.exchange(f"{case.name} -> next turn", "POST", "/v1/responses", body, expect=Expect.EITHER)
         read, _ = self.exchange(f"{case.name} -> read back", "GET", read_back, None, expect=Expect.OK)
         return [next_turn, read]
@@ -318,16 +307,14 @@ class Prober:
             return Health(alive=False, detail=f"exited with code {self.server.poll()}")
         try:
             status, scheduler = self.settled_health()
-            chat = self.http.post("/v1/chat/completions", json=chat_body(self.model, [user("Hi.")]))
+            chat = self.http.post("/v1/chat/completions", json=hostile.chat_body(self.model, [hostile.user("Hi.")]))
             image_status = self.image_chat() if self.vision else None
         except httpx.HTTPError as error:
             return Health(alive=self.server.poll() is None, detail=f"{type(error).__name__}: {error}")
-        health = Health(alive=self.server.poll() is None, status=status, chat_status=chat.status_code)
-        health.running, health.waiting = scheduler.get("running"), scheduler.get("waiting")
-        health.image_chat_status, health.detail = (
-            image_status,
-            "" if chat.status_code == 200 else shorten(chat.text, SHOWN_CHARS),
-        )
+        detail = "" if chat.status_code == 200 else shorten(chat.text, SHOWN_CHARS)
+        idle: dict[str, Any] = {key: scheduler.get(key) for key in ("running", "waiting")}
+        health = Health(alive=self.server.poll() is None, status=status, detail=detail, **idle)
+        health.chat_status, health.image_chat_status = chat.status_code, image_status
         return health
 
     def settled_health(self) -> tuple[int, dict[str, Any]]:
@@ -341,9 +328,10 @@ class Prober:
             time.sleep(0.5)
 
     def image_chat(self) -> int:
-        image = data_url(saved_image("PNG", (8, 8)), "image/png")
+        image = hostile.data_url(hostile.saved_image("PNG", (8, 8)), "image/png")
         content = [{"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": image}}]
-        return self.http.post("/v1/chat/completions", json=chat_body(self.model, [user(content)])).status_code
+        body = hostile.chat_body(self.model, [hostile.user(content)])
+        return self.http.post("/v1/chat/completions", json=body).status_code
 
 
 def log_records(lines: Sequence[str]) -> list[list[str]]:
