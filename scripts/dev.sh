@@ -146,9 +146,13 @@ case "$command" in
         wait "$npm_job" || log "WARNING: installing the agents failed; their end-to-end tests will be skipped"
         cat "$log_dir/apt.log" "$log_dir/npm.log" >&2
         log "pytest (mypy --strict beside it)"
-        # The 20 slowest tests are listed at the end, so a slow new test shows in CI's log.
+        # The 20 slowest tests are listed at the end, so a slow new test shows in CI's log. The tests run on one
+        # pytest-xdist worker per core, at most 4 (COURIER_TEST_WORKERS overrides; 0 runs them in this process):
+        # each module stays on one worker, the slowest modules go first (tests/conftest.py).
         tests_status=0
-        "$VENV/bin/pytest" --durations=20 "$@" || tests_status=$?
+        workers=${COURIER_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
+        "$VENV/bin/pytest" -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@" ||
+            tests_status=$?
         mypy_status=0
         wait "$mypy_job" || mypy_status=$?
         log "mypy --strict"

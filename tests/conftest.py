@@ -40,6 +40,10 @@ def _starts_processes(module: ModuleType | None) -> bool:
     )
 
 
+# `./dev test` runs the suite on pytest-xdist workers with `--dist loadfile --no-loadscope-reorder`: each module is
+# handed to one worker whole (its module-scoped servers start once), in the order of the items. The slowest modules
+# are put first, so that no worker is left with a long one at the end. (`--dist loadgroup` would keep every
+# real-model test on one worker, but xdist 3.8 cannot name a group under pytest 9: its tests go out one by one.)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _starts_processes(getattr(item, "module", None)) or "tiny_server" in getattr(item, "fixturenames", ()):
@@ -47,6 +51,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "smollm2_server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.e2e)
             item.add_marker(pytest.mark.real_model)
+    items.sort(key=_slowest_first)
+
+
+def _slowest_first(item: pytest.Item) -> int:
+    """Real-model tests, then other end-to-end ones, then in-process ones (a stable sort keeps files in order)."""
+    if item.get_closest_marker("real_model") is not None:
+        return 0
+    return 1 if item.get_closest_marker("e2e") is not None else 2
 
 
 _SPANS = InMemorySpanExporter()
