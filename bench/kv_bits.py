@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from bench.harness import cli
 from bench.harness.clients import async_client, burst, stream_chat, user
-from bench.harness.models import WARMUP_PROMPT, cache_directory
+from bench.harness.models import WARMUP_PROMPT, launching
 from bench.harness.report import environment, head, progress, table, write_json
-from bench.harness.servers import COURIER, Launcher, Server, ServerSpec
+from bench.harness.servers import COURIER, Server, ServerSpec
 from bench.throughput import essay_prompts
 from courier.platform.blas import load_optimized_blas
 
@@ -90,10 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     blas = load_optimized_blas()
     arms: list[Arm] = []
-    with cache_directory(args.cache_dir) as cache_dir:
-        launcher = Launcher(
-            bench="kv-bits", cache_dir=cache_dir, log_dir=cache_dir / "bench-logs", kernels=blas.kernels
-        )
+    with launching("kv-bits", args.cache_dir, kernels=blas.kernels) as launcher:
         for bits in args.arms:
             arm = Arm(bits=bits)
             arms.append(arm)

@@ -1,17 +1,5 @@
-"""Two models alternating every turn on one machine with memory for one (issue 33, evidence): Courier serving both
-in one process under a budget that holds one, against two mlx_lm.server processes (one per model) and against one
-mlx_lm.server asked for both (its `model` field naming each model's directory).
-
-Two conversations, one per model, each with its own long system prompt, take turns: model A's turn 1, model B's
-turn 1, A's turn 2, ... so every turn on Courier finds its model unloaded for the other's and loads it again. Per
-turn: time to first token and the prompt tokens the server reports cached. Per server: the cached share of turns
-2+ (goal >= 90% for Courier: a reloaded model finds its conversation warm in its disk tier), the most models Courier
-had loaded at once, and the peak resident memory (VmHWM, summed over the server's processes; goal for Courier:
-within its budget plus the process's own overhead). The models are the embedded SmolLM2's 4-bit conversion and its
-float32 copy (Courier serves both in float32 on a CPU; mlx_lm.server each as stored). Usage:
-
-    python -m bench.models [--turns 4] [--system-words 600] [--max-tokens 16] [--servers courier,mlx-two,mlx-one]
-"""
+"""Two models alternating every turn on one machine with memory for one (issue 33): Courier serving both under a
+budget that holds one, against two mlx_lm.server processes and against one mlx_lm.server asked for both."""
 
 from __future__ import annotations
 
@@ -25,7 +13,7 @@ import httpx
 
 from bench.harness import cli
 from bench.harness.clients import Messages, async_client, stream_chat
-from bench.harness.models import cache_directory, float32_dir, prepare_4bit_dir
+from bench.harness.models import float32_dir, launching, prepare_4bit_dir
 from bench.harness.report import environment, head, ms, num, percent, progress, table, write_json
 from bench.harness.servers import (
     COURIER,
@@ -241,10 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     blas = load_optimized_blas()
     env = environment(blas)
     runs: list[Run] = []
-    with cache_directory(args.cache_dir) as cache_dir:
-        launcher = Launcher(bench="models", cache_dir=cache_dir, log_dir=cache_dir / "bench-logs")
+    with launching("models", args.cache_dir) as launcher:
         progress("converting the embedded GGUF to a 4-bit MLX directory")
-        dirs = model_dirs(prepare_4bit_dir(cache_dir), cache_dir)
+        dirs = model_dirs(prepare_4bit_dir(launcher.cache_dir), launcher.cache_dir)
         for name, run in ((COURIER, run_courier), (MLX_TWO, run_mlx_two), (MLX_ONE, run_mlx_one)):
             if name in args.servers:
                 runs.append(run(launcher, dirs, args))

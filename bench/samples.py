@@ -15,9 +15,9 @@ import openai
 
 from bench.harness import cli
 from bench.harness.clients import Streamed, async_client, stream_chat, user
-from bench.harness.models import cache_directory
+from bench.harness.models import launching
 from bench.harness.report import progress, table, write_json
-from bench.harness.servers import COURIER, Launcher, Server, ServerSpec
+from bench.harness.servers import COURIER, Server, ServerSpec
 
 ARMS = ("n", "concurrent", "sequential")
 SEED = 1234
@@ -128,8 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32, help="max_tokens of every request (32)")
     cli.add_results(parser)
     args = parser.parse_args(argv)
-    with cache_directory(args.cache_dir) as cache_dir:
-        launcher = Launcher(bench="samples", cache_dir=cache_dir, log_dir=cache_dir / "bench-logs")
+    with launching("samples", args.cache_dir) as launcher:
         record, measured = launcher.run(ServerSpec(name=COURIER), lambda server: asyncio.run(measure(server, args)))
     if measured is None:
         progress(f"courier: {record.error}")

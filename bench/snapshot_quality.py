@@ -1,13 +1,5 @@
-"""What quantized prompt-cache snapshots (`--prompt-cache-bits`) do to the next tokens: per-token log-probability
-difference and top-1 agreement against full precision over the first `--tokens` (128) tokens generated after a
-restore, on the embedded SmolLM2 (float32, as Courier serves it on a CPU) and a hybrid model (the tiny random-weight
-qwen3_next with 64-dimension attention heads: no real hybrid model ships on the package index), at 8 and 4 bits.
-
-Each prompt is prefilled once at full precision; a reference continuation is generated greedily from that state; the
-same tokens are then fed in one teacher-forced pass after each restored state: quantized once (a snapshot's first
-restore) and twice (a conversation's carried-over positions, stored again at its next turn). In process, no server:
-the measurement is `tests/support/kv_drift.py`, shared with the tests.
-"""
+"""What quantized prompt-cache snapshots (`--prompt-cache-bits`) do to the next tokens after a restore: log-probability
+difference and top-1 agreement against full precision, in process (tests/support/kv_drift.py's measurement)."""
 
 from __future__ import annotations
 

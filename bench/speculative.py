@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import statistics
 import sys
 import time
@@ -23,11 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.harness import cli, clients, models, servers
 from bench.harness.clients import Round, Streamed, async_client, burst, json_schema_format, pooled_tps, stream_chat
 from bench.harness.report import environment, head, inline, num, percent, progress, shown, table, verdict, write_json
-from bench.harness.servers import COURIER, MLX_LM_F32_KERNELS, RUN_ERRORS, Launcher, Server, ServerRecord, ServerSpec
+from bench.harness.servers import COURIER, MLX_LM_F32_KERNELS, RUN_ERRORS, Server, ServerRecord, ServerSpec
 from bench.harness.stats import finite_median, ratio
 from bench.speculative_workloads import SINGLE_WORKLOADS, WORKLOADS, Request, requests_for, verbatim_share
 from bench.structured_schemas import check_reply
-from courier.platform.blas import load_optimized_blas
 
 PARTS = ("single", "aggregate", "chat", "json")
 NO_SPEC = "courier-no-spec"
@@ -186,15 +184,7 @@ def cap(args: argparse.Namespace, key: str) -> int:
 def measure_in_process(dir4: Path, cache_dir: Path, args: argparse.Namespace, report: Report) -> Path | None:
     """mlx-lm's `stream_generate` on the single part's requests, on the weights `--weights` names; writes the
     float32 directory mlx_lm.server serves when it runs (returned)."""
-    weights = models.reference_weights(args.weights)
-    progress(f"single, {IN_PROCESS}: loading {dir4}: {models.WEIGHT_LABELS[weights]}")
-    model, tokenizer = models.load_reference(dir4, weights)
-    dir_f32 = None
-    if args.peer:
-        dense = model if weights == models.FLOAT32 else models.load_float32(dir4)[0]
-        dir_f32 = models.float32_dir(dir4, cache_dir, dense)
-        progress(f"float32 directory for {PEER}: {dir_f32}")
-    reference = models.InProcessReference(model, tokenizer)
+    reference, _, dir_f32 = models.load_reference(dir4, args.weights, cache_dir, float32_needed=args.peer)
     for repeat in range(args.repeats):
         for key in args.workloads:
             request = requests_for(key, 1, repeat)[0]
@@ -466,47 +456,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def start_all(launcher: Launcher, specs: Sequence[ServerSpec], stack: ExitStack) -> dict[str, Server]:
-    """Start each server in turn, kept up until `stack` closes; one that fails to start is recorded and left out."""
-    live = {}
-    for spec in specs:
-        server = launcher.server(spec)
-        try:
-            live[spec.name] = stack.enter_context(server)
-        except RUN_ERRORS as error:
-            server.record.error = f"{type(error).__name__}: {error}"
-            progress(f"{spec.name}: FAILED: {server.record.error}")
-    return live
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if servers.openblas_missing(args.openblas, args.peer, "--no-peer"):
         return 2
-    # Before anything imports MLX, so the in-process model runs on OpenBLAS with the kernels Courier picks.
-    os.environ.pop("OPENBLAS_CORETYPE", None)
-    blas = load_optimized_blas()
+    blas = models.reference_blas()
     keys = ("parts", "workloads", "repeats", "streams", "rounds", "max_tokens", "peer", "weights")
     settings = {key: getattr(args, key) for key in keys}
     settings |= {"max_tokens_by_workload": {key: cap(args, key) for key in WORKLOADS}, "kernels": blas.kernels}
     report = Report(environment=environment(blas), settings=settings)
-    with models.cache_directory(args.cache_dir) as cache_dir:
+    options = {"openblas": args.openblas, "kernels": blas.kernels}
+    with models.launching("speculative", args.cache_dir, **options) as launcher:
         dir_f32 = None
         if "single" in args.parts:  # mlx-lm in process before any server starts, its memory released afterwards
             progress("converting the embedded GGUF to a 4-bit MLX directory")
-            dir_f32 = measure_in_process(models.prepare_4bit_dir(cache_dir), cache_dir, args, report)
+            dir_f32 = measure_in_process(models.prepare_4bit_dir(launcher.cache_dir), launcher.cache_dir, args, report)
             models.release_mlx_memory()
         specs = [ServerSpec(name=COURIER)]
         if {"single", "aggregate", "chat"} & set(args.parts):
             specs.append(ServerSpec(name=NO_SPEC, kind=COURIER, flags=("--no-speculation",)))
         if args.peer:
             specs.append(ServerSpec(name=PEER, model_dir=dir_f32, flags=servers.tuned_flags(args.streams)))
-        logs, kernels = cache_dir / "bench-logs", blas.kernels
-        launcher = Launcher(
-            bench="speculative", cache_dir=cache_dir, log_dir=logs, openblas=args.openblas, kernels=kernels
-        )
         with ExitStack() as stack:  # the servers start one after another and stay up until the last part
-            asyncio.run(run_parts(start_all(launcher, specs, stack), args, report))
+            asyncio.run(run_parts(servers.start_all(launcher, specs, stack), args, report))
         report.servers = launcher.records
     print_report(report)
     write_json(report, args.json)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import statistics
 import sys
@@ -21,10 +20,9 @@ import openai
 from bench.harness import cli, models, servers
 from bench.harness.clients import Round, async_client, burst, json_schema_format, pooled_tps, stream_chat, user
 from bench.harness.report import environment, head, inline, percent, progress, shown, table, write_json
-from bench.harness.servers import COURIER, MLX_LM_F32, BenchmarkError, Launcher, Server, ServerRecord, ServerSpec
+from bench.harness.servers import COURIER, MLX_LM_F32, BenchmarkError, Server, ServerRecord, ServerSpec
 from bench.structured_micro import Micro, measure_micro, print_micro
 from bench.structured_schemas import SCHEMAS, check_reply, essay_prompts, essay_schema, validity_prompt
-from courier.platform.blas import load_optimized_blas
 
 PARTS = ("validity", "throughput", "micro")
 TARGET_VALID_AMONG_FINISHED = 1.0
@@ -306,18 +304,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in SCHEMAS:  # the micro-benchmark's tokens are meant to be allowed
         if not check_reply(json.dumps(case.instance), case.schema)[1]:
             raise BenchmarkError(f"the instance of schema {case.name!r} is not valid against it")
-    # Before anything imports MLX, so the in-process model runs on OpenBLAS with the kernels Courier picks.
-    os.environ.pop("OPENBLAS_CORETYPE", None)
-    blas = load_optimized_blas()
+    blas = models.reference_blas()
     keys = ["parts", "requests", "streams", "rounds", "max_tokens", "seed", "peer"]
     keys += ["micro_repeats", "micro_passes", "micro_sequences"] if "micro" in args.parts else []
     settings = {key: getattr(args, key) for key in keys}
     report = Report(environment=environment(blas, "llguidance", "jsonschema"), settings=settings)
-    with models.cache_directory(args.cache_dir) as cache_dir:
-        dir_f32 = prepare(cache_dir, args, report)
-        launcher = Launcher(
-            bench="structured", cache_dir=cache_dir, log_dir=cache_dir / "bench-logs", openblas=args.openblas
-        )
+    with models.launching("structured", args.cache_dir, openblas=args.openblas) as launcher:
+        dir_f32 = prepare(launcher.cache_dir, args, report)
 
         def on_courier(server: Server) -> None:
             if "validity" in args.parts:

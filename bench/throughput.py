@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import itertools
 import math
-import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -19,16 +18,11 @@ import openai
 from bench.harness import cli
 from bench.harness.clients import Burst, Streamed, async_client, burst, stream_chat, user
 from bench.harness.models import (
-    FLOAT32,
     WARMUP_PROMPT,
-    WEIGHT_LABELS,
-    InProcessReference,
-    cache_directory,
-    float32_dir,
-    load_float32,
+    launching,
     load_reference,
     prepare_4bit_dir,
-    reference_weights,
+    reference_blas,
 )
 from bench.harness.report import environment, head, progress, table, verdict, write_json
 from bench.harness.servers import (
@@ -38,7 +32,6 @@ from bench.harness.servers import (
     MLX_LM_4BIT,
     MLX_LM_F32,
     MLX_LM_F32_KERNELS,
-    Launcher,
     Server,
     ServerRecord,
     ServerSpec,
@@ -49,7 +42,7 @@ from bench.harness.servers import (
     tuned_flags,
     wait_for_quiet,
 )
-from courier.platform.blas import BlasReport, load_optimized_blas
+from courier.platform.blas import BlasReport
 
 SERVER_NAMES = (COURIER, COURIER_BASELINE, MLX_LM_4BIT, MLX_LM_F32, MLX_LM_F32_KERNELS)
 RETRY_PAUSE_S = 5.0
@@ -331,19 +324,12 @@ def prepare_reference(cache_dir: Path, prompts: Sequence[str], args: argparse.Na
     loaded in `args.reference`, so each server's single-stream runs are paired with in-process runs)."""
     progress("converting the embedded GGUF to a 4-bit MLX directory")
     args.dir4 = prepare_4bit_dir(cache_dir)
-    weights = reference_weights(args.weights)
-    progress(f"4-bit directory: {args.dir4}; loading it for mlx-lm in process: {WEIGHT_LABELS[weights]}")
-    model, tokenizer = load_reference(args.dir4, weights)
-    args.dir_f32 = None
-    if any(server in args.servers for server in F32_KINDS):
-        dense = model if weights == FLOAT32 else load_float32(args.dir4)[0]
-        args.dir_f32 = float32_dir(args.dir4, cache_dir, dense)
-        progress(f"float32 directory: {args.dir_f32}")
+    f32 = any(server in args.servers for server in F32_KINDS)
+    args.reference, weights, args.dir_f32 = load_reference(args.dir4, args.weights, cache_dir, float32_needed=f32)
     progress(f"in-process mlx-lm: {len(prompts)} x {args.single_tokens} tokens")
-    args.reference = InProcessReference(model, tokenizer)
     runs = [args.reference.run(prompt, args.single_tokens) for prompt in prompts]
     return InProcess(
-        weights=WEIGHT_LABELS[weights],
+        weights=weights,
         blas=blas.as_dict(),
         generation_tps=statistics.median(run.generation_tps for run in runs),
         decode_tps=statistics.median(run.decode_tps for run in runs),
@@ -371,24 +357,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not baseline_ready(args.baseline_tree, args.servers):
         return 2
-    # Before anything imports MLX, so the in-process reference runs on OpenBLAS, with the kernels Courier picks.
-    os.environ.pop("OPENBLAS_CORETYPE", None)
-    blas = load_optimized_blas()
+    blas = reference_blas()
     prompts = essay_prompts(args.single_repeats)
     runs: list[Measured] = []
     in_process: InProcess | None = None
+    options = {"openblas": args.openblas, "kernels": blas.kernels, "baseline_tree": args.baseline_tree}
     try:
-        with cache_directory(args.cache_dir) as cache_dir:
+        with launching("throughput", args.cache_dir, **options) as launcher:
             wait_for_quiet(args.quiet_load, args.quiet_timeout)
-            in_process = prepare_reference(cache_dir, prompts, args, blas)
-            launcher = Launcher(
-                bench="throughput",
-                cache_dir=cache_dir,
-                log_dir=cache_dir / "bench-logs",
-                openblas=args.openblas,
-                kernels=blas.kernels,
-                baseline_tree=args.baseline_tree,
-            )
+            in_process = prepare_reference(launcher.cache_dir, prompts, args, blas)
             for name in args.servers:
                 load, waited = wait_for_quiet(args.quiet_load, args.quiet_timeout)
                 run = Measured(name=name, load_at_start=load, waited_for_quiet_s=waited)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import support
-from bench.harness.servers import COURIER_MODEL_ID, BenchmarkError
+from bench.harness.report import progress
+from bench.harness.servers import COURIER_MODEL_ID, BenchmarkError, Launcher
+from courier.platform.blas import BlasReport, load_optimized_blas
 
 FLOAT32 = "float32"
 STORED = "stored"
@@ -43,6 +46,20 @@ def cache_directory(requested: Path | None) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="courier-bench-") as temporary:
         yield Path(temporary)
+
+
+@contextmanager
+def launching(bench: str, requested: Path | None, **options: Any) -> Iterator[Launcher]:
+    """A Launcher for `bench` on the cache directory (`requested`, or a temporary one), its logs in bench-logs/."""
+    with cache_directory(requested) as cache_dir:
+        yield Launcher(bench=bench, cache_dir=cache_dir, log_dir=cache_dir / "bench-logs", **options)
+
+
+def reference_blas() -> BlasReport:
+    """Load the BLAS before anything imports MLX, so mlx-lm in process runs on OpenBLAS with the kernels Courier
+    picks (the environment's OPENBLAS_CORETYPE dropped)."""
+    os.environ.pop("OPENBLAS_CORETYPE", None)
+    return load_optimized_blas()
 
 
 def prepare_4bit_dir(cache_dir: Path) -> Path:
@@ -97,16 +114,6 @@ def reference_weights(choice: str) -> str:
     return STORED if serving_dtype("auto", active_device()) is None else FLOAT32
 
 
-def load_reference(dir4: Path, weights: str) -> tuple[Any, Any]:
-    """The model and tokenizer for mlx-lm in process: dequantized to float32, or as stored."""
-    if weights == FLOAT32:
-        return load_float32(dir4)
-    from mlx_lm import load
-
-    model, tokenizer = load(str(dir4))
-    return model, tokenizer
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Generated:
     """One `stream_generate` run: mlx-lm's own generation_tps (tokens / time since the first token), the servers'
@@ -148,6 +155,23 @@ class InProcessReference:
         """Each prompt once: the runs and their median generation_tps."""
         runs = [self.run(prompt, max_tokens) for prompt in prompts]
         return runs, statistics.median(run.generation_tps for run in runs)
+
+
+def load_reference(
+    dir4: Path, choice: str, cache_dir: Path, *, float32_needed: bool
+) -> tuple[InProcessReference, str, Path | None]:
+    """mlx-lm in process on the weights `choice` names (see `reference_weights`), warmed up; those weights' label;
+    and, when `float32_needed`, the float32 directory for mlx_lm.server (written from the same weights if float32)."""
+    from mlx_lm import load
+
+    weights = reference_weights(choice)
+    progress(f"loading {dir4} for mlx-lm in process: {WEIGHT_LABELS[weights]}")
+    model, tokenizer = load_float32(dir4) if weights == FLOAT32 else load(str(dir4))
+    dir_f32 = None
+    if float32_needed:
+        dir_f32 = float32_dir(dir4, cache_dir, model if weights == FLOAT32 else None)
+        progress(f"float32 directory: {dir_f32}")
+    return InProcessReference(model, tokenizer), WEIGHT_LABELS[weights], dir_f32
 
 
 def release_mlx_memory() -> None:

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -354,6 +355,19 @@ class Launcher:
         if spec.how == MLX_LM_F32_KERNELS and self.kernels:
             extra["OPENBLAS_CORETYPE"] = self.kernels
         return extra
+
+
+def start_all(launcher: Launcher, specs: Sequence[ServerSpec], stack: ExitStack) -> dict[str, Server]:
+    """Start each server in turn, kept up until `stack` closes; one that fails to start is recorded and left out."""
+    live = {}
+    for spec in specs:
+        server = launcher.server(spec)
+        try:
+            live[spec.name] = stack.enter_context(server)
+        except RUN_ERRORS as error:
+            server.record.error = f"{type(error).__name__}: {error}"
+            progress(f"{spec.name}: FAILED: {server.record.error}")
+    return live
 
 
 def tuned_flags(clients: int) -> tuple[str, ...]:
