@@ -136,14 +136,12 @@ def courier_flags(dirs: dict[str, Path], budget: int | None) -> tuple[str, ...]:
     return (*flags, *(("--models-memory-bytes", str(budget)) if budget is not None else ()))
 
 
-def run_courier(launcher: Launcher, dirs: dict[str, Path], args: Any) -> Run:
-    run = Run(server=COURIER)
-    run.budget_bytes = int(one_charge(launcher, dirs) * BUDGET_OF_ONE)
-    spec = ServerSpec(name=COURIER, kind=COURIER, flags=courier_flags(dirs, run.budget_bytes))
+def run_one(launcher: Launcher, run: Run, spec: ServerSpec, fields: dict[str, str], args: Any) -> Run:
+    """`run` on one server process, each model asked for by its `fields` value: the two conversations, its peak RSS."""
 
     def measure(server: Server) -> None:
-        targets = {model: (server.base_url, model) for model in MODELS}
-        asyncio.run(converse(run, targets, args, server))
+        targets = {model: (server.base_url, name) for model, name in fields.items()}
+        asyncio.run(converse(run, targets, args, server if run.server == COURIER else None))
         run.peak_rss_bytes = peak_rss(server)
 
     record, _ = launcher.run(spec, measure)
@@ -152,11 +150,16 @@ def run_courier(launcher: Launcher, dirs: dict[str, Path], args: Any) -> Run:
     return run
 
 
+def run_courier(launcher: Launcher, dirs: dict[str, Path], args: Any) -> Run:
+    run = Run(server=COURIER, budget_bytes=int(one_charge(launcher, dirs) * BUDGET_OF_ONE))
+    spec = ServerSpec(name=COURIER, kind=COURIER, flags=courier_flags(dirs, run.budget_bytes))
+    return run_one(launcher, run, spec, {model: model for model in MODELS}, args)
+
+
 def run_mlx_two(launcher: Launcher, dirs: dict[str, Path], args: Any) -> Run:
     run = Run(server=MLX_TWO)
     kinds = dict(zip(MODELS, (MLX_LM_4BIT, MLX_LM_F32), strict=True))  # the float32 copy with OpenBLAS preloaded
-    specs = [ServerSpec(name=f"{MLX_TWO}-{model}", kind=kinds[model], model_dir=dirs[model]) for model in MODELS]
-    servers = [launcher.server(spec) for spec in specs]
+    servers = [launcher.server(ServerSpec(name=f"{MLX_TWO}-{m}", kind=kinds[m], model_dir=dirs[m])) for m in MODELS]
     try:
         with servers[0], servers[1]:
             targets = {
@@ -171,18 +174,8 @@ def run_mlx_two(launcher: Launcher, dirs: dict[str, Path], args: Any) -> Run:
 
 
 def run_mlx_one(launcher: Launcher, dirs: dict[str, Path], args: Any) -> Run:
-    run = Run(server=MLX_ONE)
     spec = ServerSpec(name=MLX_ONE, kind=MLX_LM_F32, model_dir=dirs[MODELS[0]])  # OpenBLAS for the float32 one
-
-    def measure(server: Server) -> None:
-        targets = {model: (server.base_url, str(dirs[model])) for model in MODELS}
-        asyncio.run(converse(run, targets, args, None))
-        run.peak_rss_bytes = peak_rss(server)
-
-    record, _ = launcher.run(spec, measure)
-    run.records.append(record)
-    run.error = record.error
-    return run
+    return run_one(launcher, Run(server=MLX_ONE), spec, {model: str(dirs[model]) for model in MODELS}, args)
 
 
 def report(runs: Sequence[Run], args: Any, env: dict[str, object]) -> None:

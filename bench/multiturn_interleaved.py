@@ -28,7 +28,7 @@ from bench.harness.conversations import (
     warm_share,
 )
 from bench.harness.models import WARMUP_PROMPT
-from bench.harness.report import ms, percent, progress, table
+from bench.harness.report import ms, percent, progress, ratio_text, table
 from bench.harness.servers import (
     COURIER,
     COURIER_BASELINE,
@@ -360,11 +360,6 @@ def print_launches(records: Sequence[ServerRecord]) -> None:
 
 def count_text(count: float | None) -> str:
     return "n/a" if count is None else f"{count:.0f}"
-
-
-def ratio_text(ours: float | None, theirs: float | None, show: Callable[[float | None], str]) -> str:
-    """Both figures and their ratio, as in "97.1% / 97.0% = 1.001x"."""
-    return f"{show(ours)} / {show(theirs)} = {'n/a' if ours is None or not theirs else f'{ours / theirs:.3f}x'}"
 
 
 def baseline_line(where: str, ours: Sequence[Turn], theirs: Sequence[Turn]) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import math
 import statistics
 import sys
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from bench.harness.models import (
     prepare_4bit_dir,
     reference_blas,
 )
-from bench.harness.report import environment, head, progress, table, verdict, write_json
+from bench.harness.report import environment, head, num, progress, ratio_text, table, verdict, write_json
 from bench.harness.servers import (
     COURIER,
     COURIER_BASELINE,
@@ -105,21 +104,6 @@ class Measured:
     waited_for_quiet_s: float = 0.0
     single: SingleStream | None = None
     levels: list[Level] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Ratio:
-    """One figure of `courier` over the same figure of `courier-baseline`."""
-
-    courier: float
-    baseline: float
-
-    @property
-    def ratio(self) -> float:
-        return self.courier / self.baseline if self.baseline else math.nan
-
-    def text(self, digits: int, unit: str = "") -> str:
-        return f"{self.courier:.{digits}f} / {self.baseline:.{digits}f}{unit} = {self.ratio:.3f}x"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,17 +265,14 @@ def print_baseline(runs: Sequence[Measured], args: argparse.Namespace) -> None:
     singles = {run.name: run.single for run in runs}
     ours, theirs = singles.get(COURIER), singles.get(COURIER_BASELINE)
     if ours and theirs:
-        single = Ratio(courier=ours.decode_tps, baseline=theirs.decode_tps)
-        print(f"- courier / courier-baseline, single-stream decode tok/s: {single.text(1)}")
+        single = ratio_text(ours.decode_tps, theirs.decode_tps, num)
+        print(f"- courier / courier-baseline, single-stream decode tok/s: {single}")
     levels = [(n, level_at(runs, COURIER, n), level_at(runs, COURIER_BASELINE, n)) for n in args.concurrency]
     for clients, level, base in levels:
         if level is not None and base is not None:
-            tps = Ratio(courier=level.tps, baseline=base.tps)
-            ttft = Ratio(courier=level.ttft(0.95), baseline=base.ttft(0.95))
-            print(
-                f"- courier / courier-baseline at {clients} streams: aggregate tok/s {tps.text(1)}, "
-                f"TTFT p95 {ttft.text(3, ' s')}"
-            )
+            tps = ratio_text(level.tps, base.tps, num)
+            ttft = ratio_text(level.ttft(0.95), base.ttft(0.95), lambda value: num(value, 3))
+            print(f"- courier / courier-baseline at {clients} streams: aggregate tok/s {tps}, TTFT p95 s {ttft}")
     if not any(level and base for _, level, base in levels):
         print("- courier / courier-baseline: no ratio (one of them measured no level)")
 

@@ -7,7 +7,7 @@ import math
 import os
 import platform
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, is_dataclass
 from importlib import metadata
 from pathlib import Path
@@ -95,6 +95,11 @@ def ms(seconds: float | None, digits: int = 1, missing: str = "n/a") -> str:
 
 def num(value: float | None, digits: int = 1, missing: str = "n/a") -> str:
     return missing if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def ratio_text(ours: float | None, theirs: float | None, show: Callable[[float | None], str]) -> str:
+    """Both figures and their ratio, as in "97.1% / 97.0% = 1.001x"."""
+    return f"{show(ours)} / {show(theirs)} = {'n/a' if ours is None or not theirs else f'{ours / theirs:.3f}x'}"
 
 
 def verdict(value: float | None, target: float, *, at_most: bool = False) -> str:
