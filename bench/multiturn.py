@@ -16,14 +16,7 @@ from typing import Any
 
 from bench.harness import cli, models
 from bench.harness.clients import Messages, async_client
-from bench.harness.conversations import (
-    Turn,
-    ask,
-    cached_share,
-    check_deadline,
-    later,
-    ttft_p50,
-)
+from bench.harness.conversations import Turn, ask, cached_share, check_deadline, later, ttft_p50
 from bench.harness.models import TINY_MODELS, WIDE_TINY_MODELS, float32_dir
 from bench.harness.report import environment, head, ms, percent, progress, table, write_json
 from bench.harness.servers import (

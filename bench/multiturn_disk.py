@@ -14,22 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.harness.conversations import (
-    Turn,
-    cached_share,
-    courier_stats,
-    ttft_p50,
-    wait_until_idle,
-    warm_share,
-)
+from bench.harness.conversations import Turn, cached_share, courier_stats, ttft_p50, wait_until_idle, warm_share
 from bench.harness.report import ms, percent, progress, table
-from bench.harness.servers import (
-    MLX_LM_F32,
-    Launcher,
-    Server,
-    ServerRecord,
-    ServerSpec,
-)
+from bench.harness.servers import MLX_LM_F32, Launcher, Server, ServerRecord, ServerSpec
 from bench.multiturn_interleaved import (
     EQUAL_BUDGET,
     Run,

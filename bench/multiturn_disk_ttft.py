@@ -25,13 +25,7 @@ from bench.harness.conversations import (
 )
 from bench.harness.models import WARMUP_PROMPT, float32_dir
 from bench.harness.report import ms, progress, table
-from bench.harness.servers import (
-    COURIER,
-    MLX_LM_F32,
-    Launcher,
-    Server,
-    ServerRecord,
-)
+from bench.harness.servers import COURIER, MLX_LM_F32, Launcher, Server, ServerRecord
 from bench.harness.stats import median_or_none
 from bench.multiturn_disk import disk_spec, fresh_prompt_dir, met, trouble
 from bench.multiturn_interleaved import (

@@ -29,15 +29,7 @@ from bench.harness.conversations import (
 )
 from bench.harness.models import WARMUP_PROMPT
 from bench.harness.report import ms, percent, progress, ratio_text, table
-from bench.harness.servers import (
-    COURIER,
-    COURIER_BASELINE,
-    MLX_LM_F32,
-    Launcher,
-    Server,
-    ServerRecord,
-    ServerSpec,
-)
+from bench.harness.servers import COURIER, COURIER_BASELINE, MLX_LM_F32, Launcher, Server, ServerRecord, ServerSpec
 from bench.harness.servers import is_courier as courier_kind
 from bench.harness.workloads import workload
 

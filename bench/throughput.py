@@ -16,13 +16,7 @@ import openai
 
 from bench.harness import cli
 from bench.harness.clients import Burst, Streamed, async_client, burst, stream_chat, user
-from bench.harness.models import (
-    WARMUP_PROMPT,
-    launching,
-    load_reference,
-    prepare_4bit_dir,
-    reference_blas,
-)
+from bench.harness.models import WARMUP_PROMPT, launching, load_reference, prepare_4bit_dir, reference_blas
 from bench.harness.report import environment, head, num, progress, ratio_text, table, verdict, write_json
 from bench.harness.servers import (
     COURIER,
