@@ -281,6 +281,7 @@ class Admission:
             detokenizer=self._tokenizer.detokenizer,
             stop=StopTextMatcher(sampling.stop),
             cached_tokens=cached,
+            prompt_depth=start,
             cut_boundary=cut_boundary,
             shared=shared,
             sampler=sampler,

@@ -32,6 +32,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from courier.core.prompt_cache.quantization import KvQuantization
+from courier.core.step_planning.depth_costs import StepWork
 from courier.core.step_planning.prefill_budget import PrefillBudget
 from courier.engine.admission import Admission
 from courier.engine.cancelled_prefill import prefilled_so_far
@@ -139,9 +140,8 @@ class BatchEngine:
         outputs.extend(self._cancel(cancelled))
         if not self._sequences:
             return outputs
-        decoding = sum(1 for sequence in self._sequences if sequence.prompt_done or sequence.generated > 0)
-        prefilling = min(len(self._sequences) - decoding, self._limits.prefill_batch)
-        self._generator.prefill_step_size = self._prefill.chunk(prefilling=prefilling)
+        work = self._work()
+        chunk = self._generator.prefill_step_size = self._prefill.chunk(work)
         started = time.perf_counter()
         try:
             with self._generator.stats() as done:
@@ -151,22 +151,26 @@ class BatchEngine:
             self._admission.shared.clear()
             return outputs + self._recovery.recover(error, self._generator)
         ended = time.perf_counter()
-        self._prefill.observe(positions=decoding + done.prompt_tokens, seconds=ended - started)
+        self._prefill.observe(work, chunk=chunk, prompt_tokens=done.prompt_tokens, seconds=ended - started)
         if ended - entered >= SLOW_STEP_S:
             logger.debug(
-                "slow step: %.2f s admitting %d, %.2f s batched pass (%d decoding, %d prefilling, chunk %d, %d prompt "
-                "tokens)",
+                "slow step: %.2f s admitting %d, %.2f s batched pass (%d decoding, deepest %d; %d prefilling, "
+                "deepest %d, chunk %d, %d prompt tokens)",
                 started - entered,
                 len(added),
                 ended - started,
-                decoding,
-                prefilling,
-                self._generator.prefill_step_size,
+                len(work.decode_depths),
+                max(work.decode_depths, default=0),
+                len(work.prefill_depths),
+                max(work.prefill_depths, default=0),
+                chunk,
                 done.prompt_tokens,
             )
         for response in prompt_responses:
-            if response.end_of_prompt and (sequence := self._sequences.get(response.uid)) is not None:
-                sequence.prompt_done = True
+            if (sequence := self._sequences.get(response.uid)) is not None:
+                done_tokens, total = response.progress
+                sequence.prompt_depth = max(0, len(sequence.request.prompt_tokens) - (total - done_tokens))
+                sequence.prompt_done = sequence.prompt_done or response.end_of_prompt
         self._recovery.step_succeeded()
         if responses and not self.speculating:  # a speculative generator counts its own steps
             self.speculation.steps += 1
@@ -179,6 +183,18 @@ class BatchEngine:
             if sequence is not None:
                 outputs.extend(self._reader.advance(sequence, response, self._generator))
         return outputs
+
+    def _work(self) -> StepWork:
+        """What this step processes: a token of each decoding sequence, a chunk of each prompt being prefilled
+        (the first `prefill_batch` waiting, as the generator takes them), each at its depth."""
+        decode_depths: list[int] = []
+        prefill_depths: list[int] = []
+        for sequence in self._sequences:
+            if sequence.prompt_done or sequence.generated > 0:
+                decode_depths.append(sequence.depth)
+            elif len(prefill_depths) < self._limits.prefill_batch:
+                prefill_depths.append(sequence.depth)
+        return StepWork(decode_depths=decode_depths, prefill_depths=prefill_depths)
 
     def _new_generator(self) -> BatchGenerator:
         options: dict[str, Any] = {

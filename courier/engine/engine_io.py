@@ -12,6 +12,7 @@ from typing import Any
 
 from courier.core.prompt_cache.entries import Origin
 from courier.core.prompt_cache.quantization import KvQuantization
+from courier.core.step_planning.depth_costs import DepthCosts
 from courier.core.step_planning.prompt_lookup import LookupLimits
 from courier.core.step_planning.verify_width import StepCosts
 from courier.engine import shared_prefix
@@ -67,9 +68,9 @@ class BatchLimits:
     # How a verify pass is costed when choosing its width: fitted to timed passes (tests pin a line).
     step_costs: Callable[[], StepCosts] = StepCosts
     # What a step's prefill may take, in seconds (`core/step_planning/prefill_budget.py`; 0: no budget, whole
-    # chunks), and how a step is costed for that (fitted to timed steps; tests pin a line).
+    # chunks), and how a step is costed for that, at its depth (fitted to timed steps; tests pin a model).
     prefill_stall_s: float = 0.0
-    prefill_costs: Callable[[], StepCosts] = StepCosts
+    prefill_costs: Callable[[], DepthCosts] = DepthCosts
     # How the snapshots it hands the store hold attention KV (`--prompt-cache-bits`; None: as computed).
     snapshot_quantization: KvQuantization | None = None
     # How the running generation batch holds attention KV (`--kv-bits`; None: as computed).

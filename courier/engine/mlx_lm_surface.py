@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from mlx_lm.generate import BatchGenerator, GenerationBatch, StopSequences, TokenBuffer
+from mlx_lm.generate import BatchGenerator, GenerationBatch, PromptProcessingBatch, StopSequences, TokenBuffer
 from mlx_lm.models import base as base_module
 from mlx_lm.models import cache as cache_module
 from mlx_lm.models.cache import BatchKVCache
@@ -103,6 +103,8 @@ SURFACE: tuple[Expectation, ...] = (
     ),
     Signature(BatchGenerator, "remove", ("uids",)),
     Signature(BatchGenerator, "extract_cache", ("uids",)),
+    # batch_engine.py: how far each prompt is prefilled (its depth, which sizes the next prefill chunk).
+    Fields(PromptProcessingBatch.Response, ("uid", "progress", "end_of_prompt")),
     # ragged_cache.py: a BatchKVCache built field by field (`adopt`) and overriding the methods the batch calls.
     Signature(BatchKVCache, "__init__", ("left_padding",)),
     Attributes(

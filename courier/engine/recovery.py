@@ -92,6 +92,7 @@ class Recovery:
         )
         sequence.uid = uid
         sequence.cut_boundary = 0
+        sequence.prompt_depth = len(tokens) - 1
         self._sequences.add(sequence)
 
 

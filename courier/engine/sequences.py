@@ -31,6 +31,7 @@ class RunningSequence:
     cached_tokens: int = 0
     generated: int = 0
     prompt_done: bool = False  # its prompt is prefilled: it decodes (its first token may not be out yet)
+    prompt_depth: int = 0  # how much of its prompt its state holds (what its next prefill chunk attends to)
     # A dense cache prefills its history and generation prompt in one segment; its boundary snapshot is then cut
     # from the state at the end of the prompt (0: none to cut).
     cut_boundary: int = 0
@@ -44,6 +45,13 @@ class RunningSequence:
     drafted: int = 0  # draft tokens verified for it, accepted of them, and tokens its grammar forced
     accepted: int = 0
     forced: int = 0
+
+    @property
+    def depth(self) -> int:
+        """The positions its state holds: the prompt as far as prefilled, then what it generated."""
+        if self.prompt_done or self.generated > 0:
+            return len(self.request.prompt_tokens) + self.generated
+        return self.prompt_depth
 
     def took_snapshot(self, tokens: int) -> None:
         self.snapshot_prompt_tokens = max(self.snapshot_prompt_tokens, min(tokens, len(self.request.prompt_tokens)))

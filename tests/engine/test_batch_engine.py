@@ -12,7 +12,8 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from courier.core.failure_codes import FailureCode
-from courier.core.step_planning.verify_width import FixedCosts
+from courier.core.step_planning.depth_costs import FixedDepthCosts, StepWork
+from courier.core.step_planning.prefill_budget import MIN_CHUNK, PrefillBudget
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import BatchLimits, EngineOutput, EngineRequest, SnapshotTaken
 from courier.engine.generation import (
@@ -476,7 +477,7 @@ def test_a_long_prompt_beside_decoding_streams_is_prefilled_in_budgeted_chunks(l
             prefill_batch=4,
             prefill_step_size=512,
             prefill_stall_s=stall_s,
-            prefill_costs=lambda: FixedCosts(0.1, 0.01),  # a pinned machine: the budget holds no token
+            prefill_costs=lambda: FixedDepthCosts(0.1, 0.01),  # a pinned machine: the budget holds no token
         )
         engine = BatchEngine(model, tokenizer, limits)
         outputs = engine.step([request("a", 200), request("b", 200, (5, 6, 7))], [])
@@ -507,7 +508,7 @@ def test_a_request_arriving_beside_a_long_prompt_alone_answers_before_that_promp
             prefill_batch=4,
             prefill_step_size=512,
             prefill_stall_s=stall_s,
-            prefill_costs=lambda: FixedCosts(0.1, 0.01),  # a pinned machine: the budget holds no token
+            prefill_costs=lambda: FixedDepthCosts(0.1, 0.01),  # a pinned machine: the budget holds no token
         )
         engine = BatchEngine(model, tokenizer, limits)
         outputs = engine.step([request("long", 4, long_prompt)], [])  # alone: nothing decodes
@@ -524,6 +525,32 @@ def test_a_request_arriving_beside_a_long_prompt_alone_answers_before_that_promp
         assert all(isinstance(event, GenerationFinished) for event in finished(outputs).values())
     assert texts_by_budget[0] == texts_by_budget[1]
     assert long_first_by_budget == [True, False]  # budgeted, "short" finished first, within 10 steps of arriving
+
+
+def test_a_long_prompt_is_prefilled_in_smaller_chunks_the_deeper_it_gets(loaded: tuple[Any, Any]) -> None:
+    """On a pinned machine where attending costs, each chunk of a long prompt is the largest whose cost at the depth
+    the prompt has reached fits the budget: the chunks shrink as the prompt deepens, down to the smallest chunk."""
+    model, tokenizer = loaded
+    costs = FixedDepthCosts(0.1, 1e-4, 2e-6)
+    limits = BatchLimits(
+        max_batch=4, prefill_batch=4, prefill_step_size=512, prefill_stall_s=0.02, prefill_costs=lambda: costs
+    )
+    engine = BatchEngine(model, tokenizer, limits)
+    prompt = tuple(range(10, 510))
+    outputs = engine.step([request("long", 2, prompt)], [])
+    chunks = [engine._generator.prefill_step_size]
+    while not any(o.request_id == "long" and isinstance(o.event, TokensGenerated) for o in outputs):
+        outputs += engine.step([], [])
+        chunks.append(engine._generator.prefill_step_size)
+    budget = PrefillBudget(stall_s=0.02, largest=512, costs=costs)
+    depth, sized = 0, []
+    while depth < len(prompt) - 1:  # all but its last token are prefilled in chunks; that one starts its decoding
+        sized.append(budget.chunk(StepWork(prefill_depths=[depth])))
+        depth += sized[-1]
+    assert chunks[: len(sized)] == sized
+    assert sized[0] > sized[1] > sized[2] > MIN_CHUNK
+    assert sized[-1] == MIN_CHUNK
+    run_until_done(engine, outputs)
 
 
 def tenant_of(origin: object) -> object:

@@ -11,14 +11,20 @@ mostly pays a pass's fixed cost, and the prompt would never finish). That budget
 stream may get for its next token and, with nothing decoding, about the longest a new request waits for the step
 under way before it joins. With the budget off (0), a step takes the whole `--prefill-step-size`.
 
-The cost of a token comes from the steps themselves: `StepCosts` fits seconds per step as a line in the positions
-it processed (decode rows plus prefill tokens), so the budget follows the machine and the model: on a GPU a 512
-token chunk fits the default budget and nothing changes; on a 2-core CPU the chunk comes down to tens of tokens.
+What a chunk costs comes from the steps themselves, at the depth it is prefilled at: `DepthCosts`
+(`depth_costs.py`) fits seconds per step to the positions it processed and the pairs of positions they attended,
+so a chunk deep into a long prompt, where each token attends to thousands before it, is smaller than one at the
+start (on a 2-core CPU with SmolLM2, about 60 tokens at the start and the `MIN_CHUNK` floor 6K deep, where a
+positions-only line gave 50 tokens that took 1.3-1.8 s). The chunk is the largest whose added seconds fit the
+budget: `k` tokens of each of `n` prompts add `n * k * per_position + n * k * (d + k / 2) * per_attended` (`d` the
+deepest of them), solved for `k`. On a GPU a 512-token chunk fits the default budget and nothing changes.
 """
 
 from __future__ import annotations
 
-from courier.core.step_planning.verify_width import StepCosts
+import math
+
+from courier.core.step_planning.depth_costs import DepthCosts, StepWork
 
 # The smallest chunk a prompt is prefilled in.
 MIN_CHUNK = 32
@@ -26,25 +32,38 @@ MIN_CHUNK = 32
 
 class PrefillBudget:
     def __init__(
-        self, *, stall_s: float, largest: int, smallest: int = MIN_CHUNK, costs: StepCosts | None = None
+        self, *, stall_s: float, largest: int, smallest: int = MIN_CHUNK, costs: DepthCosts | None = None
     ) -> None:
         """`stall_s`: what a step's prefill may take (0: no budget); `largest`: the most tokens of a prompt a step
-        prefills (`--prefill-step-size`); `costs`: the steps' cost line (fitted; tests pin one)."""
+        prefills (`--prefill-step-size`); `costs`: the steps' cost model (fitted; tests pin one)."""
         self._stall_s = stall_s
         self._largest = largest
         self._smallest = min(smallest, largest)
-        self._costs = costs if costs is not None else StepCosts()
+        self._costs = costs if costs is not None else DepthCosts()
 
-    def chunk(self, *, prefilling: int) -> int:
-        """The tokens of each of `prefilling` prompts this step prefills."""
-        if self._stall_s <= 0 or prefilling <= 0:
+    def chunk(self, work: StepWork) -> int:
+        """The tokens of each prompt of `work.prefill_depths` this step prefills."""
+        prompts = len(work.prefill_depths)
+        if self._stall_s <= 0 or prompts <= 0:
             return self._largest
-        _, per_position = self._costs.line()
-        if per_position <= 0:
+        model = self._costs.model()
+        # n * k * (per_position + per_attended * d) + n * per_attended * k^2 / 2 <= stall
+        linear = prompts * (model.per_position + model.per_attended * max(work.prefill_depths))
+        quadratic = prompts * model.per_attended / 2
+        if quadratic > 0:
+            each = (math.sqrt(linear**2 + 4 * quadratic * self._stall_s) - linear) / (2 * quadratic)
+        elif linear > 0:
+            each = self._stall_s / linear
+        else:
             return self._largest
-        each = int(self._stall_s / per_position) // prefilling
-        return max(self._smallest, min(self._largest, each))
+        return max(self._smallest, min(self._largest, int(each + 1e-9)))
 
-    def observe(self, *, positions: int, seconds: float) -> None:
-        """A step that processed `positions` (decode rows and prefill tokens) in `seconds`."""
-        self._costs.observe(positions, seconds)
+    def observe(self, work: StepWork, *, chunk: int, prompt_tokens: int, seconds: float) -> None:
+        """A step that did `work` with prefill chunks of at most `chunk` tokens, `prompt_tokens` of them in all, in
+        `seconds`."""
+        prefill_depths = work.prefill_depths if prompt_tokens > 0 else ()
+        if prefill_depths:
+            chunk = min(chunk, math.ceil(prompt_tokens / len(prefill_depths)))
+        done = StepWork(decode_depths=work.decode_depths, prefill_depths=prefill_depths)
+        positions = len(work.decode_depths) + prompt_tokens
+        self._costs.observe(positions, done.attended(chunk), seconds)
