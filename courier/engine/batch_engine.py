@@ -153,9 +153,10 @@ class BatchEngine:
         ended = time.perf_counter()
         self._prefill.observe(work, chunk=chunk, prompt_tokens=done.prompt_tokens, seconds=ended - started)
         if ended - entered >= SLOW_STEP_S:
+            costs = self._prefill.costs
             logger.debug(
                 "slow step: %.2f s admitting %d, %.2f s batched pass (%d decoding, deepest %d; %d prefilling, "
-                "deepest %d, chunk %d, %d prompt tokens)",
+                "deepest %d, chunk %d, %d prompt tokens; costed %.3f s + %.2e s/position + %.2e s/pair attended)",
                 started - entered,
                 len(added),
                 ended - started,
@@ -165,6 +166,9 @@ class BatchEngine:
                 max(work.prefill_depths, default=0),
                 chunk,
                 done.prompt_tokens,
+                costs.fixed,
+                costs.per_position,
+                costs.per_attended,
             )
         for response in prompt_responses:
             if (sequence := self._sequences.get(response.uid)) is not None:

@@ -185,7 +185,8 @@ class Settings:
         parse_non_negative_float,
         "how long a step's prefill of new prompts may take: the extra wait of running streams for their next "
         "token, and about the longest a new request waits to join beside a long prompt; each prompt's chunk is "
-        "sized to fit, from the measured cost of a token (0: a whole --prefill-step-size chunk)",
+        "sized to fit, from the measured cost of a token at the depth the prompt has reached (0: a whole "
+        "--prefill-step-size chunk)",
         metavar="MS",
     )
     mlx_cache_limit: int = setting(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from courier.core.step_planning.depth_costs import DepthCosts, StepWork
+from courier.core.step_planning.depth_costs import CostModel, DepthCosts, StepWork
 
 # The smallest chunk a prompt is prefilled in.
 MIN_CHUNK = 32
@@ -40,6 +40,11 @@ class PrefillBudget:
         self._largest = largest
         self._smallest = min(smallest, largest)
         self._costs = costs if costs is not None else DepthCosts()
+
+    @property
+    def costs(self) -> CostModel:
+        """The cost model the chunks are sized by now."""
+        return self._costs.model()
 
     def chunk(self, work: StepWork) -> int:
         """The tokens of each prompt of `work.prefill_depths` this step prefills."""
