@@ -3,10 +3,10 @@
 A step's forward pass costs a fixed part (dispatching the layers), a part per position it processes (the weights'
 matrix products, the same for every token) and a part per pair of positions attended (a token at depth `d` attends
 to `d` earlier ones). Deep in a long prompt the last part dominates on a CPU: a chunk of 50 tokens 6K deep in
-SmolLM2 took 1.3-1.8 s where the same 50 at the start take 0.4 s, and a decode step of a batch holding a 6K-deep row
-took 0.8-1.0 s. `StepWork` says what a step processes; mlx-lm pads a batch's KV cache to its deepest row, so every
-row of the decode batch attends as deep as the deepest, and every prompt of the prefill batch as deep as the
-deepest being prefilled (`attended`).
+SmolLM2 took 1.3-1.8 s where a step of 55 at the start takes about 0.55 s, fixed part included, and a decode step of
+a batch holding a 6K-deep row took 0.8-1.0 s. `StepWork` says what a step processes; mlx-lm pads a batch's KV
+cache to its deepest row, so every row of the decode batch attends as deep as the deepest, and every prompt of the
+prefill batch as deep as the deepest being prefilled (`attended`).
 
 `DepthCosts` fits the three coefficients to the steps the engine timed: least squares, none negative (the best fit
 over the subsets of coefficients left free, which is the non-negative least squares optimum for three), to the

@@ -14,8 +14,9 @@ under way before it joins. With the budget off (0), a step takes the whole `--pr
 What a chunk costs comes from the steps themselves, at the depth it is prefilled at: `DepthCosts`
 (`depth_costs.py`) fits seconds per step to the positions it processed and the pairs of positions they attended,
 so a chunk deep into a long prompt, where each token attends to thousands before it, is smaller than one at the
-start (on a 2-core CPU with SmolLM2, about 60 tokens at the start and the `MIN_CHUNK` floor 6K deep, where a
-positions-only line gave 50 tokens that took 1.3-1.8 s). The chunk is the largest whose added seconds fit the
+start (on a 2-core CPU with SmolLM2, 55-75 tokens near the start and the `MIN_CHUNK` floor from about 2,000 deep,
+where a positions-only line gave 50 tokens 6K deep that took 1.3-1.8 s; the floor binds there, 32 tokens 4-6K deep
+still take about 1.2 s). The chunk is the largest whose added seconds fit the
 budget: `k` tokens of each of `n` prompts add `n * k * per_position + n * k * (d + k / 2) * per_attended` (`d` the
 deepest of them), solved for `k`. On a GPU a 512-token chunk fits the default budget and nothing changes.
 """
