@@ -26,6 +26,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from courier.core.step_planning.verify_width import PRIOR_PER_POSITION_SHARE
 
 # Until the attended pairs vary apart from the positions: an attended pair's cost relative to a position's. SmolLM2
@@ -190,61 +192,33 @@ def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 
 def _non_negative(points: Sequence[_Point]) -> CostModel:
     """The best least-squares fit with no negative coefficient: of the fits with some coefficients held at 0 and the
-    rest free, the one with the least squared misfit among those whose free coefficients come out non-negative."""
-    columns = (
-        [1.0] * len(points),
-        [point.positions for point in points],
-        [point.attended for point in points],
-    )
-    seconds = [point.seconds for point in points]
-    best: tuple[float, list[float]] | None = None
+    rest free, the one with the least squared misfit among those whose free coefficients come out non-negative.
+    numpy does the algebra: this runs on every step that prefills, over up to `MAX_KINDS` points (5 ms in Python)."""
+    columns = np.array([[1.0, point.positions, point.attended] for point in points])
+    seconds = np.array([point.seconds for point in points])
+    best: tuple[float, np.ndarray] | None = None
     for size in (3, 2, 1):
         for free in itertools.combinations(range(3), size):
-            solved = _least_squares([columns[i] for i in free], seconds)
-            if solved is None or min(solved) < 0:
+            solved = _least_squares(columns[:, list(free)], seconds)
+            if solved is None or solved.min() < 0:
                 continue
-            coefficients = [0.0, 0.0, 0.0]
-            for index, value in zip(free, solved, strict=True):
-                coefficients[index] = value
-            misfit = sum(
-                (y - sum(c * column[row] for c, column in zip(coefficients, columns, strict=True))) ** 2
-                for row, y in enumerate(seconds)
-            )
+            coefficients = np.zeros(3)
+            coefficients[list(free)] = solved
+            misfit = float(np.sum((seconds - columns @ coefficients) ** 2))
             if best is None or misfit < best[0]:
                 best = (misfit, coefficients)
     if best is None:
-        return prior(statistics.fmean(seconds))
-    fixed, per_position, per_attended = best[1]
+        return prior(statistics.fmean(point.seconds for point in points))
+    fixed, per_position, per_attended = (float(value) for value in best[1])
     return CostModel(max(fixed, 1e-6), per_position, per_attended)
 
 
-def _least_squares(columns: Sequence[Sequence[float]], y: Sequence[float]) -> list[float] | None:
-    """Solves the normal equations (columns scaled to unit size first); None when they are singular."""
-    scales = [max(abs(value) for value in column) or 1.0 for column in columns]
-    scaled = [[value / scale for value in column] for column, scale in zip(columns, scales, strict=True)]
-    size = len(scaled)
-    gram = [[sum(a * b for a, b in zip(scaled[i], scaled[j], strict=True)) for j in range(size)] for i in range(size)]
-    rhs = [sum(a * b for a, b in zip(scaled[i], y, strict=True)) for i in range(size)]
-    solution = _solve(gram, rhs)
-    if solution is None:
+def _least_squares(columns: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+    """Least squares with the columns scaled to unit size first; None when they are (nearly) collinear."""
+    scales = np.abs(columns).max(axis=0)
+    scales[scales == 0] = 1.0
+    solution, _, rank, singular_values = np.linalg.lstsq(columns / scales, y, rcond=None)
+    if rank < columns.shape[1] or singular_values.min() ** 2 < SINGULAR * max(1.0, singular_values.max() ** 2):
         return None
-    return [value / scale for value, scale in zip(solution, scales, strict=True)]
-
-
-def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting; None for a (nearly) singular matrix."""
-    size = len(rhs)
-    rows = [[*matrix[i], rhs[i]] for i in range(size)]
-    for column in range(size):
-        pivot = max(range(column, size), key=lambda r: abs(rows[r][column]))
-        if abs(rows[pivot][column]) < SINGULAR * max(1.0, abs(matrix[column][column])):
-            return None
-        rows[column], rows[pivot] = rows[pivot], rows[column]
-        for r in range(column + 1, size):
-            factor = rows[r][column] / rows[column][column]
-            rows[r] = [a - factor * b for a, b in zip(rows[r], rows[column], strict=True)]
-    solution = [0.0] * size
-    for r in reversed(range(size)):
-        known = sum(rows[r][c] * solution[c] for c in range(r + 1, size))
-        solution[r] = (rows[r][size] - known) / rows[r][r]
-    return solution
+    scaled: np.ndarray = solution / scales
+    return scaled
