@@ -255,3 +255,23 @@ def test_tools_that_cannot_be_constrained_are_refused(tools: list[dict[str, Any]
 def test_as_many_tools_as_the_bound_are_accepted() -> None:
     tools = [{**LOOSE, "name": f"f{i}"} for i in range(MAX_TOOLS)]
     assert tool_calls(tools, FORM, forced=True, parallel=True, param="tools").grammar
+
+
+def custom_call(name: str, text: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name}) + "\n" + text + "\n</tool_call>"
+
+
+def test_a_custom_tool_regex_is_rusts_syntax_matched_whole(compiler: GrammarCompiler) -> None:
+    def tally(regex: str) -> dict[str, Any]:
+        grammar = {"type": "grammar", "syntax": "regex", "definition": regex}
+        return {"type": "custom", "name": "tally", "format": grammar}
+
+    unicode_digits = tool_calls([tally(r"\d{3}/[a-z]"), LOOSE], FORM, forced=True, parallel=False, param="tools")
+    assert accepts(compiler, unicode_digits, custom_call("tally", "123/x"))  # `/` needs no escaping
+    assert not accepts(compiler, unicode_digits, custom_call("tally", "123/xy"))  # matched whole
+    # Rust's `\d` is every Unicode digit (Python 3.11's `re` knows fewer: its tables are Unicode 14): a grammar
+    # meaning ASCII digits spells `[0-9]`.
+    assert accepts(compiler, unicode_digits, custom_call("tally", "௫४1/x"))
+    ascii_digits = tool_calls([tally(r"[0-9]{3}/[a-z]")], FORM, forced=True, parallel=False, param="tools")
+    assert not accepts(compiler, ascii_digits, custom_call("tally", "௫४1/x"))
+    assert accepts(compiler, ascii_digits, custom_call("tally", "123/x"))
