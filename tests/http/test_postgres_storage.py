@@ -25,6 +25,7 @@ import pytest
 
 from courier.storage.postgres_connection import POOL_MAX_SIZE
 from courier.storage.postgres_schema import SCHEMA_VERSION
+from tests.support.polling import attempts
 from tests.support.postgres_cluster import PASSWORD, PostgresCluster
 from tests.support.server import RunningServer, running_server
 
@@ -118,9 +119,11 @@ def test_readers_waiting_when_the_database_stops_get_their_503_at_once_and_stori
     readers = [threading.Thread(target=read) for _ in range(READERS)]
     for reader in readers:
         reader.start()
-    deadline = time.monotonic() + REACH_TIMEOUT_S
-    while not postgres_cluster.waiting_on_lock(database_url, "responses", POOL_MAX_SIZE):
-        assert time.monotonic() < deadline, "the readers never reached the database"
+    for _ in attempts(REACH_TIMEOUT_S):
+        if postgres_cluster.waiting_on_lock(database_url, "responses", POOL_MAX_SIZE):
+            break
+    else:
+        raise AssertionError("the readers never reached the database")
     up = False
     stopped = time.monotonic()
     # At once: a fast stop cuts the lock holder's session first, and a reader granted the lock then may finish its

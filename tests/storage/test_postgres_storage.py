@@ -32,6 +32,7 @@ from courier.storage.records import (
 )
 from courier.storage.tenant_budget import Usage
 from tests.storage.conftest import LIMITS
+from tests.support.polling import attempts
 from tests.support.ports import free_port
 from tests.support.postgres_cluster import PASSWORD, PostgresCluster
 from tests.support.records import item, response
@@ -238,9 +239,11 @@ def test_calls_waiting_for_a_connection_fail_at_once_when_the_database_stops(
     threads = [threading.Thread(target=read) for _ in range(calls)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 5
-    while not postgres_cluster.waiting_on_lock(url, "responses", postgres_connection.POOL_MAX_SIZE):
-        assert time.monotonic() < deadline, "the readers never reached the database"
+    for _ in attempts(5):
+        if postgres_cluster.waiting_on_lock(url, "responses", postgres_connection.POOL_MAX_SIZE):
+            break
+    else:
+        raise AssertionError("the readers never reached the database")
     with postgres_cluster.stopped():
         for thread in threads:
             thread.join(timeout=postgres_connection.ACQUIRE_TIMEOUT_S)
