@@ -73,10 +73,17 @@ def test_the_itinerary_compacts_explicitly(patient_http: httpx.Client, follow_up
 
 
 def test_the_itinerary_compacts_through_context_management(patient_http: httpx.Client) -> None:
+    history = [*itinerary(), {"role": "user", "content": "What is on day 3?"}]
+    counted = patient_http.post("/v1/responses/input_tokens", json={"model": MODEL, "input": history})
+    assert counted.status_code == 200, counted.text
+    # The threshold is the history's own size: compaction is due and keeps up to half of it verbatim. Its summary
+    # of the first days still runs on past day 10 until its budget, one character per token replaced, ends it; a
+    # lower threshold replaces more and only makes that summary, the test's costliest generation, longer.
+    threshold = counted.json()["input_tokens"]
     body = {
         "model": MODEL,
-        "input": [*itinerary(), {"role": "user", "content": "What is on day 3?"}],
-        "context_management": [{"type": "compaction", "compact_threshold": 200}],
+        "input": history,
+        "context_management": [{"type": "compaction", "compact_threshold": threshold}],
         "max_output_tokens": 16,
         "store": False,
     }

@@ -30,8 +30,9 @@ def save(path, data):
 COPY: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": f"Return this code unchanged:\n```python\n{SOURCE}```"}
 ]
-# The code's first lines: enough for drafts to land and for the two servers' tokens to be compared.
-COPY_TOKENS = 40
+# The code's first lines (`def load(path):` and its `with open(...)` line): enough for drafts to land and for the
+# two servers' tokens to be compared. Each token decoded costs far more than one prefilled: no more than that.
+COPY_TOKENS = 24
 COUNTING = "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 CARD = "Name: Ada Lovelace\nCity: London\nBorn: 1815\nReturn her name, city and year of birth as JSON."
 SCHEMA = {
@@ -60,7 +61,7 @@ def answers(server: RunningServer) -> dict[str, Any]:
                 logprobs = chunk.choices[0].logprobs
                 tokens_per_chunk.append(len(logprobs.content or []) if logprobs else 0)
         completion = client.completions.create(
-            model=MODEL, prompt=COUNTING, temperature=0, max_tokens=60, stop=[" 16,"]
+            model=MODEL, prompt=COUNTING, temperature=0, max_tokens=60, stop=[" 13,"]
         )
         structured = client.chat.completions.create(
             model=MODEL,
