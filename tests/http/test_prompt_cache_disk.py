@@ -3,12 +3,14 @@ or `kill -9`), corrupt and foreign files, and a full disk, on a dense (trimmable
 
 from __future__ import annotations
 
+import copy
 import shutil
 import signal
 import stat
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -163,22 +165,55 @@ def assert_spans_join_requests(trace_file: Path) -> None:
     assert any(span["context"]["trace_id"] in requests and span["parent_id"] for span in spills)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CleanStop:
+    """A model's prompt-cache directory as a first server left it when stopped cleanly, and the conversations it
+    served: tests copy both, so each works on its own."""
+
+    root: Path  # the --prompt-cache-dir
+    directory: Path  # this model's snapshot files, under `root`
+    conversations: Conversations
+
+    def copy_to(self, root: Path) -> Conversations:
+        """This directory's files in `root` (modes and times kept), and the conversations they were written for."""
+        shutil.copytree(self.root, root, dirs_exist_ok=True)
+        return copy.deepcopy(self.conversations)
+
+
+@pytest.fixture(scope="module")
+def left_by_a_clean_stop(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], CleanStop]:
+    """Per model, once per module: CONVERSATIONS conversations, two turns each, every reply settled before the next
+    request (its files all written), then a clean stop (SIGTERM)."""
+    made: dict[Path, CleanStop] = {}
+
+    def left(model: Path) -> CleanStop:
+        if model not in made:
+            root = tmp_path_factory.mktemp("clean-stop")
+            conversations = Conversations()
+            with serving(model, cache_dir, root, "--log-level", "info") as server, server.openai_client() as client:
+                # A disk slower than the requests sheds writes by design, and a conversation whose spill it refused
+                # is not kept: each reply is settled before the next request.
+                conversations.turn(client, settle=server)
+                conversations.turn(client, settle=server)
+                directory = Path(stats(server)["snapshot_disk_directory"])
+                assert server.stop(signal.SIGTERM) == 0
+            made[model] = CleanStop(root=root, directory=directory, conversations=conversations)
+        return made[model]
+
+    return left
+
+
 def test_a_restart_keeps_every_conversation_warm_after_a_clean_stop_and_after_a_kill_9(
-    model: Path, cache_dir: Path, tmp_path: Path
+    model: Path, left_by_a_clean_stop: Callable[[Path], CleanStop], cache_dir: Path, tmp_path: Path
 ) -> None:
-    """One directory through three servers: the first stopped cleanly, the second (on the first's files) killed."""
-    conversations = Conversations()
-    with serving(model, cache_dir, tmp_path, "--log-level", "info") as server, server.openai_client() as client:
-        # Each reply settled before the next request (for kill -9: the files are all written, too): a disk slower
-        # than the requests sheds writes by design, and a conversation whose spill it refused is not kept.
-        conversations.turn(client, settle=server)
-        conversations.turn(client, settle=server)
-        assert server.stop(signal.SIGTERM) == 0
-    # The second server starts on what the clean stop left and is killed; the third, on what the kill -9 left.
+    """One directory through three servers: the first stopped cleanly (`left_by_a_clean_stop`), the second (on the
+    first's files) killed, the third on what the kill -9 left."""
+    conversations = left_by_a_clean_stop(model).copy_to(tmp_path)
     for stop in (signal.SIGKILL, signal.SIGTERM):
         with serving(model, cache_dir, tmp_path) as server, server.openai_client() as client:
             adopted = stats(server)["snapshot_disk_adopted"]
-            # Settled reply by reply before the kill -9 (as above); the last server's turns are not waited for.
+            # Settled reply by reply before the kill -9 (so the files are all written); the last server's turns are
+            # not waited for.
             turns = conversations.turn(client, settle=server if stop is signal.SIGKILL else None)
             figures = settled(server)
             code = server.stop(stop)
@@ -188,13 +223,12 @@ def test_a_restart_keeps_every_conversation_warm_after_a_clean_stop_and_after_a_
         assert figures["snapshot_disk_hits"] >= CONVERSATIONS
 
 
-def test_corrupt_files_are_misses_that_are_deleted_and_counted(model: Path, cache_dir: Path, tmp_path: Path) -> None:
-    conversations = Conversations(count=2)
-    with serving(model, cache_dir, tmp_path) as server, server.openai_client() as client:
-        conversations.turn(client)
-        settled(server)
-        assert server.stop() == 0
+def test_corrupt_files_are_misses_that_are_deleted_and_counted(
+    model: Path, left_by_a_clean_stop: Callable[[Path], CleanStop], cache_dir: Path, tmp_path: Path
+) -> None:
+    conversations = left_by_a_clean_stop(model).copy_to(tmp_path)
     damaged = snapshot_files(tmp_path)
+    assert damaged
     for path in damaged:
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF  # the last byte of the last array: the header still reads, the payload digest fails
@@ -205,30 +239,35 @@ def test_corrupt_files_are_misses_that_are_deleted_and_counted(model: Path, cach
         with server.http() as http:
             assert http.get("/health").status_code == 200
         assert server.stop() == 0
-    assert [cached for _, _, cached in turns] == [0, 0]  # nothing corrupt was used
-    assert figures["snapshot_disk_unreadable"] >= 2 and figures["snapshot_disk_read_errors"] >= 2, figures
+    assert [cached for _, _, cached in turns] == [0] * CONVERSATIONS  # nothing corrupt was used
+    assert figures["snapshot_disk_unreadable"] >= CONVERSATIONS, figures
+    assert figures["snapshot_disk_read_errors"] >= CONVERSATIONS, figures
     assert not set(damaged) & set(snapshot_files(tmp_path))  # deleted, and replaced by this run's own
 
 
 def test_another_model_never_reads_these_files(
-    tiny_llama_dir: Path, tiny_qwen3_next_dir: Path, cache_dir: Path, tmp_path: Path
+    tiny_llama_dir: Path,
+    tiny_qwen3_next_dir: Path,
+    left_by_a_clean_stop: Callable[[Path], CleanStop],
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
-    conversations = Conversations(count=2)
-    with serving(tiny_llama_dir, cache_dir, tmp_path) as server, server.openai_client() as client:
-        conversations.turn(client)
-        assert server.stop() == 0
+    """The dense model's files (`left_by_a_clean_stop`), and the hybrid's directory holding one of them: the hybrid
+    server deletes that foreign file on start-up and never reads the dense model's own."""
+    left_by_a_clean_stop(tiny_llama_dir).copy_to(tmp_path)
     (llama_files,) = {path.parent for path in snapshot_files(tmp_path)}
-    # The other model's directory, with one of these files planted in it: a foreign file is deleted on start-up.
-    with serving(tiny_qwen3_next_dir, cache_dir, tmp_path) as server:
-        hybrid_directory = Path(stats(server)["snapshot_disk_directory"])
-        assert server.stop() == 0
+    hybrid_directory = (
+        tmp_path / left_by_a_clean_stop(tiny_qwen3_next_dir).directory.name
+    )  # where the hybrid model's files go
+    hybrid_directory.mkdir(mode=0o700)
     planted = hybrid_directory / "planted.snap"
     shutil.copy(next(llama_files.glob("*.snap")), planted)
+    conversations = Conversations(count=2)  # the same prompts as the dense model's first two conversations
     with serving(tiny_qwen3_next_dir, cache_dir, tmp_path) as server, server.openai_client() as client:
         figures = stats(server)
         turns = conversations.turn(client)
         assert server.stop() == 0
-    assert hybrid_directory != llama_files
+    assert Path(figures["snapshot_disk_directory"]) == hybrid_directory != llama_files
     assert figures["snapshot_disk_adopted"] == 0
     assert "1 unreadable files deleted" in server.log()
     assert not planted.exists()
@@ -236,8 +275,11 @@ def test_another_model_never_reads_these_files(
     assert len(list(llama_files.glob("*.snap"))) >= 2  # the other model's files are left alone
 
 
-def test_a_second_server_on_the_same_directory_runs_memory_only(model: Path, cache_dir: Path, tmp_path: Path) -> None:
-    with serving(model, cache_dir, tmp_path) as first, serving(model, cache_dir, tmp_path) as second:
+def test_a_second_server_on_the_same_directory_runs_memory_only(
+    tiny_llama_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """The lock is the directory's, whatever model is served: the dense model alone."""
+    with serving(tiny_llama_dir, cache_dir, tmp_path) as first, serving(tiny_llama_dir, cache_dir, tmp_path) as second:
         assert stats(first)["snapshot_disk_directory"]
         assert stats(second)["snapshot_disk_directory"] == ""
         assert "in use by another Courier process" in second.log()

@@ -6,9 +6,11 @@ server at start-up, and fails the load of one model of several."""
 
 from __future__ import annotations
 
+import copy
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +29,18 @@ CONVERSATIONS = 6
 GENERATION_PROMPT = 3
 
 
-@pytest.fixture(scope="module", params=["dense", "hybrid"])
-def wide(request: pytest.FixtureRequest, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    build = tiny_models.build_wide_llama if request.param == "dense" else tiny_models.build_wide_qwen3_next
-    return build(smollm2_dir, tmp_path_factory.mktemp(f"wide-{request.param}"))
-
-
 @pytest.fixture(scope="module")
 def wide_dense(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The dense one alone, where the model family makes no difference (the directories and files of a setting)."""
-    return tiny_models.build_wide_llama(smollm2_dir, tmp_path_factory.mktemp("wide-dense-only"))
+    return tiny_models.build_wide_llama(smollm2_dir, tmp_path_factory.mktemp("wide-dense"))
+
+
+@pytest.fixture(scope="module", params=["dense", "hybrid"])
+def wide(request: pytest.FixtureRequest, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if request.param == "dense":
+        dense: Path = request.getfixturevalue("wide_dense")
+        return dense
+    return tiny_models.build_wide_qwen3_next(smollm2_dir, tmp_path_factory.mktemp("wide-hybrid"))
 
 
 @contextmanager
@@ -97,15 +101,54 @@ def directories(prompt_cache_dir: Path) -> set[Path]:
     return {path for path in prompt_cache_dir.iterdir() if path.is_dir()}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EightBitRun:
+    """What a first server at 8 bits left: its prompt-cache directory, stopped cleanly, the conversations it served,
+    its second turns and its settled stats. Tests copy the directory and the conversations, so each works on its own."""
+
+    root: Path  # the --prompt-cache-dir
+    conversations: Conversations
+    second_turns: list[tuple[int, int]]
+    figures: dict[str, Any]
+
+    def copy_to(self, root: Path) -> Conversations:
+        """The directory's files in `root` (modes and times kept), and the conversations they were written for."""
+        shutil.copytree(self.root, root, dirs_exist_ok=True)
+        return copy.deepcopy(self.conversations)
+
+
+@pytest.fixture(scope="module")
+def eight_bit_run(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], EightBitRun]:
+    """Per model, once per module: CONVERSATIONS conversations, two turns each, at `--prompt-cache-bits 8`."""
+    made: dict[Path, EightBitRun] = {}
+
+    def run(model: Path) -> EightBitRun:
+        if model not in made:
+            root = tmp_path_factory.mktemp("eight-bits")
+            conversations = Conversations()
+            with (
+                serving(model, cache_dir, root, "--prompt-cache-bits", "8") as server,
+                server.openai_client() as client,
+            ):
+                conversations.turn(client, server)
+                second_turns = conversations.turn(client, server)
+                figures = settled(server)
+                assert server.stop() == 0
+            made[model] = EightBitRun(
+                root=root, conversations=conversations, second_turns=second_turns, figures=figures
+            )
+        return made[model]
+
+    return run
+
+
 def test_quantized_snapshots_hold_more_conversations_and_survive_a_restart(
-    wide: Path, cache_dir: Path, tmp_path: Path
+    wide: Path, eight_bit_run: Callable[[Path], EightBitRun], cache_dir: Path, tmp_path: Path
 ) -> None:
-    conversations = Conversations()
-    with serving(wide, cache_dir, tmp_path, "--prompt-cache-bits", "8") as server, server.openai_client() as client:
-        conversations.turn(client, server)
-        assert_warm(conversations.turn(client, server))
-        figures = settled(server)
-        assert server.stop() == 0
+    first = eight_bit_run(wide)
+    assert_warm(first.second_turns)
+    figures = first.figures
+    conversations = first.copy_to(tmp_path)
     assert (figures["snapshot_bits"], figures["snapshot_group_size"]) == (8, 64)
     # Every conversation's latest state in memory, in a budget that holds two as computed: nothing left for the disk.
     assert figures["snapshot_memory_entries"] >= CONVERSATIONS, figures
@@ -122,14 +165,10 @@ def test_quantized_snapshots_hold_more_conversations_and_survive_a_restart(
     assert figures["snapshot_disk_read_errors"] == 0 and not any(figures["snapshot_disk_files_rejected"].values())
 
 
-def test_other_bits_start_a_directory_of_their_own(wide_dense: Path, cache_dir: Path, tmp_path: Path) -> None:
-    conversations = Conversations(count=2)
-    with (
-        serving(wide_dense, cache_dir, tmp_path, "--prompt-cache-bits", "8") as server,
-        server.openai_client() as client,
-    ):
-        conversations.turn(client, server)
-        assert server.stop() == 0
+def test_other_bits_start_a_directory_of_their_own(
+    wide_dense: Path, eight_bit_run: Callable[[Path], EightBitRun], cache_dir: Path, tmp_path: Path
+) -> None:
+    conversations = eight_bit_run(wide_dense).copy_to(tmp_path)  # an 8-bit server's directory, stopped cleanly
     (eight,) = directories(tmp_path)
     written = sorted(path.name for path in eight.glob("*.snap"))
     assert written
