@@ -16,31 +16,38 @@ import openai
 import pytest
 
 from tests.support import tool_format_models
-from tests.support.server import RunningServer, serving
+from tests.support.server import RunningServer, running_server
 from tests.support.tool_format_models import CITIES, QUESTION
 from tests.support.tool_model import TOOL
 
-MODEL = "tool-format-model"
 FLAT_TOOL: dict[str, Any] = {"type": "function", **TOOL["function"]}
 
 
-@pytest.fixture(scope="module", params=sorted(tool_format_models.FORMATS))
-def server(
-    request: pytest.FixtureRequest, smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
-    family = str(request.param)
-    model_dir = tool_format_models.build_tool_format_model(smollm2_dir, tmp_path_factory.mktemp(family), family)
-    with serving(model_dir, cache_dir, MODEL) as running:
+@pytest.fixture(scope="module")
+def server(smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """One server for every family's model, each served under its family's name."""
+    declared: list[str] = []
+    for family in sorted(tool_format_models.FORMATS):
+        model_dir = tool_format_models.build_tool_format_model(smollm2_dir, tmp_path_factory.mktemp(family), family)
+        declared += ["--model", f"{family}={model_dir}"]
+    with running_server([*declared, "--cache-dir", str(cache_dir)]) as running:
         yield running
+        assert running.stop() == 0
+
+
+@pytest.fixture(scope="module", params=sorted(tool_format_models.FORMATS))
+def model(request: pytest.FixtureRequest, server: RunningServer) -> str:
+    """The family under test: the name its model is served as."""
+    return str(request.param)
 
 
 def _cities(calls: list[Any]) -> list[str]:
     return [json.loads(call.function.arguments)["city"] for call in calls]
 
 
-def test_every_call_of_the_reply_is_kept(client: openai.OpenAI) -> None:
+def test_every_call_of_the_reply_is_kept(client: openai.OpenAI, model: str) -> None:
     reply = client.chat.completions.create(
-        model=MODEL,
+        model=model,
         messages=[{"role": "user", "content": QUESTION}],
         tools=[TOOL],  # type: ignore[list-item]
         temperature=0,
@@ -54,9 +61,9 @@ def test_every_call_of_the_reply_is_kept(client: openai.OpenAI) -> None:
     assert len({call.id for call in calls}) == 2
 
 
-def test_streamed_calls_are_all_kept(client: openai.OpenAI) -> None:
+def test_streamed_calls_are_all_kept(client: openai.OpenAI, model: str) -> None:
     stream = client.chat.completions.create(
-        model=MODEL,
+        model=model,
         messages=[{"role": "user", "content": QUESTION}],
         tools=[TOOL],  # type: ignore[list-item]
         temperature=0,
@@ -74,9 +81,9 @@ def test_streamed_calls_are_all_kept(client: openai.OpenAI) -> None:
     assert _cities(calls) == list(CITIES)
 
 
-def test_parallel_tool_calls_false_keeps_the_first(client: openai.OpenAI) -> None:
+def test_parallel_tool_calls_false_keeps_the_first(client: openai.OpenAI, model: str) -> None:
     reply = client.chat.completions.create(
-        model=MODEL,
+        model=model,
         messages=[{"role": "user", "content": QUESTION}],
         tools=[TOOL],  # type: ignore[list-item]
         temperature=0,
@@ -85,13 +92,13 @@ def test_parallel_tool_calls_false_keeps_the_first(client: openai.OpenAI) -> Non
     assert _cities(reply.choices[0].message.tool_calls or []) == [CITIES[0]]
 
 
-def test_responses_keep_every_call_and_honour_max_tool_calls(client: openai.OpenAI) -> None:
-    response = client.responses.create(model=MODEL, input=QUESTION, tools=[FLAT_TOOL], temperature=0)  # type: ignore[list-item]
+def test_responses_keep_every_call_and_honour_max_tool_calls(client: openai.OpenAI, model: str) -> None:
+    response = client.responses.create(model=model, input=QUESTION, tools=[FLAT_TOOL], temperature=0)  # type: ignore[list-item]
     calls = [item for item in response.output if item.type == "function_call"]
     assert [json.loads(call.arguments)["city"] for call in calls] == list(CITIES)
     assert [item.type for item in response.output] == ["function_call", "function_call"]
     capped = client.responses.create(
-        model=MODEL,
+        model=model,
         input=QUESTION,
         tools=[FLAT_TOOL],  # type: ignore[list-item]
         temperature=0,
