@@ -20,32 +20,31 @@ from tests.support import think_model
 from tests.support.server import RunningServer, running_server
 from tests.support.think_model import ANSWER, QUESTION, REASONING, THINK_END, THINK_START
 
-MODEL = "think-model"
+MODEL = "think-model"  # thinks as Qwen3 does
+R1_MODEL = "think-model-r1"  # thinks as DeepSeek-R1 does
 ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
 
 
 class Served:
-    def __init__(self, server: RunningServer, model_dir: Path) -> None:
+    def __init__(self, server: RunningServer, model_dir: Path, model: str) -> None:
         self.client = server.openai_client()
         self.http = server.http()
         self.tokenizer = load_tokenizer(model_dir)
+        self.model = model
 
     def tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def rendered(self, messages: list[dict[str, Any]]) -> str:
         """The prompt the server renders for `messages`, as text."""
-        tokens = self.http.post("/tokenize", json={"model": MODEL, "messages": messages}).json()["tokens"]
-        return str(self.http.post("/detokenize", json={"model": MODEL, "tokens": tokens}).json()["prompt"])
+        tokens = self.http.post("/tokenize", json={"model": self.model, "messages": messages}).json()["tokens"]
+        return str(self.http.post("/detokenize", json={"model": self.model, "tokens": tokens}).json()["prompt"])
 
 
-def _serve(model_dir: Path, cache_dir: Path) -> Iterator[Served]:
-    args = ["--model", str(model_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server(args) as server:
-        served = Served(server, model_dir)
-        with served.client, served.http:
-            yield served
-        assert server.stop() == 0
+def _serve(server: RunningServer, model_dir: Path, model: str) -> Iterator[Served]:
+    served = Served(server, model_dir, model)
+    with served.client, served.http:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -55,21 +54,35 @@ def think_weights(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="module")
-def qwen(
-    smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, think_weights: dict[str, Any]
-) -> Iterator[Served]:
-    """Thinks as Qwen3 does: the reply opens the block."""
-    model_dir = think_model.build_think_model(smollm2_dir, tmp_path_factory.mktemp("think"), think_weights)
-    yield from _serve(model_dir, cache_dir)
+def think_dirs(
+    smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory, think_weights: dict[str, Any]
+) -> dict[str, Path]:
+    """Both flavours, by the name each is served as."""
+    qwen_dir = think_model.build_think_model(smollm2_dir, tmp_path_factory.mktemp("think"), think_weights)
+    out_dir = tmp_path_factory.mktemp("think-r1")
+    r1_dir = think_model.build_think_model(smollm2_dir, out_dir, think_weights, opens_block=True)
+    return {MODEL: qwen_dir, R1_MODEL: r1_dir}
 
 
 @pytest.fixture(scope="module")
-def r1(
-    smollm2_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory, think_weights: dict[str, Any]
-) -> Iterator[Served]:
+def server(think_dirs: dict[str, Path], cache_dir: Path) -> Iterator[RunningServer]:
+    """One server for both flavours, each under its own name."""
+    declared = [argument for name, path in think_dirs.items() for argument in ("--model", f"{name}={path}")]
+    with running_server([*declared, "--cache-dir", str(cache_dir)]) as running:
+        yield running
+        assert running.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def qwen(server: RunningServer, think_dirs: dict[str, Path]) -> Iterator[Served]:
+    """Thinks as Qwen3 does: the reply opens the block."""
+    yield from _serve(server, think_dirs[MODEL], MODEL)
+
+
+@pytest.fixture(scope="module")
+def r1(server: RunningServer, think_dirs: dict[str, Path]) -> Iterator[Served]:
     """Thinks as DeepSeek-R1 does: the generation prompt opens the block, the reply only closes it."""
-    out_dir = tmp_path_factory.mktemp("think-r1")
-    yield from _serve(think_model.build_think_model(smollm2_dir, out_dir, think_weights, opens_block=True), cache_dir)
+    yield from _serve(server, think_dirs[R1_MODEL], R1_MODEL)
 
 
 def _extra(model: Any) -> dict[str, Any]:
@@ -267,14 +280,14 @@ def test_reasoning_items_this_server_cannot_read_are_refused(qwen: Served, item:
 
 def test_a_prompt_that_opens_the_block_starts_the_reply_in_it(r1: Served) -> None:
     assert r1.rendered([{"role": "user", "content": QUESTION}]).endswith(f"assistant\n{THINK_START}\n")
-    reply = r1.client.chat.completions.create(model=MODEL, messages=ASK, temperature=0)
+    reply = r1.client.chat.completions.create(model=R1_MODEL, messages=ASK, temperature=0)
     message = reply.choices[0].message
     assert message.content == ANSWER
     assert _extra(message)["reasoning_content"] == REASONING
     assert reply.usage is not None and reply.usage.completion_tokens_details is not None
     assert reply.usage.completion_tokens_details.reasoning_tokens == r1.tokens(f"{REASONING}\n{THINK_END}")
 
-    response = r1.client.responses.create(model=MODEL, input=QUESTION, temperature=0)
+    response = r1.client.responses.create(model=R1_MODEL, input=QUESTION, temperature=0)
     assert [item.type for item in response.output] == ["reasoning", "message"]
     assert response.output_text == ANSWER
 
@@ -282,7 +295,7 @@ def test_a_prompt_that_opens_the_block_starts_the_reply_in_it(r1: Served) -> Non
 def test_a_constrained_reply_is_content_even_where_the_prompt_opens_the_block(r1: Served) -> None:
     """The grammar writes JSON from the first token, so no block is written, and none is split off."""
     reply = r1.client.chat.completions.create(
-        model=MODEL, messages=ASK, temperature=0, max_tokens=8, response_format={"type": "json_object"}
+        model=R1_MODEL, messages=ASK, temperature=0, max_tokens=8, response_format={"type": "json_object"}
     )
     message = reply.choices[0].message
     assert message.content is not None and message.content.startswith("{")
