@@ -152,9 +152,12 @@ case "$command" in
         # servers it starts use one OpenBLAS thread (OPENBLAS_NUM_THREADS overrides): the workers fill the cores,
         # and OpenBLAS's threads, which spin while they wait for work, would take the other worker's core. On 2
         # cores a module sample took 258 s in one process, 208 s on two workers, 148 s with one BLAS thread each.
+        # Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE): every server a test
+        # starts imports Courier, ~0.25 s of CPU more each time from source, and the workers share pytest's
+        # rewritten test modules.
         tests_status=0
         workers=${COURIER_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
-        OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} \
+        OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} PYTHONDONTWRITEBYTECODE= \
             "$VENV/bin/pytest" -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@" ||
             tests_status=$?
         mypy_status=0
