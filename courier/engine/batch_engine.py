@@ -194,7 +194,7 @@ class BatchEngine:
         decode_depths: list[int] = []
         prefill_depths: list[int] = []
         for sequence in self._sequences:
-            if sequence.prompt_done or sequence.generated > 0:
+            if sequence.decoding:
                 decode_depths.append(sequence.depth)
             elif len(prefill_depths) < self._limits.prefill_batch:
                 prefill_depths.append(sequence.depth)

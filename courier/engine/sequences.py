@@ -47,9 +47,14 @@ class RunningSequence:
     forced: int = 0
 
     @property
+    def decoding(self) -> bool:
+        """Its prompt is prefilled or it has generated: each step decodes a token of it."""
+        return self.prompt_done or self.generated > 0
+
+    @property
     def depth(self) -> int:
         """The positions its state holds: the prompt as far as prefilled, then what it generated."""
-        if self.prompt_done or self.generated > 0:
+        if self.decoding:
             return len(self.request.prompt_tokens) + self.generated
         return self.prompt_depth
 

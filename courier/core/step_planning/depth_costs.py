@@ -22,12 +22,12 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from courier.core.step_planning.recent_timings import LEAST_FIXED_S, RecentTimings, non_negative_line
 from courier.core.step_planning.verify_width import PRIOR_PER_POSITION_SHARE
 
 # Until the attended pairs vary apart from the positions: an attended pair's cost relative to a position's. SmolLM2
@@ -45,7 +45,8 @@ ROBUST_MIN_POINTS = 8
 # How far the attended pairs must vary apart from the positions (the share of their spread a line in the positions
 # leaves unexplained) before they are fitted rather than taken from the prior.
 MIN_OWN_SPREAD = 0.01
-# A pivot this small against its column's own size makes the normal equations singular (a column the others make).
+# Columns (scaled to unit size) whose least singular value squared is this small against the largest are (nearly)
+# collinear: one column the others make.
 SINGULAR = 1e-9
 
 
@@ -104,20 +105,15 @@ class DepthCosts:
     """The cost model fitted to the timed steps (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._kinds: OrderedDict[tuple[int, int], deque[tuple[float, float]]] = OrderedDict()
+        self._kinds: RecentTimings[tuple[int, int], tuple[float, float]] = RecentTimings(
+            kinds=MAX_KINDS, per_kind=RECENT_PER_KIND
+        )
         self._model: CostModel | None = None
 
     def observe(self, positions: int, attended: float, seconds: float) -> None:
         if positions <= 0 or seconds <= 0 or attended < 0:
             return
-        key = (positions, round(math.log(attended + 1, ATTENDED_STEP)))
-        timings = self._kinds.get(key)
-        if timings is None:
-            timings = self._kinds[key] = deque(maxlen=RECENT_PER_KIND)
-            if len(self._kinds) > MAX_KINDS:
-                self._kinds.popitem(last=False)
-        self._kinds.move_to_end(key)
-        timings.append((attended, seconds))
+        self._kinds.add((positions, round(math.log(attended + 1, ATTENDED_STEP))), (attended, seconds))
         self._model = None
 
     def model(self) -> CostModel:
@@ -167,7 +163,7 @@ def fit(points: Sequence[_Point]) -> CostModel:
     if _own_spread(points, mean_x, mean_z, spread_x) < MIN_OWN_SPREAD:
         # Depth does not vary apart from the positions: fit a line in positions + the prior share of attended.
         share = PRIOR_PER_ATTENDED_SHARE
-        fixed, per_position = _line([(p.positions + share * p.attended, p.seconds) for p in points])
+        fixed, per_position = non_negative_line([(p.positions + share * p.attended, p.seconds) for p in points])
         return CostModel(fixed, per_position, per_position * share)
     return _non_negative(points)
 
@@ -179,15 +175,6 @@ def _own_spread(points: Sequence[_Point], mean_x: float, mean_z: float, spread_x
         return 0.0
     covariance = sum((point.positions - mean_x) * (point.attended - mean_z) for point in points)
     return 1 - covariance**2 / (spread_x * spread_z)
-
-
-def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """(intercept, slope), both at least 0 (the intercept a hair above, as a step is never free)."""
-    mean_x = statistics.fmean(x for x, _ in points)
-    mean_y = statistics.fmean(y for _, y in points)
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    slope = max(sum((x - mean_x) * (y - mean_y) for x, y in points) / spread, 0.0) if spread > 0 else 0.0
-    return max(mean_y - slope * mean_x, 1e-6), slope
 
 
 def _non_negative(points: Sequence[_Point]) -> CostModel:
@@ -210,7 +197,7 @@ def _non_negative(points: Sequence[_Point]) -> CostModel:
     if best is None:
         return prior(statistics.fmean(point.seconds for point in points))
     fixed, per_position, per_attended = (float(value) for value in best[1])
-    return CostModel(max(fixed, 1e-6), per_position, per_attended)
+    return CostModel(max(fixed, LEAST_FIXED_S), per_position, per_attended)
 
 
 def _least_squares(columns: np.ndarray, y: np.ndarray) -> np.ndarray | None:

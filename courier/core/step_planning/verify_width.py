@@ -17,9 +17,10 @@ a verify pass does not. A width of 1 means no verify pass pays: the plain, pipel
 from __future__ import annotations
 
 import statistics
-from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from courier.core.step_planning.recent_timings import RecentTimings, non_negative_line
 
 # Timings kept per pass size, and pass sizes kept (the least recently timed size goes first).
 RECENT_PER_SIZE = 16
@@ -40,19 +41,13 @@ class StepCosts:
     """Seconds per forward pass as a line in its positions, fitted to the median recent time of each pass size."""
 
     def __init__(self) -> None:
-        self._sizes: OrderedDict[int, deque[float]] = OrderedDict()
+        self._sizes: RecentTimings[int, float] = RecentTimings(kinds=MAX_SIZES, per_kind=RECENT_PER_SIZE)
         self._line: tuple[float, float] | None = None
 
     def observe(self, positions: int, seconds: float) -> None:
         if positions <= 0 or seconds <= 0:
             return
-        timings = self._sizes.get(positions)
-        if timings is None:
-            timings = self._sizes[positions] = deque(maxlen=RECENT_PER_SIZE)
-            if len(self._sizes) > MAX_SIZES:
-                self._sizes.popitem(last=False)
-        self._sizes.move_to_end(positions)
-        timings.append(seconds)
+        self._sizes.add(positions, seconds)
         self._line = None
 
     def line(self) -> tuple[float, float]:
@@ -64,17 +59,12 @@ class StepCosts:
     def _fit(self) -> tuple[float, float]:
         if not self._sizes:
             return 1.0, PRIOR_PER_POSITION_SHARE
-        points = [(x, statistics.median(timings)) for x, timings in self._sizes.items()]
-        count = len(points)
-        mean_x = sum(x for x, _ in points) / count
-        mean_y = sum(y for _, y in points) / count
-        spread = sum((x - mean_x) ** 2 for x, _ in points)
-        if spread == 0:  # one size only: split its cost by the prior
-            fixed = mean_y / (1 + PRIOR_PER_POSITION_SHARE * mean_x)
+        points = [(float(x), statistics.median(timings)) for x, timings in self._sizes.items()]
+        if len(points) == 1:  # one size only: split its cost by the prior
+            ((size, seconds),) = points
+            fixed = seconds / (1 + PRIOR_PER_POSITION_SHARE * size)
             return fixed, fixed * PRIOR_PER_POSITION_SHARE
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
-        slope = max(slope, 0.0)
-        return max(mean_y - slope * mean_x, 1e-6), slope
+        return non_negative_line(points)
 
     def estimate(self, positions: int) -> float:
         fixed, per_position = self.line()
