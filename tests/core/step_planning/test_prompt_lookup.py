@@ -111,3 +111,27 @@ def test_a_draft_always_continues_an_earlier_occurrence_of_the_last_tokens(
         for start in range(n, len(context))
         if len(tail) >= n
     )
+
+
+@given(
+    tokens=st.lists(st.integers(0, 3), max_size=120),
+    cut=st.integers(0, 120),
+    more=st.lists(st.integers(0, 3), max_size=12),
+)
+def test_a_context_indexed_at_once_drafts_as_one_fed_token_by_token(
+    tokens: list[int], cut: int, more: list[int]
+) -> None:
+    """The context a lookup starts with is indexed as sorted arrays, what follows in a dict: wherever the split
+    falls, the drafts are those of a lookup fed every token one at a time."""
+    limits = LookupLimits(max_ngram=4, max_draft=5)
+    one_by_one = PromptLookup([], limits)
+    for token in tokens:
+        one_by_one.extend([token])
+    at_once = PromptLookup(tokens, limits)
+    split = PromptLookup(tokens[:cut], limits)
+    split.extend(tokens[cut:])
+    for token in more:
+        assert one_by_one.propose() == at_once.propose() == split.propose()
+        assert one_by_one.propose(token) == at_once.propose(token) == split.propose(token)
+        for lookup in (one_by_one, at_once, split):
+            lookup.extend([token])
