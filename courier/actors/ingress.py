@@ -130,6 +130,7 @@ class IngressActor(Actor[IngressMessage]):
                     add_generation_prompt=False,
                     max_tokens=self._context_length,
                     reply=reply,
+                    reuse_scope=message.tenant,
                 ),
             )
         except Refused:
@@ -260,6 +261,7 @@ class IngressActor(Actor[IngressMessage]):
                 images=images,
                 max_tokens=self._context_length,
                 names=chat.names,
+                reuse_scope=message.tenant if message.cache_prompt else None,
             ),
         )
         return result.tokens, result.history_boundary, result.vision

@@ -10,22 +10,29 @@ more tokens than the caller's `max_tokens` (no token stands for more bytes than 
 longest vocabulary entry) is refused before it is rendered or tokenized, and what is
 left to tokenize is bounded by the context length. Unless told not to, a chat's volatile
 system-prompt lines (`core/volatile_lines.py`) are left out before it is rendered, so
-they never bust the prompt cache.
+they never bust the prompt cache. A render shares most of its text with one tokenized
+before (the same conversation's last turn, its history boundary, its warm-up), so only
+what is new is tokenized (`core/token_reuse.py`): within a request always, across a
+tenant's requests when the prompt cache is on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from opentelemetry import trace
 
 from courier.conversation.chat_content import as_parts
 from courier.conversation.template_failure import TEMPLATE_ERRORS, TemplateFailure, template_failure
+from courier.core import token_reuse
 from courier.core.failure_codes import FailureCode
 from courier.core.template_options import NO_OPTIONS, TemplateOptionRefused, TemplateOptions
 from courier.core.token_prefix import common_prefix_length
+from courier.core.token_reuse import RecentEncodings
 from courier.core.tools import generic as generic_tools
 from courier.core.volatile_lines import without_volatile_lines
 from courier.engine.generation import VisionInputs
@@ -40,8 +47,10 @@ from courier.messages.token_counter import (
     TokenizeResult,
     TokenizeText,
 )
+from courier.model.tokenizer_offsets import offsets_encoder
 from courier.model.vision.processing import ImageProcessor
 from courier.runtime.actor import Actor
+from courier.runtime.trace_attributes import TOKENS_REUSED
 
 T = TypeVar("T")
 
@@ -50,11 +59,19 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
     name = "token_counter"
 
     def __init__(
-        self, tokenizer: TokenizerWrapper, images: ImageProcessor | None = None, *, normalize: bool = True
+        self,
+        tokenizer: TokenizerWrapper,
+        images: ImageProcessor | None = None,
+        *,
+        normalize: bool = True,
+        remember_renders: bool = True,
     ) -> None:
         self._tokenizer = tokenizer
         self._images = images
         self._normalize = normalize  # leave out volatile system-prompt lines (--prompt-cache-normalize)
+        self._offsets = offsets_encoder(tokenizer)  # None: every render is tokenized whole
+        # A tenant's recent renders, for its next ones (off with the prompt cache: nothing kept between requests).
+        self._recent = RecentEncodings() if remember_renders else None
         self._native_tools = bool(getattr(tokenizer, "has_tool_calling", False))
         template = getattr(tokenizer, "chat_template", None)
         self._template_text = template if isinstance(template, str) else str(template or "")
@@ -91,7 +108,7 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             await message.reply.send(too_long)
             return
         try:
-            result = await _off_loop(lambda: self._chat_tokens(message))
+            result, reused = await _off_loop(lambda: self._chat_tokens(message))
         except TemplateRefused as refused:
             await message.reply.send(_template_refusal(refused.failure, message))
             return
@@ -101,6 +118,7 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         except (TypeError, ValueError, KeyError, RecursionError) as error:
             await message.reply.send(_invalid(f"the chat template rejected the messages: {error}", "messages"))
             return
+        trace.get_current_span().set_attribute(TOKENS_REUSED, reused)
         await message.reply.send(result)
 
     async def _on_detokenize(self, message: Detokenize) -> None:
@@ -128,18 +146,35 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             kind=FailureKind.INVALID_REQUEST, message=message, param=param, code=FailureCode.CONTEXT_LENGTH_EXCEEDED
         )
 
-    def _chat_tokens(self, message: TokenizeChat) -> TokenizeResult:
+    def _chat_tokens(self, message: TokenizeChat) -> tuple[TokenizeResult, int]:
+        """The chat's tokens, and how many of them were taken from a render tokenized before."""
         if message.images:
-            return self._chat_tokens_with_images(message)
-        tokens = self._render_chat(
-            message.messages, message.tools, message.add_generation_prompt, message.thinking, message.options
-        )
+            return self._chat_tokens_with_images(message), 0
+        render = partial(self._render_text, message.messages, message.tools, thinking=message.thinking)
+        text = render(add_generation_prompt=message.add_generation_prompt, options=message.options)
+        if self._offsets is None:
+            tokens = self._encode_whole(text)
+            if not message.with_history_boundary:
+                return TokenizeResult(tokens=tokens), 0
+            history = self._encode_whole(render(add_generation_prompt=False, options=message.options))
+            return TokenizeResult(tokens=tokens, history_boundary=common_prefix_length(history, tokens)), 0
+        scope = message.reuse_scope if self._recent is not None else None
+        base = self._recent.closest(scope, text) if self._recent is not None and scope is not None else None
+        prompt = token_reuse.encode(text, self._offsets, base)
+        if self._recent is not None and scope is not None:
+            self._recent.remember(scope, prompt.encoded)
+        tokens = tuple(prompt.encoded.ids)
         if not message.with_history_boundary:
-            return TokenizeResult(tokens=tuple(tokens))
+            return TokenizeResult(tokens=tokens), prompt.reused_tokens
         # The history rendered on its own, clipped to what it shares with the live prompt: the next turn of this
         # conversation renders the same tokens, so a snapshot taken there can be extended by it.
-        history = self._render_chat(message.messages, message.tools, False, message.thinking, message.options)
-        return TokenizeResult(tokens=tuple(tokens), history_boundary=common_prefix_length(history, tokens))
+        history_text = render(add_generation_prompt=False, options=message.options)
+        history = tuple(token_reuse.encode(history_text, self._offsets, prompt.encoded).encoded.ids)
+        boundary = common_prefix_length(history, tokens)
+        return TokenizeResult(tokens=tokens, history_boundary=boundary), prompt.reused_tokens
+
+    def _encode_whole(self, text: str) -> tuple[int, ...]:
+        return tuple(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _chat_tokens_with_images(self, message: TokenizeChat) -> TokenizeResult:
         """The template writes a placeholder per image; the model's processor expands each into its image tokens
@@ -155,17 +190,6 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             raise ValueError(f"the model's processor could not prepare the images: {type(error).__name__}") from error
         vision = VisionInputs(arrays=arrays, digest=combined_digest(message.images))
         return TokenizeResult(tokens=tuple(tokens), vision=vision)
-
-    def _render_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        add_generation_prompt: bool,
-        thinking: bool = True,
-        options: TemplateOptions = NO_OPTIONS,
-    ) -> list[int]:
-        rendered = self._render_text(messages, tools, add_generation_prompt, thinking, options)
-        return list(self._tokenizer.encode(rendered, add_special_tokens=False))
 
     def _render_text(
         self,

@@ -179,6 +179,7 @@ async def _tokenized(
             max_tokens=services.context_length,
             names=MessageNames.CONVERSATION,
             options=request.template_options,
+            reuse_scope=services.tenant if request.cache_prompt else None,
         ),
     )
 

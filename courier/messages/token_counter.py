@@ -61,6 +61,8 @@ class TokenizeChat(Request[TokenizeResult]):
     images: tuple[FetchedImage, ...] = ()
     max_tokens: int | None = None  # as for `TokenizeText`: refused by size alone, before any render, beyond it
     names: MessageNames = MessageNames.REQUEST  # how a chat template's failure names the message at fault
+    # Whose recent renders this one may take tokens from, and is kept for (a tenant's; None: tokenized on its own).
+    reuse_scope: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,6 +7,8 @@ MESSAGE = "courier.message"
 REQUEST_ID = "courier.request_id"
 MODEL = "courier.model"
 TOKEN_COUNT = "courier.token_count"
+# Of a chat render's tokens, how many were taken from a render tokenized before (core/token_reuse.py).
+TOKENS_REUSED = "courier.tokenize.reused_tokens"
 FAILURE = "courier.failure"
 HTTP_METHOD = "http.request.method"
 HTTP_ROUTE = "http.route"

@@ -256,6 +256,7 @@ async def _start_actors(
             loaded.tokenizer,
             vision.processor if vision is not None else None,
             normalize=settings.prompt_cache_normalize,
+            remember_renders=settings.prompt_cache,
         ),
         TOKEN_COUNTER_INBOX,
     )

@@ -191,3 +191,65 @@ async def test_a_volatile_system_prompt_line_is_left_out_unless_opted_out(
     system = "You are an agent." if normalize else f"{BILLING}\nYou are an agent."
     assert text.startswith(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
     assert tokenizer.decode(list(reply.tokens[: reply.history_boundary])).startswith(f"<|im_start|>system\n{system}")
+
+
+def _conversation(turns: int) -> list[dict[str, Any]]:
+    system = {"role": "system", "content": "You are a careful agent. " * 600}  # past a few reuse checkpoints
+    history: list[dict[str, Any]] = [system]
+    for turn in range(turns):
+        history += [
+            {"role": "user", "content": f"Step {turn}: list the files under src/{turn}/."},
+            {"role": "assistant", "content": f"src/{turn}/main.py\nsrc/{turn}/util.py"},
+        ]
+    return history
+
+
+def _reused(span_exporter: InMemorySpanExporter) -> list[int]:
+    spans = [span for span in span_exporter.get_finished_spans() if span.name == "token_counter.TokenizeChat"]
+    return [int(str((span.attributes or {})["courier.tokenize.reused_tokens"])) for span in spans]
+
+
+@pytest.mark.parametrize("remember", [True, False], ids=["prompt-cache", "no-prompt-cache"])
+@pytest.mark.anyio
+async def test_a_later_turn_reuses_its_tenants_earlier_render_and_no_one_elses(
+    tokenizer: TokenizerWrapper, span_exporter: InMemorySpanExporter, remember: bool
+) -> None:
+    """A conversation's next turn takes the tokens its last render shares (the trace says how many), for the tenant
+    that sent it only, and nothing between requests without the prompt cache; the tokens are always the
+    tokenizer's own, and so is the history boundary."""
+    send, receive = anyio.create_memory_object_stream[TokenCounterMessage](8)
+    asked: list[tuple[str | None, list[dict[str, Any]]]] = [
+        ("tenant-a", _conversation(1)),
+        ("tenant-a", _conversation(2)),  # the same conversation a turn later
+        ("tenant-b", _conversation(2)),  # the same text, another tenant
+        (None, _conversation(3)),  # a request that opted out of the prompt cache
+    ]
+    replies: list[TokenizeReply] = []
+    async with anyio.create_task_group() as task_group:
+        await task_group.start(TokenCounterActor(tokenizer, remember_renders=remember).run, receive)
+        with send:
+            for scope, messages in asked:
+                replies.append(
+                    await ask(
+                        send,
+                        lambda r, m=messages, s=scope: TokenizeChat(  # type: ignore[misc]
+                            messages=m,
+                            tools=None,
+                            add_generation_prompt=True,
+                            with_history_boundary=True,
+                            reuse_scope=s,
+                            reply=r,
+                        ),
+                    )
+                )
+    for (_, messages), reply in zip(asked, replies, strict=True):
+        assert isinstance(reply, TokenizeResult)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        history = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        assert list(reply.tokens) == tokenizer.encode(text, add_special_tokens=False)
+        history_tokens = tokenizer.encode(history, add_special_tokens=False)
+        assert list(reply.tokens[: reply.history_boundary]) == history_tokens[: reply.history_boundary]
+        assert reply.history_boundary >= len(history_tokens) - 1
+    first, later, other_tenant, opted_out = _reused(span_exporter)
+    assert first == 0 and other_tenant == 0 and opted_out == 0
+    assert later > 0.9 * len(replies[1].tokens) if remember else later == 0  # type: ignore[union-attr]

@@ -1,0 +1,191 @@
+"""Tokenizing only what is new (core/token_reuse.py): reused tokens are exactly the tokenizer's own, for the real
+SmolLM2 tokenizer on a recorded Claude Code session and for small tokenizers of each family built here (byte-level
+BPE, SentencePiece-style Metaspace with either prepend scheme, Llama-2's legacy normalizer), on hypothesis' texts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from courier.core import token_reuse
+from courier.core.token_prefix import common_prefix_length
+from courier.core.token_reuse import CHECKPOINT_CHARS, Encoded, RecentEncodings
+from courier.model.tokenizer_offsets import FastTokenizerOffsets, offsets_encoder
+
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+# Pieces texts are made of: the anchors, a normalized added token, digits (split apart by some pre-tokenizers),
+# combining marks (NFC composes them), whitespace runs, and halves of an anchor that join into one.
+PIECES = [
+    *SPECIALS,
+    "hello",
+    " world",
+    "wörld",
+    "123",
+    "4",
+    "e",
+    "\u0301",
+    "café",
+    " ",
+    "   ",
+    "\n",
+    "\n\n",
+    "\t",
+    '{"a": [1, 2]}',
+    "<|im",
+    "_end|>",
+    "user",
+    "assistant",
+    "☃",
+]
+CORPUS = ["hello world, this is a test of tokenizers 123 4567", "wörld über naïve café e\u0301 tab\tnew\nline"] * 20
+
+
+def _trained(normalizer: Any, pre_tokenizer: Any) -> FastTokenizerOffsets:
+    backend = Tokenizer(models.BPE())
+    if normalizer is not None:
+        backend.normalizer = normalizer
+    if pre_tokenizer is not None:
+        backend.pre_tokenizer = pre_tokenizer
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if isinstance(pre_tokenizer, pre_tokenizers.ByteLevel) else []
+    backend.train_from_iterator(
+        CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=alphabet)
+    )
+    backend.add_tokens([AddedToken("wörld", normalized=True)])  # matched after normalizing: never an anchor
+    encoder = offsets_encoder(PreTrainedTokenizerFast(tokenizer_object=backend))  # type: ignore[no-untyped-call]
+    assert encoder is not None
+    return encoder
+
+
+FAMILIES: dict[str, Callable[[], FastTokenizerOffsets]] = {
+    "byte-level BPE": lambda: _trained(None, pre_tokenizers.ByteLevel(add_prefix_space=False)),
+    "byte-level BPE, a prefix space": lambda: _trained(None, pre_tokenizers.ByteLevel(add_prefix_space=True)),
+    "Metaspace, first": lambda: _trained(normalizers.NFC(), pre_tokenizers.Metaspace(prepend_scheme="first")),
+    "Metaspace, always": lambda: _trained(normalizers.NFC(), pre_tokenizers.Metaspace(prepend_scheme="always")),
+    "Llama-2 legacy": lambda: _trained(
+        normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]), None
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_dir: Path) -> TokenizerWrapper:
+    return load_tokenizer(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def families() -> dict[str, FastTokenizerOffsets]:
+    return {name: build() for name, build in FAMILIES.items()}
+
+
+def whole(encoder: FastTokenizerOffsets, text: str) -> list[int]:
+    return list(encoder.tokenizer.encode(text, add_special_tokens=False))
+
+
+texts = st.lists(st.sampled_from(PIECES), max_size=40).map("".join)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shared=texts, before=texts, after=texts, family=st.sampled_from(sorted(FAMILIES)))
+def test_a_text_encoded_from_another_is_what_the_tokenizer_gives(
+    families: dict[str, FastTokenizerOffsets], shared: str, before: str, after: str, family: str
+) -> None:
+    encoder = families[family]
+    base = token_reuse.encode(shared + before, encoder)
+    assert list(base.encoded.ids) == whole(encoder, shared + before)
+    assert base.reused_tokens == 0
+    reused = token_reuse.encode(shared + after, encoder, base.encoded)
+    assert list(reused.encoded.ids) == whole(encoder, shared + after)
+    assert reused.reused_tokens <= common_prefix_length(list(reused.encoded.ids), list(base.encoded.ids))
+    # The anchors it records are where its anchors are.
+    anchors = [i for i, token in enumerate(reused.encoded.ids) if token in encoder.anchors]
+    assert list(reused.encoded.anchor_tokens) == anchors
+
+
+def test_a_recorded_agent_session_reuses_all_but_its_new_turn(smollm2: TokenizerWrapper) -> None:
+    """Claude Code's ten-turn session (bench/data/agents), as its turns render: each turn's tokens are the
+    tokenizer's own, and all but the last message or two come from the turn before."""
+    from bench import agent_sessions
+
+    encoder = offsets_encoder(smollm2)
+    assert encoder is not None
+    session = agent_sessions.load(agent_sessions.Dialect.ANTHROPIC)
+    recent, reused_shares = RecentEncodings(), []
+    for turn in (1, 2, 3):
+        messages = agent_sessions.chat_turn(session, turn, "chat session 1")
+        text = smollm2.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        result = token_reuse.encode(text, encoder, recent.closest("", text))
+        recent.remember("", result.encoded)
+        assert list(result.encoded.ids) == list(smollm2.encode(text, add_special_tokens=False))
+        reused_shares.append(result.reused_tokens / len(result.encoded.ids))
+    assert reused_shares[0] == 0
+    assert min(reused_shares[1:]) > 0.97, reused_shares
+
+
+def _encoded(encoder: FastTokenizerOffsets, text: str) -> Encoded:
+    return token_reuse.encode(text, encoder).encoded
+
+
+def test_a_text_is_reused_only_within_its_scope(families: dict[str, FastTokenizerOffsets]) -> None:
+    encoder = families["byte-level BPE"]
+    history = "<|im_start|>user\n" + "hello world " * CHECKPOINT_CHARS
+    recent = RecentEncodings()
+    recent.remember("tenant-a", _encoded(encoder, history))
+    longer = history + "<|im_end|>\n<|im_start|>assistant\n"
+    assert recent.closest("tenant-b", longer) is None
+    found = recent.closest("tenant-a", longer)
+    assert found is not None and found.text == history
+    assert recent.closest("tenant-a", "<|im_start|>user\nsomething else entirely") is None
+
+
+def test_the_closest_is_the_one_sharing_the_most(families: dict[str, FastTokenizerOffsets]) -> None:
+    encoder = families["byte-level BPE"]
+    system = "<|im_start|>system\n" + "hello world " * CHECKPOINT_CHARS + "<|im_end|>\n"
+    turn_one = system + "<|im_start|>user\n" + "123 " * CHECKPOINT_CHARS + "<|im_end|>\n"
+    other_session = system + "<|im_start|>user\n" + "café " * CHECKPOINT_CHARS + "<|im_end|>\n"
+    recent = RecentEncodings()
+    for text in (turn_one, other_session):
+        recent.remember("", _encoded(encoder, text))
+    found = recent.closest("", turn_one + "<|im_start|>assistant\n")
+    assert found is not None and found.text == turn_one
+
+
+def test_the_kept_encodings_are_bounded_in_count_and_bytes(families: dict[str, FastTokenizerOffsets]) -> None:
+    encoder = families["byte-level BPE"]
+    made = [_encoded(encoder, f"<|im_start|>{index} " + "hello " * CHECKPOINT_CHARS) for index in range(5)]
+    by_count = RecentEncodings(entries=3)
+    for encoded in made:
+        by_count.remember("", encoded)
+    assert len(by_count) == 3
+    assert by_count.closest("", made[0].text) is None  # the oldest went first
+    assert by_count.closest("", made[4].text) is made[4]
+    by_bytes = RecentEncodings(max_bytes=2 * made[0].bytes + 1)
+    for encoded in made:
+        by_bytes.remember("", encoded)
+    assert len(by_bytes) == 2 and by_bytes.bytes <= 2 * made[0].bytes + 1
+    too_big = RecentEncodings(max_bytes=made[0].bytes - 1)
+    too_big.remember("", made[0])
+    assert len(too_big) == 0 and too_big.bytes == 0
+    again = RecentEncodings()
+    for _ in range(3):
+        again.remember("", made[0])
+    assert len(again) == 1 and again.bytes == made[0].bytes
+
+
+def test_which_tokenizers_are_reused(smollm2: TokenizerWrapper) -> None:
+    wrapped = offsets_encoder(smollm2)  # mlx-lm's wrapper: the transformers tokenizer inside it
+    assert wrapped is not None and wrapped.tokenizer is smollm2._tokenizer
+    assert {smollm2.convert_tokens_to_ids(token) for token in ("<|im_start|>", "<|im_end|>")} <= wrapped.anchors
+    assert wrapped.longest_anchor >= len("<|im_start|>")
+    keeps_specials_whole = load_tokenizer(Path(smollm2._tokenizer.name_or_path))._tokenizer
+    keeps_specials_whole.split_special_tokens = True
+    assert offsets_encoder(keeps_specials_whole) is None
+    assert offsets_encoder(object()) is None
