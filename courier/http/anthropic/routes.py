@@ -49,9 +49,9 @@ def blueprint(context: AppContext) -> Blueprint:
         body = await read_json_object()
         bound = await context.for_body(body)  # the model the body names, held until the response ends
         request = parse_messages_request(body, bound.state.sampling_defaults)
-        if thinking_budget.enforced(bound, request):
-            request = await thinking_budget.prerendered(bound, request)
         tenant = bound.caller().tenant  # read now: a stream runs after this view has returned
+        if thinking_budget.enforced(bound, request):
+            request = await thinking_budget.prerendered(bound, request, tenant)
         admitted = await admit(bound, request.generation, new_request_id(), tenant)
         run = MessageRun(bound, request, admitted, tenant)
         if request.generation.stream:
@@ -91,6 +91,7 @@ def blueprint(context: AppContext) -> Blueprint:
                 options=prompt.options,
                 images=images,
                 max_tokens=bound.context_length,
+                reuse_scope=bound.caller().tenant if request.generation.cache_prompt else None,
             ),
         )
         return {"input_tokens": len(result.tokens)}

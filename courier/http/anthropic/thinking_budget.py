@@ -30,8 +30,9 @@ def enforced(context: AppContext, request: MessagesRequest) -> bool:
     return request.thinking.budget_tokens is not None and context.state.reasoning is not None
 
 
-async def prerendered(context: AppContext, request: MessagesRequest) -> MessagesRequest:
-    """`request` with its prompt rendered as admission would render it, so a continuation can extend its tokens."""
+async def prerendered(context: AppContext, request: MessagesRequest, tenant: str) -> MessagesRequest:
+    """`request` with its prompt rendered as admission would render it (for the caller's `tenant`), so a
+    continuation can extend its tokens."""
     prompt = request.generation.prompt
     assert isinstance(prompt, ChatPrompt)
     if prompt.images:
@@ -52,6 +53,7 @@ async def prerendered(context: AppContext, request: MessagesRequest) -> Messages
             thinking=prompt.thinking,
             options=prompt.options,
             max_tokens=context.context_length,
+            reuse_scope=tenant if request.generation.cache_prompt else None,
         ),
     )
     generation = replace(request.generation, prompt=replace(prompt, rendered=rendered))
