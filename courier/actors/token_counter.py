@@ -1,6 +1,6 @@
 """TokenCounterActor: owns the tokenizer and the chat template.
 
-Receives `TokenizeText`, `TokenizeChat` and `Detokenize`; replies on each message's
+Receives `TokenizeText`, `TokenizeChat`, `Detokenize` and `ForgetRenders`; replies on each message's
 own reply stream with a `*Result` or a `RequestFailed`. Invariants: every message
 gets exactly one reply; a bad input fails that request only. Tokenizing runs on a
 worker thread so a long prompt never stalls the event loop (the tokenizer holds no
@@ -41,6 +41,7 @@ from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.token_counter import (
     Detokenize,
     DetokenizeResult,
+    ForgetRenders,
     MessageNames,
     TokenCounterMessage,
     TokenizeChat,
@@ -88,6 +89,8 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
                 await self._on_tokenize_chat(message)
             case Detokenize():
                 await self._on_detokenize(message)
+            case ForgetRenders():
+                await message.reply.send(self._recent.clear() if self._recent is not None else 0)
 
     async def _on_tokenize_text(self, message: TokenizeText) -> None:
         too_long = self._too_long(len(message.text.encode("utf-8")), message.max_tokens, "prompt")

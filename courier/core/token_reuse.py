@@ -176,6 +176,14 @@ class RecentEncodings:
         while len(self._kept) > self._entries or self._bytes > self._max_bytes:
             self._forget(next(iter(self._kept)))
 
+    def clear(self) -> int:
+        """Forget every encoding; how many there were."""
+        kept = len(self._kept)
+        self._kept.clear()
+        self._by_start.clear()
+        self._bytes = 0
+        return kept
+
     def _forget(self, key: int) -> None:
         kept = self._kept.pop(key)
         self._bytes -= kept.encoded.bytes

@@ -70,4 +70,9 @@ class Detokenize(Request[DetokenizeResult]):
     tokens: tuple[int, ...]
 
 
-TokenCounterMessage: TypeAlias = TokenizeText | TokenizeChat | Detokenize
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForgetRenders(Request[int]):
+    """Drop every recent render kept for reuse (`POST /v1/cache/reset`); answered with how many were kept."""
+
+
+TokenCounterMessage: TypeAlias = TokenizeText | TokenizeChat | Detokenize | ForgetRenders

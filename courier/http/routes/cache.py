@@ -18,6 +18,7 @@ from courier.http.context import AppContext
 from courier.http.errors import ApiError
 from courier.messages.asking import call
 from courier.messages.snapshot_store import ResetSnapshots
+from courier.messages.token_counter import ForgetRenders
 
 
 def blueprint(context: AppContext) -> Blueprint:
@@ -82,7 +83,14 @@ def blueprint(context: AppContext) -> Blueprint:
         if outbox is None:
             raise ApiError.invalid("the prompt cache is disabled (--no-prompt-cache)")
         entries, memory, disk = await call(outbox, lambda reply: ResetSnapshots(reply=reply))
-        return {"cleared": True, "freed_bytes": memory, "freed_disk_bytes": disk, "freed_entries": entries}
+        renders = await call(bound.outboxes.token_counter, lambda reply: ForgetRenders(reply=reply))
+        return {
+            "cleared": True,
+            "freed_bytes": memory,
+            "freed_disk_bytes": disk,
+            "freed_entries": entries,
+            "forgotten_renders": renders,
+        }
 
     return routes
 
