@@ -21,9 +21,11 @@ for (a tenant: a text is only ever reused for its own tenant, so no one can time
 
 from __future__ import annotations
 
+import sys
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,8 +43,8 @@ class OffsetsEncoder(Protocol):
     """A tokenizer that cuts at its added tokens first: ids and where each token starts in the text."""
 
     @property
-    def anchors(self) -> frozenset[int]:
-        """The ids of added tokens a text may be cut at."""
+    def anchors(self) -> Mapping[int, str]:
+        """The added tokens a text may be cut at: id -> the text it stands for."""
 
     @property
     def longest_anchor(self) -> int:
@@ -63,7 +65,8 @@ class Encoded:
 
     @property
     def bytes(self) -> int:
-        return len(self.text) + self.ids.itemsize * (len(self.ids) + 2 * len(self.anchor_tokens))
+        """What it holds in memory: the text as Python stores it (1, 2 or 4 bytes a character), ids and anchors."""
+        return sys.getsizeof(self.text) + self.ids.itemsize * (len(self.ids) + 2 * len(self.anchor_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +108,8 @@ def _with_tail(
     tail, starts = encoder.encode_with_starts(text[start:])
     anchors, offset = encoder.anchors, len(ids)
     for index, token_id in enumerate(tail):
-        if token_id in anchors:
+        # An anchor's id that the text does not spell out there (a normalizer made it) is not a cut.
+        if token_id in anchors and text.startswith(anchors[token_id], start + starts[index]):
             anchor_tokens.append(offset + index)
             anchor_starts.append(start + starts[index])
     return Encoded(text=text, ids=ids + array("i", tail), anchor_tokens=anchor_tokens, anchor_starts=anchor_starts)
@@ -161,18 +165,19 @@ class RecentEncodings:
         return None
 
     def remember(self, scope: str, encoded: Encoded) -> None:
-        if encoded.bytes > self._max_bytes:
-            return
+        """Keep `encoded` for `scope`; not one too short to have a checkpoint (no text could find it) or larger than
+        the bound."""
         marks = checkpoints(encoded.text)
-        if marks:  # the same text again: one copy, the newest
-            for key in list(self._by_start.get((scope, len(marks) - 1, marks[-1]), ())):
-                if self._kept[key].encoded.text == encoded.text:
-                    self._forget(key)
+        if not marks or _kept_bytes(encoded, marks) > self._max_bytes:
+            return
+        for key in list(self._by_start.get((scope, len(marks) - 1, marks[-1]), ())):  # the same text: the newest
+            if self._kept[key].encoded.text == encoded.text:
+                self._forget(key)
         key, self._next_key = self._next_key, self._next_key + 1
         self._kept[key] = _Kept(scope=scope, encoded=encoded, marks=marks)
         for index, mark in enumerate(marks):
             self._by_start.setdefault((scope, index, mark), set()).add(key)
-        self._bytes += encoded.bytes
+        self._bytes += _kept_bytes(encoded, marks)
         while len(self._kept) > self._entries or self._bytes > self._max_bytes:
             self._forget(next(iter(self._kept)))
 
@@ -186,10 +191,18 @@ class RecentEncodings:
 
     def _forget(self, key: int) -> None:
         kept = self._kept.pop(key)
-        self._bytes -= kept.encoded.bytes
+        self._bytes -= _kept_bytes(kept.encoded, kept.marks)
         for index, mark in enumerate(kept.marks):
             start = (kept.scope, index, mark)
             keys = self._by_start[start]
             keys.discard(key)
             if not keys:
                 del self._by_start[start]
+
+
+# What a checkpoint costs beside an encoding: its hash in the list, and its key and set in the index.
+CHECKPOINT_BYTES = 320
+
+
+def _kept_bytes(encoded: Encoded, marks: list[int]) -> int:
+    return encoded.bytes + CHECKPOINT_BYTES * len(marks)

@@ -167,23 +167,76 @@ def test_the_kept_encodings_are_bounded_in_count_and_bytes(families: dict[str, F
     assert len(by_count) == 3
     assert by_count.closest("", made[0].text) is None  # the oldest went first
     assert by_count.closest("", made[4].text) is made[4]
-    by_bytes = RecentEncodings(max_bytes=2 * made[0].bytes + 1)
+    one = RecentEncodings()
+    one.remember("", made[0])
+    each = one.bytes  # the text as stored, ids, anchors and its checkpoints
+    assert each > made[0].bytes > len(made[0].text)
+    by_bytes = RecentEncodings(max_bytes=2 * each + 1)
     for encoded in made:
         by_bytes.remember("", encoded)
-    assert len(by_bytes) == 2 and by_bytes.bytes <= 2 * made[0].bytes + 1
-    too_big = RecentEncodings(max_bytes=made[0].bytes - 1)
+    assert len(by_bytes) == 2 and by_bytes.bytes == 2 * each
+    too_big = RecentEncodings(max_bytes=each - 1)
     too_big.remember("", made[0])
     assert len(too_big) == 0 and too_big.bytes == 0
-    again = RecentEncodings()
-    for _ in range(3):
-        again.remember("", made[0])
-    assert len(again) == 1 and again.bytes == made[0].bytes
+    for _ in range(2):
+        one.remember("", made[0])
+    assert len(one) == 1 and one.bytes == each
+    assert one.clear() == 1 and (len(one), one.bytes) == (0, 0)
+    assert one.closest("", made[0].text) is None
+
+
+def test_a_text_held_as_two_or_four_bytes_a_character_counts_them(families: dict[str, FastTokenizerOffsets]) -> None:
+    encoder = families["byte-level BPE"]
+    latin, snowmen = (_encoded(encoder, "<|im_start|>" + piece * CHECKPOINT_CHARS) for piece in ("ab", "a☃"))
+    assert len(latin.text) == len(snowmen.text)
+    assert snowmen.bytes - latin.bytes >= len(snowmen.text) - 100  # ~2 bytes a character, not 1
+
+
+def test_a_render_too_short_to_be_found_is_not_kept(families: dict[str, FastTokenizerOffsets]) -> None:
+    """A render shorter than a checkpoint could never be a base: kept, it would only push out long ones."""
+    encoder = families["byte-level BPE"]
+    recent = RecentEncodings(entries=2)
+    long = _encoded(encoder, "<|im_start|>" + "hello " * CHECKPOINT_CHARS)
+    recent.remember("agent", long)
+    for index in range(5):
+        recent.remember("chat", _encoded(encoder, f"<|im_start|>user\nhi {index}<|im_end|>"))
+    assert len(recent) == 1 and recent.closest("agent", long.text + "<|im_end|>") is long
+
+
+def test_a_class_that_rewrites_text_in_encode_is_tokenized_whole() -> None:
+    """mlx-lm's NewlineTokenizer writes newlines as `<n>` in `encode` only: its offsets call would disagree."""
+    from mlx_lm.tokenizer_utils import NewlineTokenizer
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[*SPECIALS, "<n>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    backend.train_from_iterator(CORPUS, trainer)
+    assert offsets_encoder(TokenizerWrapper(NewlineTokenizer(tokenizer_object=backend))) is None
+
+
+def test_an_anchors_id_a_normalizer_made_is_not_a_cut() -> None:
+    """NFKC turns the anchor written in full-width characters into its text, and a Unigram model may then pick its
+    id where the text does not spell it: cutting there would give other tokens than the whole text's."""
+    anchor = "<|im_start|>"
+    pieces = [("<unk>", 0.0), (anchor, -1.0), ("a<|im_start", -1.0), ("|>x", -0.1)]
+    backend = Tokenizer(models.Unigram([*pieces, *((c, -10.0) for c in sorted(set("a<|im_start>xy")))], unk_id=0))
+    backend.normalizer = normalizers.NFKC()
+    backend.add_special_tokens([AddedToken(anchor, normalized=False)])
+    encoder = offsets_encoder(PreTrainedTokenizerFast(tokenizer_object=backend))  # type: ignore[no-untyped-call]
+    assert encoder is not None
+    full_width = "\uff1c\uff5cim_start\uff5c\uff1e"
+    base = token_reuse.encode("a" + full_width + "y", encoder)
+    assert list(base.encoded.anchor_starts) == []
+    reused = token_reuse.encode("a" + full_width + "x", encoder, base.encoded)
+    assert list(reused.encoded.ids) == whole(encoder, "a" + full_width + "x")
 
 
 def test_which_tokenizers_are_reused(smollm2: TokenizerWrapper) -> None:
     wrapped = offsets_encoder(smollm2)  # mlx-lm's wrapper: the transformers tokenizer inside it
     assert wrapped is not None and wrapped.tokenizer is smollm2._tokenizer
-    assert {smollm2.convert_tokens_to_ids(token) for token in ("<|im_start|>", "<|im_end|>")} <= wrapped.anchors
+    assert {smollm2.convert_tokens_to_ids(token) for token in ("<|im_start|>", "<|im_end|>")} <= set(wrapped.anchors)
     assert wrapped.longest_anchor >= len("<|im_start|>")
     keeps_specials_whole = load_tokenizer(Path(smollm2._tokenizer.name_or_path))._tokenizer
     keeps_specials_whole.split_special_tokens = True

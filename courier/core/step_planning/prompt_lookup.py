@@ -137,7 +137,7 @@ class PromptLookup:
 
 
 def ngram_key(tokens: Sequence[int]) -> int:
-    """The n-gram's key, as `_index_bulk` computes it with numpy."""
+    """The n-gram's key, as `SortedNgrams.of` computes it with numpy."""
     key = 0
     for token in tokens:
         key = (key * KEY_MULTIPLIER + token + 1) & KEY_MASK
