@@ -152,14 +152,16 @@ def test_cache_prompt_false_skips_lookup_and_insert(server: RunningServer) -> No
 
 def test_reset_frees_everything_and_keeps_counters(server: RunningServer) -> None:
     queued = cache_stats(server)["snapshot_warmups_queued"]
+    long_system = "Erin's project notes, kept as one long system prompt for every turn. " * 40  # past a checkpoint
     with server.openai_client() as client:
-        converse(client, "erin", turns=1)
+        converse(client, "erin", turns=1, system=long_system)
     before = wait_until_idle(server, queued_at_least=queued + 1)  # no warm-up may insert during the reset
     with server.http() as http:
         freed = http.post("/v1/cache/reset").json()
         again = http.post("/v1/cache/reset").json()
     after = cache_stats(server)
-    # The token counter's renders go too: erin's turn and its warm-up at least, and none are left for a second reset.
+    # The token counter's renders go too (those long enough to be found again): erin's turn and its warm-up at
+    # least, and none are left for a second reset.
     assert freed.pop("forgotten_renders") >= 2 and again["forgotten_renders"] == 0
     assert freed == {
         "cleared": True,
