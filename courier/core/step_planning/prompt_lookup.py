@@ -16,13 +16,14 @@ is soon expected to gain little and is not verified, and one that starts copying
 for a failed verify to find out. Pure Python: the engine verifies drafts.
 
 An n-gram is indexed by a 64-bit hash of its tokens. The context a sequence starts with is indexed with numpy, as
-sorted arrays searched by bisection: a prompt of 20K tokens takes a few milliseconds on the MLX thread before its
-first token, where a dict of token tuples took ~30 ms. What it generates goes into a dict, looked up first (the
+sorted keys searched by bisection: a prompt of 20K tokens takes ~10 ms on the MLX thread before its first token,
+where a dict of token tuples took ~30 ms. What it generates goes into a dict, looked up first (the
 most recent occurrence wins). Two n-grams hashing alike would only propose a draft the verify pass refuses.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -59,6 +60,9 @@ class PromptLookup:
         # context the sequence started with, and since.
         self._context = [SortedNgrams.of(self._tokens, n) for n in lengths]
         self._index: list[dict[int, int]] = [{} for _ in lengths]
+        # [n]: the key of the context's last n tokens (n up to max_ngram, while there are that many), kept as the
+        # context grows: each new token's keys follow from the last ones in one multiply-add each.
+        self._last_keys = [ngram_key(self._tokens[len(self._tokens) - n :]) for n in range(limits.max_ngram + 1)]
         self._kept, self._refused = 1.0, 1.0  # decayed counts of draft tokens kept, and of drafts cut short
         self._shadow: list[int] = []  # a draft not verified, checked against the tokens that follow
         self._shadow_kept = 0
@@ -78,15 +82,16 @@ class PromptLookup:
         for token in tokens:
             if self._shadow:
                 self._check_shadow(token)
-            self._tokens.append(token)
-            end = len(self._tokens) - 1  # the new token's position: it follows the n-grams that end just before it
+            end = len(self._tokens)  # the new token's position: it follows the n-grams that end just before it
             for n, index in enumerate(self._index, start=MIN_NGRAM):
                 if end >= n:
-                    index[ngram_key(self._tokens[end - n : end])] = end
+                    index[self._last_keys[n]] = end
+            self._tokens.append(token)
+            self._last_keys = _keys_then(self._last_keys, token)
 
     def may_propose(self) -> bool:
         """Whether a draft is likely after the next token: the context as it stands has a match (cheap, no copy)."""
-        return self._find(self._tokens) is not None
+        return self._find(self._last_keys, len(self._tokens)) is not None
 
     def shadow(self) -> None:
         """Draft after the context as it stands without verifying it (unless a shadow draft is being checked):
@@ -97,8 +102,10 @@ class PromptLookup:
     def propose(self, next_token: int | None = None) -> list[int]:
         """`max_draft` tokens to follow the context (and `next_token`, not yet added), or none without a match."""
         self._shadow = []  # a draft to verify replaces any shadow one
-        tokens = self._tokens if next_token is None else [*self._tokens[-self._limits.max_ngram :], next_token]
-        start = self._find(tokens)
+        if next_token is None:
+            start = self._find(self._last_keys, len(self._tokens))
+        else:
+            start = self._find(_keys_then(self._last_keys, next_token), len(self._tokens) + 1)
         if start is None:
             return []
         length = self._limits.max_draft
@@ -124,16 +131,23 @@ class PromptLookup:
         self.record(len(self._shadow), self._shadow_kept)
         self._shadow = []
 
-    def _find(self, tokens: Sequence[int]) -> int | None:
-        """Where the tokens after the longest indexed n-gram that ends `tokens` start, in the whole context."""
-        for n in range(min(self._limits.max_ngram, len(tokens)), MIN_NGRAM - 1, -1):
-            key = ngram_key(tokens[len(tokens) - n :])
+    def _find(self, last_keys: Sequence[int], length: int) -> int | None:
+        """Where the tokens after the longest indexed n-gram that ends a context of `length` tokens start, in the
+        whole context; `last_keys[n]` is the key of that context's last n tokens."""
+        for n in range(min(self._limits.max_ngram, length), MIN_NGRAM - 1, -1):
+            key = last_keys[n]
             start = self._index[n - MIN_NGRAM].get(key)
             if start is None:
                 start = self._context[n - MIN_NGRAM].get(key)
             if start is not None:
                 return start
         return None
+
+
+def _keys_then(last_keys: Sequence[int], token: int) -> list[int]:
+    """The keys of the last 0..len-1 tokens after `token` follows: each n-gram's is its (n-1)-gram's, then `token`."""
+    step = token + 1
+    return [0] + [(key * KEY_MULTIPLIER + step) & KEY_MASK for key in last_keys[:-1]]
 
 
 def ngram_key(tokens: Sequence[int]) -> int:
@@ -147,16 +161,17 @@ def ngram_key(tokens: Sequence[int]) -> int:
 @dataclass(frozen=True, slots=True)
 class SortedNgrams:
     """A context's n-grams of one length: their distinct keys ascending, and where the tokens after each one's
-    last occurrence start."""
+    last occurrence start. Computed with numpy, kept as lists: a lookup is a `bisect`, a fraction of a microsecond
+    (a numpy `searchsorted` from Python costs a few, and a decode step looks up to six times a sequence)."""
 
-    keys: np.ndarray[tuple[int], np.dtype[np.uint64]]
-    starts: np.ndarray[tuple[int], np.dtype[np.int64]]
+    keys: list[int]
+    starts: list[int]
 
     @classmethod
     def of(cls, tokens: Sequence[int], n: int) -> SortedNgrams:
         count = len(tokens) - n  # the positions from n on each follow an n-gram
         if count <= 0:
-            return cls(np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64))
+            return cls([], [])
         window = np.asarray(tokens[: len(tokens) - 1], dtype=np.uint64) + np.uint64(1)
         keys = np.zeros(count, dtype=np.uint64)
         for offset in range(n):
@@ -165,10 +180,10 @@ class SortedNgrams:
         keys, starts = keys[order], np.arange(n, len(tokens), dtype=np.int64)[order]
         last = np.ones(count, dtype=bool)
         last[:-1] = keys[1:] != keys[:-1]
-        return cls(keys[last], starts[last])
+        return cls(keys[last].tolist(), starts[last].tolist())
 
     def get(self, key: int) -> int | None:
-        at = int(np.searchsorted(self.keys, np.uint64(key)))
-        if at < len(self.keys) and int(self.keys[at]) == key:
-            return int(self.starts[at])
+        at = bisect_left(self.keys, key)
+        if at < len(self.keys) and self.keys[at] == key:
+            return self.starts[at]
         return None
