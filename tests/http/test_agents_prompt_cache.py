@@ -16,7 +16,8 @@ prompt. What the recordings show:
   prompt and tools another one left; kept (`--no-prompt-cache-normalize`), 25 tokens.
 
 Replayed with `stream: false` (the usage comes in one body) and, for Codex, without what Courier does not serve yet
-(`logging_proxy.for_courier`). Each test starts from an empty cache.
+(`logging_proxy.for_courier`). Each test starts from an empty cache. A later turn is also tokenized from the one
+before (docs/prompt-cache.md, "Tokenizing only what is new"): the trace says how many of its tokens were taken.
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ import itertools
 import json
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from tests.support.agent_model import build_agent_model
 from tests.support.logging_proxy import for_courier
 from tests.support.polling import attempts
-from tests.support.server import RunningServer, serving
+from tests.support.server import RunningServer, running_server, serving
 
 AGENTS = Path(__file__).resolve().parents[1] / "data" / "agents"
 CLAUDE_CODE = AGENTS / "claude-code"
@@ -49,9 +52,18 @@ def agent_model_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="module")
-def normalizing(agent_model_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    with serving(agent_model_dir, cache_dir, f"{MODEL},claude-*", "--prompt-cache-disk-bytes", "0") as running:
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("agent-spans") / "spans.jsonl"
+
+
+@pytest.fixture(scope="module")
+def normalizing(agent_model_dir: Path, cache_dir: Path, trace_file: Path) -> Iterator[RunningServer]:
+    args = ["--model", str(agent_model_dir), "--cache-dir", str(cache_dir), "--served-model-name", f"{MODEL},claude-*"]
+    args += ["--prompt-cache-disk-bytes", "0", "--trace-file", str(trace_file)]
+    # Spans are written within 50 ms of ending (not the SDK's 5 s), so a test reads its own while the server runs.
+    with running_server(args, env={"OTEL_BSP_SCHEDULE_DELAY": "50"}) as running:
         yield running
+        assert running.stop() == 0
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +94,25 @@ def replay(server: RunningServer, record: dict[str, Any]) -> tuple[int, int]:
 
 def turns(server: RunningServer, paths: list[Path]) -> list[tuple[int, int]]:
     return [replay(server, recorded(path)) for path in paths]
+
+
+def reused_tokens(trace_file: Path, since: float, requests: int) -> list[int]:
+    """`courier.tokenize.reused_tokens` of the renders of the `requests` admissions since `since` (seconds since
+    the epoch), in order, once all are written."""
+    for _ in attempts():
+        spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()] if trace_file.exists() else []
+        admissions = {span["context"]["span_id"] for span in spans if span["name"] == "ingress.AdmitGeneration"}
+        renders = sorted(
+            (span["start_time"], span["attributes"]["courier.tokenize.reused_tokens"])
+            for span in spans
+            if span["name"] == "token_counter.TokenizeChat"
+            and span["parent_id"] in admissions
+            and datetime.fromisoformat(span["start_time"]).timestamp() >= since
+        )
+        if len(renders) >= requests:
+            assert len(renders) == requests, renders
+            return [reused for _, reused in renders]
+    raise AssertionError(f"{requests} admissions' renders never reached {trace_file}")
 
 
 def divergences(server: RunningServer, since: float) -> list[dict[str, Any]]:
@@ -125,24 +156,37 @@ def _until_idle(http: httpx.Client) -> None:
     ids=["three-turns", "tool-loop"],
 )
 def test_claude_codes_later_turns_start_from_the_whole_previous_prompt(
-    normalizing: RunningServer, names: list[str], started: float
+    normalizing: RunningServer, trace_file: Path, names: list[str], started: float
 ) -> None:
     replayed = turns(normalizing, [AGENTS / f"{name}.json" for name in names])
     assert replayed[0][0] > 15_000  # its system prompt and 24 tools
     for (previous, _), (prompt, cached) in itertools.pairwise(replayed):
         assert previous <= cached < prompt
     _diverge_only_in_the_previous_reply(normalizing, replayed, started)
+    _tokenized_from_the_previous_prompt(trace_file, replayed, started)
 
 
-def test_codexs_later_turns_start_from_the_whole_previous_prompt(normalizing: RunningServer, started: float) -> None:
+def test_codexs_later_turns_start_from_the_whole_previous_prompt(
+    normalizing: RunningServer, trace_file: Path, started: float
+) -> None:
     replayed = turns(normalizing, [CODEX / f"three-turns-0{n}.json" for n in (1, 2, 3)])
     assert replayed[0][0] > 5_000  # its ~17,000-character developer message and tools
     for (previous, _), (prompt, cached) in itertools.pairwise(replayed):
         assert previous <= cached < prompt
     _diverge_only_in_the_previous_reply(normalizing, replayed, started)
+    _tokenized_from_the_previous_prompt(trace_file, replayed, started)
     # Another Codex session in the same directory: the same developer messages, then its own question.
     prompt, cached = replay(normalizing, recorded(CODEX / "another-session-01.json"))
     assert cached >= prompt - 20
+
+
+def _tokenized_from_the_previous_prompt(trace_file: Path, replayed: list[tuple[int, int]], since: float) -> None:
+    """The first turn is tokenized whole (the reset before the test forgot every render); each later one takes the
+    previous prompt's tokens up to the `<|im_start|>` of its generation prompt, where the recorded reply follows."""
+    reused = reused_tokens(trace_file, since, len(replayed))
+    assert reused[0] == 0
+    for (previous, _), (prompt, _), taken in zip(replayed, replayed[1:], reused[1:], strict=False):
+        assert previous - 8 <= taken < prompt, (previous, taken, prompt)
 
 
 def _diverge_only_in_the_previous_reply(server: RunningServer, replayed: list[tuple[int, int]], since: float) -> None:
