@@ -52,6 +52,7 @@ from courier.model.tokenizer_offsets import offsets_encoder
 from courier.model.vision.processing import ImageProcessor
 from courier.runtime.actor import Actor
 from courier.runtime.trace_attributes import TOKENS_REUSED
+from courier.status.tokenizer_stats import TokenizerStats
 
 T = TypeVar("T")
 
@@ -66,6 +67,7 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         *,
         normalize: bool = True,
         remember_renders: bool = True,
+        stats: TokenizerStats | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._images = images
@@ -73,6 +75,7 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         self._offsets = offsets_encoder(tokenizer)  # None: every render is tokenized whole
         # A tenant's recent renders, for its next ones (off with the prompt cache: nothing kept between requests).
         self._recent = RecentEncodings() if remember_renders else None
+        self._stats = stats if stats is not None else TokenizerStats()
         self._native_tools = bool(getattr(tokenizer, "has_tool_calling", False))
         template = getattr(tokenizer, "chat_template", None)
         self._template_text = template if isinstance(template, str) else str(template or "")
@@ -90,7 +93,9 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             case Detokenize():
                 await self._on_detokenize(message)
             case ForgetRenders():
-                await message.reply.send(self._recent.clear() if self._recent is not None else 0)
+                forgotten = self._recent.clear() if self._recent is not None else 0
+                self._stats.kept(0, 0)
+                await message.reply.send(forgotten)
 
     async def _on_tokenize_text(self, message: TokenizeText) -> None:
         too_long = self._too_long(len(message.text.encode("utf-8")), message.max_tokens, "prompt")
@@ -122,6 +127,8 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             await message.reply.send(_invalid(f"the chat template rejected the messages: {error}", "messages"))
             return
         trace.get_current_span().set_attribute(TOKENS_REUSED, reused)
+        kept = (len(self._recent), self._recent.bytes) if self._recent is not None else (0, 0)
+        self._stats.rendered(len(result.tokens), reused, *kept)
         await message.reply.send(result)
 
     async def _on_detokenize(self, message: Detokenize) -> None:

@@ -257,6 +257,7 @@ async def _start_actors(
             vision.processor if vision is not None else None,
             normalize=settings.prompt_cache_normalize,
             remember_renders=settings.prompt_cache,
+            stats=runtime._status.state.tokenizer,
         ),
         TOKEN_COUNTER_INBOX,
     )

@@ -22,6 +22,7 @@ from courier.status.gateway_metrics import gateway_gauges
 from courier.status.model_metrics import model_families, model_ttft_histogram
 from courier.status.models import ModelsStatus
 from courier.status.service_state import ServiceState
+from courier.status.tokenizer_stats import TokenizerStats
 from courier.storage.breaker import BreakerState, CircuitBreaker
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -73,6 +74,7 @@ class _StateCollector(Collector):
         yield from self._faults()
         yield from self._connections()
         yield from self._prompt_cache()
+        yield from _tokenizer(self._state.tokenizer)
         yield from self._grammars()
         yield from self._mlx_memory()
         if self._models is not None:
@@ -199,6 +201,18 @@ class _StateCollector(Collector):
         evictions.add_metric(["disk_write_failed"], counters.disk_write_losses)
         yield evictions
         yield from _tiers(store)
+
+
+def _tokenizer(stats: TokenizerStats) -> Iterator[Metric]:
+    """Chat renders tokenized, and the tokens taken from renders kept for reuse (docs/prompt-cache.md)."""
+    prefix = "courier_tokenizer"
+    yield CounterMetricFamily(f"{prefix}_renders", "Chat renders tokenized", value=stats.renders)
+    yield CounterMetricFamily(f"{prefix}_tokens", "Tokens of the chat renders tokenized", value=stats.tokens)
+    yield CounterMetricFamily(
+        f"{prefix}_reused_tokens", "Of those, tokens taken from a render kept before", value=stats.reused_tokens
+    )
+    yield GaugeMetricFamily(f"{prefix}_kept_renders", "Renders kept for reuse", value=stats.kept_renders)
+    yield GaugeMetricFamily(f"{prefix}_kept_bytes", "Bytes the renders kept for reuse hold", value=stats.kept_bytes)
 
 
 def _tiers(store: StoreStats) -> Iterator[Metric]:

@@ -20,6 +20,7 @@ from courier.platform.blas import BlasReport
 from courier.runtime.faults import FaultCounter
 from courier.status.connections import ConnectionStats
 from courier.status.scheduler_stats import AdmissionStats, SchedulerStats
+from courier.status.tokenizer_stats import TokenizerStats
 from courier.storage.faults import StorageFaults
 
 
@@ -35,6 +36,7 @@ class ServiceState:
     model_id: str
     scheduler: SchedulerStats
     admission: AdmissionStats = field(default_factory=AdmissionStats)
+    tokenizer: TokenizerStats = field(default_factory=TokenizerStats)  # the token counter's
     faults: FaultCounter = field(default_factory=FaultCounter)  # every actor counts into it
     storage_faults: StorageFaults = field(default_factory=StorageFaults)  # the storage actor's
     connections: ConnectionStats = field(default_factory=lambda: ConnectionStats(limit=0))  # the connection gate's

@@ -29,6 +29,7 @@ from courier.messages.token_counter import (
 )
 from courier.runtime.actor import ask
 from courier.runtime.faults import FaultCounter
+from courier.status.tokenizer_stats import TokenizerStats
 
 Outbox = MemoryObjectSendStream[TokenCounterMessage]
 
@@ -226,7 +227,8 @@ async def test_a_later_turn_reuses_its_tenants_earlier_render_and_no_one_elses(
     ]
     replies: list[TokenizeReply] = []
     async with anyio.create_task_group() as task_group:
-        await task_group.start(TokenCounterActor(tokenizer, remember_renders=remember).run, receive)
+        stats = TokenizerStats()
+        await task_group.start(TokenCounterActor(tokenizer, remember_renders=remember, stats=stats).run, receive)
         with send:
             for scope, messages in asked:
                 replies.append(
@@ -253,3 +255,7 @@ async def test_a_later_turn_reuses_its_tenants_earlier_render_and_no_one_elses(
     first, later, other_tenant, opted_out = _reused(span_exporter)
     assert first == 0 and other_tenant == 0 and opted_out == 0
     assert later > 0.9 * len(replies[1].tokens) if remember else later == 0  # type: ignore[union-attr]
+    # /metrics' figures: every render counted, the reuse, and what is kept (the three with a scope, if any).
+    tokens = sum(len(reply.tokens) for reply in replies if isinstance(reply, TokenizeResult))
+    assert (stats.renders, stats.tokens, stats.reused_tokens) == (4, tokens, later)
+    assert stats.kept_renders == (3 if remember else 0) and (stats.kept_bytes > 0) == remember

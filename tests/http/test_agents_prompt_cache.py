@@ -17,7 +17,8 @@ prompt. What the recordings show:
 
 Replayed with `stream: false` (the usage comes in one body) and, for Codex, without what Courier does not serve yet
 (`logging_proxy.for_courier`). Each test starts from an empty cache. A later turn is also tokenized from the one
-before (docs/prompt-cache.md, "Tokenizing only what is new"): the trace says how many of its tokens were taken.
+before (docs/prompt-cache.md, "Tokenizing only what is new"): the trace says how many of its tokens were taken,
+and /metrics counts them.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def test_claude_codes_later_turns_start_from_the_whole_previous_prompt(
     for (previous, _), (prompt, cached) in itertools.pairwise(replayed):
         assert previous <= cached < prompt
     _diverge_only_in_the_previous_reply(normalizing, replayed, started)
-    _tokenized_from_the_previous_prompt(trace_file, replayed, started)
+    _tokenized_from_the_previous_prompt(normalizing, trace_file, replayed, started)
 
 
 def test_codexs_later_turns_start_from_the_whole_previous_prompt(
@@ -174,19 +175,30 @@ def test_codexs_later_turns_start_from_the_whole_previous_prompt(
     for (previous, _), (prompt, cached) in itertools.pairwise(replayed):
         assert previous <= cached < prompt
     _diverge_only_in_the_previous_reply(normalizing, replayed, started)
-    _tokenized_from_the_previous_prompt(trace_file, replayed, started)
+    _tokenized_from_the_previous_prompt(normalizing, trace_file, replayed, started)
     # Another Codex session in the same directory: the same developer messages, then its own question.
     prompt, cached = replay(normalizing, recorded(CODEX / "another-session-01.json"))
     assert cached >= prompt - 20
 
 
-def _tokenized_from_the_previous_prompt(trace_file: Path, replayed: list[tuple[int, int]], since: float) -> None:
+def _tokenized_from_the_previous_prompt(
+    server: RunningServer, trace_file: Path, replayed: list[tuple[int, int]], since: float
+) -> None:
     """The first turn is tokenized whole (the reset before the test forgot every render); each later one takes the
     previous prompt's tokens up to the `<|im_start|>` of its generation prompt, where the recorded reply follows."""
     reused = reused_tokens(trace_file, since, len(replayed))
     assert reused[0] == 0
     for (previous, _), (prompt, _), taken in zip(replayed, replayed[1:], reused[1:], strict=False):
         assert previous - 8 <= taken < prompt, (previous, taken, prompt)
+    with server.http() as http:
+        metrics = http.get("/metrics").text
+    figures = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith("courier_tokenizer_")
+    }
+    assert figures["courier_tokenizer_reused_tokens_total"] >= sum(reused)  # counted since the server started
+    assert figures["courier_tokenizer_kept_renders"] >= 1 and figures["courier_tokenizer_kept_bytes"] > 0
 
 
 def _diverge_only_in_the_previous_reply(server: RunningServer, replayed: list[tuple[int, int]], since: float) -> None:
