@@ -48,7 +48,7 @@ from courier.messages.token_counter import (
     TokenizeResult,
     TokenizeText,
 )
-from courier.model.tokenizer_offsets import offsets_encoder
+from courier.model.tokenizer_offsets import WholeTexts, offsets_encoder
 from courier.model.vision.processing import ImageProcessor
 from courier.runtime.actor import Actor
 from courier.runtime.trace_attributes import TOKENS_REUSED
@@ -72,9 +72,11 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         self._tokenizer = tokenizer
         self._images = images
         self._normalize = normalize  # leave out volatile system-prompt lines (--prompt-cache-normalize)
-        self._offsets = offsets_encoder(tokenizer)  # None: every render is tokenized whole
-        # A tenant's recent renders, for its next ones (off with the prompt cache: nothing kept between requests).
-        self._recent = RecentEncodings() if remember_renders else None
+        offsets = offsets_encoder(tokenizer)
+        self._encoder = offsets if offsets is not None else WholeTexts(tokenizer)  # the latter: every render whole
+        # A tenant's recent renders, for its next ones (off with the prompt cache: nothing kept between requests;
+        # nothing kept either for a tokenizer whose renders cannot be reused).
+        self._recent = RecentEncodings() if remember_renders and offsets is not None else None
         self._stats = stats if stats is not None else TokenizerStats()
         self._native_tools = bool(getattr(tokenizer, "has_tool_calling", False))
         template = getattr(tokenizer, "chat_template", None)
@@ -162,29 +164,20 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             return self._chat_tokens_with_images(message), 0
         render = partial(self._render_text, message.messages, message.tools, thinking=message.thinking)
         text = render(add_generation_prompt=message.add_generation_prompt, options=message.options)
-        if self._offsets is None:
-            tokens = self._encode_whole(text)
-            if not message.with_history_boundary:
-                return TokenizeResult(tokens=tokens), 0
-            history = self._encode_whole(render(add_generation_prompt=False, options=message.options))
-            return TokenizeResult(tokens=tokens, history_boundary=common_prefix_length(history, tokens)), 0
-        scope = message.reuse_scope if self._recent is not None else None
-        base = self._recent.closest(scope, text) if self._recent is not None and scope is not None else None
-        prompt = token_reuse.encode(text, self._offsets, base)
-        if self._recent is not None and scope is not None:
-            self._recent.remember(scope, prompt.encoded)
+        recent, scope = self._recent, message.reuse_scope
+        base = recent.closest(scope, text) if recent is not None and scope is not None else None
+        prompt = token_reuse.encode(text, self._encoder, base)
+        if recent is not None and scope is not None:
+            recent.remember(scope, prompt.encoded)
         tokens = tuple(prompt.encoded.ids)
         if not message.with_history_boundary:
             return TokenizeResult(tokens=tokens), prompt.reused_tokens
         # The history rendered on its own, clipped to what it shares with the live prompt: the next turn of this
         # conversation renders the same tokens, so a snapshot taken there can be extended by it.
         history_text = render(add_generation_prompt=False, options=message.options)
-        history = tuple(token_reuse.encode(history_text, self._offsets, prompt.encoded).encoded.ids)
+        history = tuple(token_reuse.encode(history_text, self._encoder, prompt.encoded).encoded.ids)
         boundary = common_prefix_length(history, tokens)
         return TokenizeResult(tokens=tokens, history_boundary=boundary), prompt.reused_tokens
-
-    def _encode_whole(self, text: str) -> tuple[int, ...]:
-        return tuple(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _chat_tokens_with_images(self, message: TokenizeChat) -> TokenizeResult:
         """The template writes a placeholder per image; the model's processor expands each into its image tokens

@@ -5,12 +5,13 @@ tells each token's offsets. Not one that keeps special tokens whole as text (`sp
 cut does not happen, nor one whose offsets call gives other ids than its `encode` on a probe (a class that rewrites
 the text in `encode`). An anchor is an added token matched in the raw text (`normalized` off) that takes no
 whitespace beside it and is no single-word match (`lstrip`, `rstrip`, `single_word` off): where it starts, the
-text before and after it are encoded apart. A tokenizer without one is not reused (`offsets_encoder` is None).
+text before and after it are encoded apart. A tokenizer without one is not reused (`offsets_encoder` is None;
+`WholeTexts` encodes with it all the same, every text whole).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -23,6 +24,20 @@ class FastTokenizerOffsets:
     def encode_with_starts(self, text: str) -> tuple[list[int], list[int]]:
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(encoding["input_ids"]), [start for start, _ in encoding["offset_mapping"]]
+
+
+@dataclass(frozen=True, slots=True)
+class WholeTexts:
+    """A tokenizer whose texts are never cut: no anchors, so `core/token_reuse.py` encodes every text whole with
+    its own `encode` (the starts it gives are never read)."""
+
+    tokenizer: Any  # mlx-lm's wrapper, or a `transformers` tokenizer
+    anchors: dict[int, str] = field(default_factory=dict)
+    longest_anchor: int = 0
+
+    def encode_with_starts(self, text: str) -> tuple[list[int], list[int]]:
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return ids, [0] * len(ids)
 
 
 def offsets_encoder(tokenizer: Any) -> FastTokenizerOffsets | None:

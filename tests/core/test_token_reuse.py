@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerFast
 from courier.core import token_reuse
 from courier.core.token_prefix import common_prefix_length
 from courier.core.token_reuse import CHECKPOINT_CHARS, Encoded, RecentEncodings
-from courier.model.tokenizer_offsets import FastTokenizerOffsets, offsets_encoder
+from courier.model.tokenizer_offsets import FastTokenizerOffsets, WholeTexts, offsets_encoder
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 # Pieces texts are made of: the anchors, a normalized added token, digits (split apart by some pre-tokenizers),
@@ -242,3 +242,13 @@ def test_which_tokenizers_are_reused(smollm2: TokenizerWrapper) -> None:
     keeps_specials_whole.split_special_tokens = True
     assert offsets_encoder(keeps_specials_whole) is None
     assert offsets_encoder(object()) is None
+
+
+def test_a_tokenizer_whose_renders_are_not_reused_encodes_every_text_whole(smollm2: TokenizerWrapper) -> None:
+    """`WholeTexts` (what the token counter uses when `offsets_encoder` says no): its own `encode`, nothing taken."""
+    whole_texts = WholeTexts(smollm2)
+    first = "<|im_start|>system\n" + "hello world " * CHECKPOINT_CHARS + "<|im_end|>\n"
+    base = token_reuse.encode(first, whole_texts)
+    later = token_reuse.encode(first + "<|im_start|>user\nhi<|im_end|>\n", whole_texts, base.encoded)
+    assert list(later.encoded.ids) == list(smollm2.encode(later.encoded.text, add_special_tokens=False))
+    assert (base.reused_tokens, later.reused_tokens, len(later.encoded.anchor_tokens)) == (0, 0, 0)

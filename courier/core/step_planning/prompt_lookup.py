@@ -17,8 +17,8 @@ for a failed verify to find out. Pure Python: the engine verifies drafts.
 
 An n-gram is indexed by a 64-bit hash of its tokens. The context a sequence starts with is indexed with numpy, as
 sorted keys searched by bisection: a prompt of 20K tokens takes ~10 ms on the MLX thread before its first token,
-where a dict of token tuples took ~30 ms. What it generates goes into a dict, looked up first (the
-most recent occurrence wins). Two n-grams hashing alike would only propose a draft the verify pass refuses.
+where a dict of token tuples took ~30 ms. What it generates goes into a dict, looked up first (the most recent
+occurrence wins). Two n-grams hashing alike would only propose a draft the verify pass refuses.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class PromptLookup:
         lengths = range(MIN_NGRAM, limits.max_ngram + 1)
         # [n - MIN_NGRAM]: an n-gram's key -> where the tokens after its most recent occurrence start; in the
         # context the sequence started with, and since.
-        self._context = [SortedNgrams.of(self._tokens, n) for n in lengths]
+        self._context = SortedNgrams.of_context(self._tokens, limits.max_ngram)
         self._index: list[dict[int, int]] = [{} for _ in lengths]
         # [n]: the key of the context's last n tokens (n up to max_ngram, while there are that many), kept as the
         # context grows: each new token's keys follow from the last ones in one multiply-add each.
@@ -168,17 +168,24 @@ class SortedNgrams:
     starts: list[int]
 
     @classmethod
-    def of(cls, tokens: Sequence[int], n: int) -> SortedNgrams:
-        count = len(tokens) - n  # the positions from n on each follow an n-gram
-        if count <= 0:
-            return cls([], [])
-        window = np.asarray(tokens[: len(tokens) - 1], dtype=np.uint64) + np.uint64(1)
-        keys = np.zeros(count, dtype=np.uint64)
-        for offset in range(n):
-            keys = keys * np.uint64(KEY_MULTIPLIER) + window[offset : offset + count]
+    def of_context(cls, tokens: Sequence[int], max_ngram: int) -> list[SortedNgrams]:
+        """The context's n-grams of each length from MIN_NGRAM to `max_ngram`: its tokens read into numpy once, and
+        each length's keys from the one before (an n-gram's key is its (n-1)-gram's, then one token more)."""
+        window = np.asarray(tokens[: max(len(tokens) - 1, 0)], dtype=np.uint64) + np.uint64(1)
+        keys, indexes = window, []  # keys[j]: the key of the n-gram starting at position j (n = 1 here)
+        for n in range(2, max_ngram + 1):
+            count = max(len(tokens) - n, 0)  # the positions from n on each follow an n-gram
+            keys = keys[:count] * np.uint64(KEY_MULTIPLIER) + window[n - 1 : n - 1 + count]
+            if n >= MIN_NGRAM:
+                indexes.append(cls._sorted(keys, n) if count > 0 else cls([], []))
+        return indexes
+
+    @classmethod
+    def _sorted(cls, keys: np.ndarray[tuple[int], np.dtype[np.uint64]], n: int) -> SortedNgrams:
+        """`keys[j]` is the n-gram ending just before position `j + n`: the distinct keys, each with the latest."""
         order = np.argsort(keys, kind="stable")  # equal keys stay in order: the last of a run is the latest
-        keys, starts = keys[order], np.arange(n, len(tokens), dtype=np.int64)[order]
-        last = np.ones(count, dtype=bool)
+        keys, starts = keys[order], np.arange(n, n + len(keys), dtype=np.int64)[order]
+        last = np.ones(len(keys), dtype=bool)
         last[:-1] = keys[1:] != keys[:-1]
         return cls(keys[last].tolist(), starts[last].tolist())
 
