@@ -304,3 +304,6 @@ def test_the_model_and_health_say_tools_are_generic_and_metrics_count_grammars(
     assert twice["courier_grammar_compiles_total"] == once["courier_grammar_compiles_total"]
     assert twice["courier_grammar_cache_hits_total"] >= once["courier_grammar_cache_hits_total"] + 1
     assert 0 < twice["courier_grammar_cache_entries"] <= 256
+    # Built once too: the second request's spec found its grammar built (no schema checked or grammar made again).
+    assert twice["courier_grammar_built_hits_total"] >= once["courier_grammar_built_hits_total"] + 1
+    assert 0 < twice["courier_grammar_built_entries"] <= 256

@@ -21,7 +21,10 @@ from typing import Any
 
 from llguidance import LLMatcher, LLTokenizer
 
-from courier.grammar.constraint import LIMITS, Constraint, GrammarError
+from courier.grammar import output_spec
+from courier.grammar.built_constraints import BuiltConstraints
+from courier.grammar.constraint import LIMITS, Constraint, GrammarError, ToolGrammar
+from courier.grammar.output_spec import OutputSpec
 from courier.grammar.probe import first_steps_failure, opener_tokens
 
 DEFAULT_CAPACITY = 256
@@ -34,6 +37,8 @@ class CompilerStats:
     hits: int
     misses: int
     compile_seconds: float  # all compilations together
+    built_entries: int  # requests' output specs kept built (`built_constraints.py`)
+    built_hits: int  # specs whose grammar was not built again
 
 
 class GrammarCompiler:
@@ -46,6 +51,7 @@ class GrammarCompiler:
         self._hits = 0
         self._misses = 0
         self._compile_seconds = 0.0
+        self._built = BuiltConstraints(capacity=self._capacity)
 
     @property
     def vocab_size(self) -> int:
@@ -61,6 +67,12 @@ class GrammarCompiler:
         if constraint.compiled is not None:
             return constraint.compiled.deep_copy()
         return self._template(constraint, param).deep_copy()
+
+    def output_constraint(self, output: OutputSpec, tool_grammar: ToolGrammar | None, param: str) -> Constraint | None:
+        """The compiled constraint of a request's `output` spec (None: it needs none), built once per distinct spec
+        for a model writing tool calls as `tool_grammar`. Raises `GrammarError` naming the parameter."""
+        constraint = self._built.get(output, tool_grammar, lambda: output_spec.constraint(output, tool_grammar))
+        return None if constraint is None else self.compile(constraint, param)
 
     def compile(self, constraint: Constraint, param: str) -> Constraint:
         """`constraint` carrying its compiled grammar (from the cache, or compiled now), so that whoever generates
@@ -109,6 +121,8 @@ class GrammarCompiler:
                 hits=self._hits,
                 misses=self._misses,
                 compile_seconds=self._compile_seconds,
+                built_entries=len(self._built),
+                built_hits=self._built.hits,
             )
 
 

@@ -48,10 +48,9 @@ async def constrain(context: AppContext, sampling: SamplingParams, output: Outpu
     param = output.format.param if output.format.kind != "text" else "tools"
 
     def build() -> Constraint | None:
-        constraint = refusing(lambda: output_spec.constraint(output, tool_grammar))
-        if constraint is None or grammars is None:
-            return constraint
-        return refusing(lambda: grammars.compile(constraint, param))
+        if grammars is None:
+            return refusing(lambda: output_spec.constraint(output, tool_grammar))
+        return refusing(lambda: grammars.output_constraint(output, tool_grammar, param))
 
     constraint = await anyio.to_thread.run_sync(build, limiter=_GRAMMAR_LIMITER)
     if constraint is None:

@@ -91,6 +91,12 @@ class _StateCollector(Collector):
         yield CounterMetricFamily(
             "courier_grammar_compile_seconds", "Seconds spent compiling grammars", value=stats.compile_seconds
         )
+        yield GaugeMetricFamily(
+            "courier_grammar_built_entries", "Requests' output specs kept built", value=stats.built_entries
+        )
+        yield CounterMetricFamily(
+            "courier_grammar_built_hits", "Output specs whose grammar was not built again", value=stats.built_hits
+        )
 
     def _scheduler(self) -> Iterator[Metric]:
         stats = self._state.scheduler
