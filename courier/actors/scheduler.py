@@ -198,7 +198,8 @@ class SchedulerActor(Actor[SchedulerMessage]):
                     continue
                 self._wake = anyio.Event()
                 await self._wake.wait()
-                await self._gather_burst()
+                if self._waiting:  # (not a warm-up or a cancellation, which run at once)
+                    await self._gather_burst(engine)
                 continue
             self._drop_abandoned()
             expired = self._expire()
@@ -221,23 +222,46 @@ class SchedulerActor(Actor[SchedulerMessage]):
         stats.steps, stats.verify_steps, stats.tokens = counters.steps, counters.verify_steps, counters.tokens
         stats.drafted, stats.accepted, stats.forced = counters.drafted, counters.accepted, counters.forced
 
-    async def _gather_burst(self) -> None:
-        """Let a burst of arrivals gather so it is prefilled as one batch; only an idle engine waits.
+    async def _gather_burst(self, engine: BatchEngine) -> None:
+        """Let a burst of arrivals gather so it is prefilled as one batch; only an idle engine waits, and only for a
+        step longer than a window.
 
         The wait lasts while requests keep arriving at most one window apart (a burst of clients sent
         by one process takes longer than one window to arrive), up to `_BURST_WINDOWS` windows in all,
-        and ends early once a full batch waits. A lone request waits one window.
+        and ends early once a full batch waits. A lone request waits one window, unless the step that would admit
+        what waits is estimated at no more than a window (`_short_step_ahead`).
         """
         window = self._admission_window_s
         if window <= 0:
             return
         deadline = time.monotonic() + window * _BURST_WINDOWS
+        if await self._short_step_ahead(engine, window):
+            self._stats.admission_windows_skipped += 1
+            return
+        self._stats.admission_windows_waited += 1
         while True:
             seen = len(self._waiting)
             await anyio.sleep(window)
             arrived = len(self._waiting) > seen
             if not arrived or len(self._waiting) >= self._stats.max_batch or time.monotonic() >= deadline:
                 return
+
+    async def _short_step_ahead(self, engine: BatchEngine, window: float) -> bool:
+        """Whether the step admitting the waiting requests would take at most `window`, by the engine's cost model,
+        once their lookups have answered (waited for at most a window). A burst that comes during so short a step
+        joins at the next one, sooner than a window's wait would have admitted it: an agent's turn, most of its
+        prompt cached, is admitted at once instead of waiting the window out."""
+        with anyio.move_on_after(window):
+            while any(not queued.looked_up for queued in self._waiting):
+                self._wake = anyio.Event()
+                await self._wake.wait()
+        if not self._waiting or any(not queued.looked_up for queued in self._waiting):
+            return False
+        prompts = []
+        for queued in self._waiting:
+            depth = queued.prefix.matched if queued.prefix is not None else 0
+            prompts.append((depth, len(queued.request.prompt_tokens) - depth))
+        return await self._mlx.call(partial(engine.admission_seconds, prompts)) <= window
 
     def _start_lookups(self) -> None:
         """Ask the store for the prefixes of the waiting requests that fit in the batch's free slots (in order), each

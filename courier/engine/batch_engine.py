@@ -188,6 +188,15 @@ class BatchEngine:
                 outputs.extend(self._reader.advance(sequence, response, self._generator))
         return outputs
 
+    def admission_seconds(self, prompts: Sequence[tuple[int, int]]) -> float:
+        """About how long the step admitting `prompts` (each its cached depth and its tokens still to prefill)
+        takes with nothing else running, by the cost model its chunks are sized with (`prefill_budget.py`)."""
+        if not prompts:
+            return 0.0
+        work = StepWork(prefill_depths=[depth for depth, _ in prompts[: self._limits.prefill_batch]])
+        chunk = min(self._prefill.chunk(work), max(tokens for _, tokens in prompts))
+        return self._prefill.costs.estimate(work.positions(chunk), work.attended(chunk))
+
     def _work(self) -> StepWork:
         """What this step processes: a token of each decoding sequence, a chunk of each prompt being prefilled
         (the first `prefill_batch` waiting, as the generator takes them), each at its depth."""

@@ -57,6 +57,10 @@ class SchedulerStats:
     warmups_paused: int = 0  # interrupted by live requests: kept in line with their progress, resumed when idle
     warmups_pending: int = 0
     warmups_queued: int = 0
+    # An idle scheduler's admissions: after waiting for a burst to gather (`--admission-window-ms`), or at once
+    # because the step admitting what waited was estimated at no more than a window.
+    admission_windows_waited: int = 0
+    admission_windows_skipped: int = 0
     speculation: SpeculationStats = field(default_factory=SpeculationStats)
     # How the running batch holds attention KV (`--kv-bits`): quantized to these bits in groups of this size, or
     # None for as computed. Set once, when the engine is built.

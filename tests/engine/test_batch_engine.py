@@ -553,6 +553,34 @@ def test_a_long_prompt_is_prefilled_in_smaller_chunks_the_deeper_it_gets(loaded:
     run_until_done(engine, outputs)
 
 
+def test_the_step_admitting_prompts_is_estimated_by_the_cost_model_its_chunks_are_sized_with(
+    loaded: tuple[Any, Any],
+) -> None:
+    """What an idle scheduler asks before it waits for a burst (`--admission-window-ms`): a prompt's first chunk,
+    as the budget sizes it at its cached depth, priced by the same model; a short rest is priced as what it is."""
+    model, tokenizer = loaded
+    costs = FixedDepthCosts(0.1, 1e-4, 2e-6)
+    limits = BatchLimits(
+        max_batch=4, prefill_batch=4, prefill_step_size=512, prefill_stall_s=0.02, prefill_costs=lambda: costs
+    )
+    engine = BatchEngine(model, tokenizer, limits)
+    budget = PrefillBudget(stall_s=0.02, largest=512, costs=costs)
+    model_costs = costs.model()
+    cold = StepWork(prefill_depths=[0])
+    chunk = budget.chunk(cold)
+    assert 8 < chunk < 500
+    assert engine.admission_seconds([(0, 500)]) == model_costs.estimate(cold.positions(chunk), cold.attended(chunk))
+    cached = StepWork(prefill_depths=[1000])
+    assert engine.admission_seconds([(1000, 8)]) == model_costs.estimate(cached.positions(8), cached.attended(8))
+    assert engine.admission_seconds([(1000, 8)]) < engine.admission_seconds([(0, 500)])
+    pair = StepWork(prefill_depths=[0, 1000])
+    both = min(budget.chunk(pair), 500)
+    assert engine.admission_seconds([(0, 500), (1000, 8)]) == model_costs.estimate(
+        pair.positions(both), pair.attended(both)
+    )
+    assert engine.admission_seconds([]) == 0.0
+
+
 def tenant_of(origin: object) -> object:
     assert isinstance(origin, tuple)
     return origin[0]

@@ -42,6 +42,9 @@ class FakeEngine:
         self.steps: list[Step] = []
         self.speculation = SpeculationCounters()
         self.model_reads = 0
+        # What the step admitting the waiting requests is estimated at (`admission_seconds`), and what was asked.
+        self.admission_estimate = 0.0
+        self.admissions_estimated: list[list[tuple[int, int]]] = []
         self._script: deque[list[EngineOutput]] = deque()
         self._ready = threading.Condition()
         self._closed = False
@@ -64,6 +67,11 @@ class FakeEngine:
         with self._ready:
             self._closed = True
             self._ready.notify_all()
+
+    def admission_seconds(self, prompts: Sequence[tuple[int, int]]) -> float:
+        assert threading.current_thread().name == THREAD_NAME, "the engine is asked on the MLX thread only"
+        self.admissions_estimated.append(list(prompts))
+        return self.admission_estimate
 
     def step(
         self, added: Sequence[EngineRequest], cancelled: Sequence[RequestId], expired: Sequence[RequestId] = ()
