@@ -226,15 +226,17 @@ def test_calls_waiting_for_a_connection_fail_at_once_when_the_database_stops(
 ) -> None:
     storage = replicas(LIMITS)
     storage.save_response(response("resp_1"), ())
-    outcomes: list[tuple[type[BaseException], float]] = []
+    # What each call returned or raised, and how long it took.
+    outcomes: list[tuple[StoredResponse | type[BaseException] | None, float]] = []
     calls = postgres_connection.POOL_MAX_SIZE + 2  # more than the pool holds: some wait for a connection
 
     def read() -> None:
         started = time.monotonic()
         try:
-            storage.load_response("resp_1")
+            outcome: StoredResponse | type[BaseException] | None = storage.load_response("resp_1")
         except StorageUnavailable as error:
-            outcomes.append((type(error), time.monotonic() - started))
+            outcome = type(error)
+        outcomes.append((outcome, time.monotonic() - started))
 
     blocker = psycopg.connect(url)  # closed by the database stopping
     blocker.execute("LOCK TABLE responses IN ACCESS EXCLUSIVE MODE")  # the readers hold or wait for connections
@@ -250,12 +252,18 @@ def test_calls_waiting_for_a_connection_fail_at_once_when_the_database_stops(
         for thread in threads:
             thread.join(timeout=postgres_connection.ACQUIRE_TIMEOUT_S)
         late = {thread.ident for thread in threads if thread.is_alive()}
-        for ident, frame in sys._current_frames().items():  # (seen once in CI): where a late call waits
+        for ident, frame in sys._current_frames().items():  # where a late call waits, should one ever be
             if ident in late:
                 sys.stderr.write(f"a call still running:\n{''.join(traceback.format_stack(frame))}")
     blocker.close()
-    assert len(outcomes) == calls
-    assert {kind for kind, _ in outcomes} == {StorageUnreachable}
+    assert len(outcomes) == calls  # no call still waits
+    # A fast stop cuts the sessions one by one: a reader whose session took the lock as the blocker's was cut may
+    # be answered before its own is (1-2 calls of 6 in 4 runs of 80 here). Only a reader holding a connection can be:
+    # one waiting for a connection gets a dead one or none.
+    answered = [outcome for outcome, _ in outcomes if outcome == response("resp_1")]
+    assert len(answered) <= postgres_connection.POOL_MAX_SIZE
+    failed = [outcome for outcome, _ in outcomes if outcome != response("resp_1")]
+    assert failed == [StorageUnreachable] * (calls - len(answered))
     assert max(elapsed for _, elapsed in outcomes) < postgres_connection.ACQUIRE_TIMEOUT_S / 2
 
 
