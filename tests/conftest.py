@@ -25,7 +25,13 @@ from courier.model.source import embedded_gguf_path  # noqa: E402
 from courier.runtime.tracing import configure_tracing  # noqa: E402
 from tests.support import tiny_models, tool_model  # noqa: E402
 from tests.support.postgres_cluster import PostgresCluster, private_cluster  # noqa: E402
-from tests.support.server import TINY_MODEL, RunningServer, error_lines, running_server  # noqa: E402
+from tests.support.server import (  # noqa: E402
+    FIXED_PREFILL_CHUNKS,
+    TINY_MODEL,
+    RunningServer,
+    error_lines,
+    running_server,
+)
 from tests.support.tiny_embedding_model import build_bert  # noqa: E402
 from tests.support.tiny_vision_model import build_tiny_vision_model  # noqa: E402
 
@@ -136,7 +142,9 @@ def tiny_server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer
     nothing else (each module's `server` fixture returns it). Tests on it must not depend on each other: a test
     that reads the prompt cache sends a prefix of its own, and counters are compared before and after."""
     args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", TINY_MODEL]
-    with running_server(args) as running:
+    # Its modules compare greedy replies across requests (streamed and whole, cut by a stop and full, top_k=1 and
+    # greedy, the same seed twice).
+    with running_server([*args, *FIXED_PREFILL_CHUNKS]) as running:
         yield running
         _shut_down_cleanly(running)
 

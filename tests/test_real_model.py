@@ -13,7 +13,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from courier.model.device import active_device
-from tests.support.server import RunningServer, running_server
+from tests.support.server import FIXED_PREFILL_CHUNKS, RunningServer, running_server
 
 pytestmark = pytest.mark.real_model
 
@@ -39,7 +39,9 @@ def converse(client: openai.OpenAI, turns: int) -> list[tuple[int, int]]:
 
 def test_default_server_serves_embedded_smollm2_and_traces_a_request(cache_dir: Path, tmp_path: Path) -> None:
     trace_file = tmp_path / "spans.jsonl"
-    with running_server(["--cache-dir", str(cache_dir), "--trace-file", str(trace_file)]) as server:
+    with running_server(
+        ["--cache-dir", str(cache_dir), "--trace-file", str(trace_file), *FIXED_PREFILL_CHUNKS]
+    ) as server:
         with server.openai_client() as client:
             assert [model.id for model in client.models.list().data] == ["SmolLM2-135M-Instruct"]
             answer = client.chat.completions.create(

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.server import RunningServer, running_server
+from tests.support.server import FIXED_PREFILL_CHUNKS, RunningServer, running_server
 
 MODEL = "tiny"
 MAX_N = 4
@@ -24,7 +24,7 @@ ASK: list[Any] = [{"role": "user", "content": "Tell me about the sea."}]
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
     args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL]
-    with running_server([*args, "--max-n", str(MAX_N), "--max-batch", "8"]) as running:
+    with running_server([*args, "--max-n", str(MAX_N), "--max-batch", "8", *FIXED_PREFILL_CHUNKS]) as running:
         yield running
         assert running.stop() == 0
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.support.faulty_model import POISON_TOKEN, build_faulty_llama
-from tests.support.server import RunningServer, ServerExited, running_server
+from tests.support.server import FIXED_PREFILL_CHUNKS, RunningServer, ServerExited, running_server
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def faulty_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 def server(faulty_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
     """The faulty llama served, shared by the tests that send it poisoned requests (each counts its own failures)."""
     args = ["--model", str(faulty_dir), "--cache-dir", str(cache_dir), "--served-model-name", "faulty"]
-    with running_server([*args, "--trust-remote-code"]) as running:
+    with running_server([*args, "--trust-remote-code", *FIXED_PREFILL_CHUNKS]) as running:
         yield running
         assert running.stop() == 0
 

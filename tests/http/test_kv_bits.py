@@ -12,7 +12,7 @@ from mlx import nn
 
 from courier.server.batch_kv import has_attention_sinks
 from tests.support import tiny_models
-from tests.support.server import running_server
+from tests.support.server import FIXED_PREFILL_CHUNKS, running_server
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,10 @@ def wide_dense(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 def test_a_quantized_batch_serves_and_says_so(wide_dense: Path, cache_dir: Path) -> None:
     args = ["--model", str(wide_dense), "--cache-dir", str(cache_dir), "--served-model-name", "tiny"]
-    with running_server([*args, "--kv-bits", "8", "--kv-group-size", "32"]) as server, server.http() as http:
+    with (
+        running_server([*args, "--kv-bits", "8", "--kv-group-size", "32", *FIXED_PREFILL_CHUNKS]) as server,
+        server.http() as http,
+    ):
         body = {"model": "tiny", "messages": [{"role": "user", "content": "Count to ten."}], "temperature": 0}
         forked = http.post("/v1/chat/completions", json={**body, "max_tokens": 12, "n": 3}).json()
         replies = [choice["message"]["content"] for choice in forked["choices"]]

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from tests.http.test_prompt_cache_disk import Conversations, serving, snapshot_files
 from tests.support.polling import attempts
-from tests.support.server import RunningServer
+from tests.support.server import FIXED_PREFILL_CHUNKS, RunningServer
 from tests.support.snapshot_forgery import put_together, take_apart, with_wrapping_keys
 
 KEY, OTHER_KEY = "conversations-key", "other-tenant-key"
@@ -168,7 +168,7 @@ def restarted(
     model: Path = request.getfixturevalue("tiny_llama_dir" if request.param == "dense" else "tiny_qwen3_next_dir")
     prompt_cache_dir = tmp_path_factory.mktemp("prompt-cache")
     conversations = Conversations(count=CONVERSATIONS)
-    with serving(model, cache_dir, prompt_cache_dir, "--api-key", f"{KEY},{OTHER_KEY}") as first:
+    with serving(model, cache_dir, prompt_cache_dir, "--api-key", f"{KEY},{OTHER_KEY}", *FIXED_PREFILL_CHUNKS) as first:
         client = client_of(first)
         for index in range(CONVERSATIONS):
             next_turn(client, conversations, index)
@@ -180,7 +180,9 @@ def restarted(
     forged, old_format = plant_forgeries(directory)
     planted = plant_entries_that_are_not_files(directory, tmp_path_factory.mktemp("elsewhere"))
     # Start-up is bounded (the server's READY line within START_TIMEOUT_S): a scan that opened the FIFO never ends.
-    with serving(model, cache_dir, prompt_cache_dir, "--api-key", f"{KEY},{OTHER_KEY}") as server:
+    with serving(
+        model, cache_dir, prompt_cache_dir, "--api-key", f"{KEY},{OTHER_KEY}", *FIXED_PREFILL_CHUNKS
+    ) as server:
         yield Restarted(
             server=server,
             client=client_of(server),

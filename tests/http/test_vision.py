@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 from tests.support.media_server import MediaServer, crafted_dds, crafted_tiff, media_server, png_header
-from tests.support.server import RunningServer, serving
+from tests.support.server import FIXED_PREFILL_CHUNKS, RunningServer, serving
 from tests.support.tiny_vision_model import IMAGE_SEQ_LEN
 
 MODEL = "tiny-vision"
@@ -55,7 +55,7 @@ def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tiny_vision_dir: Path, cache_dir: Path, media_root: Path, trace_file: Path) -> Iterator[RunningServer]:
     flags = ["--allow-private-media-urls", "--media-path", str(media_root), "--max-images", "3"]
     flags += ["--prompt-cache-min-prefix", "4", "--trace-file", str(trace_file)]
-    flags += ["--max-image-memory-bytes", str(IMAGE_MEMORY)]
+    flags += ["--max-image-memory-bytes", str(IMAGE_MEMORY), *FIXED_PREFILL_CHUNKS]
     with serving(tiny_vision_dir, cache_dir, MODEL, *flags) as running:
         yield running
     an_admitted_request_traces_admission_then_fetch_then_render(trace_file)  # the server stopped: spans flushed

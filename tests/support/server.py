@@ -30,6 +30,10 @@ ERROR_LINE = re.compile(r"^\S+ \S+ (ERROR|CRITICAL) |^Traceback ")
 TINY_MODEL = "tiny-llama"
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
+# Every prompt prefilled in whole `--prefill-step-size` chunks instead of chunks sized from the steps' timed cost: a
+# server whose tests compare the greedy replies of two requests (or two servers) needs it, since other chunkings move
+# float32 logits (~2e-6 on a tiny random model) and flip a near-tied token as the machine's load changes the timing.
+FIXED_PREFILL_CHUNKS = ("--prefill-stall-ms", "0")
 
 
 class ServerExited(RuntimeError):
