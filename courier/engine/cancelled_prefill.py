@@ -5,7 +5,8 @@ is cancelled) resends the same request. Without this, the resend would prefill f
 at the end of the last chunk the cancelled sequence prefilled is handed to the snapshot store as a boundary snapshot
 of the request's own session and tenant (the scheduler inserts it as it inserts the request's other snapshots), and
 the resend's lookup starts from there. The scheduler holds back an identical request that arrives while the first
-still prefills until this snapshot (or the first's end-of-prompt one) is in the store (`actors/scheduler.py`).
+still prefills until this snapshot (or the first's end-of-prompt one) is in the store
+(`actors/scheduling/promotion.py`).
 
 Only a single sequence still prefilling its prompt, whose request takes snapshots, and that got at least
 `MIN_KEPT_TOKENS` further than what it started from or already handed over. Runs on the MLX thread.

@@ -21,7 +21,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from courier.actors.prompt_cache.store_link import STORE_LOOKUP_TIMEOUT_S, PromptCaching
-from courier.actors.scheduler import DEADLINE_MESSAGE, SHUTDOWN_MESSAGE, SchedulerActor
+from courier.actors.scheduler import SHUTDOWN_MESSAGE, SchedulerActor
+from courier.actors.scheduling.delivery import DEADLINE_MESSAGE
 from courier.core.failure_codes import FailureCode
 from courier.core.prompt_cache.entries import Bucket, Origin
 from courier.engine.batch_engine import BatchEngine
@@ -525,7 +526,7 @@ class WarmUpJobs:
 def warm_up_jobs(monkeypatch: pytest.MonkeyPatch) -> WarmUpJobs:
     """Every warm-up job the scheduler makes is a `ScriptedWarmUp`."""
     jobs = WarmUpJobs()
-    monkeypatch.setattr("courier.actors.scheduler.WarmUp", jobs.make)
+    monkeypatch.setattr("courier.actors.scheduling.warm_ups.WarmUp", jobs.make)
     return jobs
 
 

@@ -40,63 +40,80 @@ class PromptCaching:
         return replace(self.bucket, media_digest=media_digest, tenant=tenant)
 
 
-async def ask_store(
-    caching: PromptCaching,
-    stats: SchedulerStats,
-    *,
-    session: str,
-    tokens: tuple[int, ...],
-    trace: TraceCarrier,
-    bucket: Bucket,
-    timeout_s: float,
-    check_extended: bool = False,
-) -> LookupReply | None:
-    """The store's answer, or None (a miss) when it is busy, stopped, or silent past `timeout_s`."""
-    try:
-        with anyio.move_on_after(timeout_s):
-            found: LookupReply = await ask(
-                caching.store,
-                lambda reply: LookupPrefix(
-                    trace=trace,
-                    bucket=bucket,
-                    session=session,
-                    tokens=tokens,
-                    reply=reply,
-                    check_extended=check_extended,
-                ),
-            )
-            return found
-    except (ActorBusy, ActorStopped):
-        return None  # a cache that cannot answer is a miss, never a failure
-    stats.lookups_timed_out += 1  # nor one that answers too late: the batch does not wait
-    return None
+class StoreLink:
+    """The scheduler's link to the snapshot store: disabled (every lookup a miss, every snapshot kept nowhere) when
+    the model runs without prompt caching."""
 
+    def __init__(self, caching: PromptCaching | None, stats: SchedulerStats, *, lookup_timeout_s: float) -> None:
+        self._caching = caching
+        self._stats = stats
+        self._lookup_timeout_s = lookup_timeout_s
 
-def tell_store(
-    caching: PromptCaching,
-    stats: SchedulerStats,
-    *,
-    session: str,
-    snapshot: SnapshotTaken,
-    trace: TraceCarrier,
-    bucket: Bucket,
-) -> None:
-    """Hand the store a snapshot the engine took, without waiting."""
-    message = InsertSnapshot(
-        trace=trace,
-        bucket=bucket,
-        session=session,
-        origin=snapshot.origin,
-        tokens=snapshot.tokens,
-        state=snapshot.state,
-        nbytes=snapshot.nbytes,
-        continues=snapshot.continues,
-        prompt_length=snapshot.prompt_length,
-    )
-    try:
-        caching.store.send_nowait(message)
-    except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        stats.snapshots_dropped += 1  # a busy store loses a snapshot, never delays generation
+    @property
+    def enabled(self) -> bool:
+        return self._caching is not None
+
+    @property
+    def lookup_timeout_s(self) -> float:
+        return self._lookup_timeout_s
+
+    def bucket(self, media_digest: str, tenant: str) -> Bucket | None:
+        """The bucket of a request with these images (their digest) and this tenant (None: no caching)."""
+        return self._caching.bucket_for(media_digest, tenant) if self._caching is not None else None
+
+    async def look_up(
+        self,
+        session: str,
+        tokens: tuple[int, ...],
+        trace: TraceCarrier,
+        bucket: Bucket | None,
+        *,
+        check_extended: bool = False,
+        timeout_s: float | None = None,
+    ) -> LookupReply | None:
+        """The store's answer, or None (a miss) without caching, or when the store is busy, stopped, or silent past
+        `timeout_s` (default: the lookup timeout)."""
+        if self._caching is None or bucket is None:
+            return None
+        store = self._caching.store
+        try:
+            with anyio.move_on_after(self._lookup_timeout_s if timeout_s is None else timeout_s):
+                found: LookupReply = await ask(
+                    store,
+                    lambda reply: LookupPrefix(
+                        trace=trace,
+                        bucket=bucket,
+                        session=session,
+                        tokens=tokens,
+                        reply=reply,
+                        check_extended=check_extended,
+                    ),
+                )
+                return found
+        except (ActorBusy, ActorStopped):
+            return None  # a cache that cannot answer is a miss, never a failure
+        self._stats.lookups_timed_out += 1  # nor one that answers too late: the batch does not wait
+        return None
+
+    def insert(self, session: str, snapshot: SnapshotTaken, trace: TraceCarrier, bucket: Bucket | None) -> None:
+        """Hand the store a snapshot the engine took, without waiting (nothing without caching)."""
+        if self._caching is None or bucket is None:
+            return
+        message = InsertSnapshot(
+            trace=trace,
+            bucket=bucket,
+            session=session,
+            origin=snapshot.origin,
+            tokens=snapshot.tokens,
+            state=snapshot.state,
+            nbytes=snapshot.nbytes,
+            continues=snapshot.continues,
+            prompt_length=snapshot.prompt_length,
+        )
+        try:
+            self._caching.store.send_nowait(message)
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._stats.snapshots_dropped += 1  # a busy store loses a snapshot, never delays generation
 
 
 def cached_prefix(found: LookupReply | None) -> CachedPrefix | None:

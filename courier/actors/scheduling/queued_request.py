@@ -4,15 +4,24 @@ lookup found, how far its samples have come, and its deadline."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.actors.generation_trace import GenerationTally
+from courier.actors.scheduling.generation_trace import GenerationTally
 from courier.core.prompt_cache.entries import Bucket
 from courier.engine.engine_io import EngineRequest
 from courier.engine.generation import GenerationEvent
 from courier.engine.model_state import CachedPrefix
 from courier.runtime.tracing import TraceCarrier
+
+
+class Lookup(Enum):
+    """Where a request's prefix lookup stands."""
+
+    NOT_STARTED = "not_started"  # it could not join the batch next yet, or waits for a leader's prefill
+    OUT = "out"  # asked of the store, no answer yet
+    DONE = "done"  # answered (or timed out, or nothing to ask): it may join the batch
 
 
 @dataclass(slots=True, kw_only=True)
@@ -32,8 +41,7 @@ class QueuedRequest:
     finished: int = 0  # samples finished (a request of `n` ends with its last)
     # Its prefix lookup: started once it could join the batch next, done when the store answered (or the deadline
     # passed); `prefix` is what it found.
-    lookup_started: bool = False
-    looked_up: bool = False
+    lookup: Lookup = Lookup.NOT_STARTED
     prefix: CachedPrefix | None = None
     tally: GenerationTally = field(default_factory=GenerationTally)  # for its generation span
     deadline: float | None = None  # `time.monotonic()` by which it ends

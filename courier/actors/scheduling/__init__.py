@@ -1,0 +1,1 @@
+"""The scheduler's parts: the requests it holds, their promotion into the batch, their events, and idle warm-ups."""
