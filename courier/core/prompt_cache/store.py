@@ -8,11 +8,10 @@ Insert runs in this order, so the byte cap holds at every moment: refuse an entr
 removes nothing); supersede (remove same-bucket, same-session, same-origin snapshots whose tokens are a strict prefix
 of the new ones, and an identical one; a boundary snapshot also removes the session's completion snapshots that are a
 strict prefix of it, and those whose prompt but its last token it starts with and then diverges from); account the
-new bytes; evict least-recently-used entries until both caps hold. Lookups walk a radix index per bucket, so their
-cost follows the prompt's length, not the number of entries; they and boundary inserts also scan the session's own
-completion snapshots (one or two per conversation; all anonymous callers' in the anonymous session).
+new bytes; evict least-recently-used entries until both caps hold. Lookups walk the bucket's radix index, and they
+and boundary inserts also read the session's own completion snapshots (`entry_index.py`).
 
-Which entries a lookup chooses and a new one supersedes, and why: `snapshot_matching.py`.
+Which entries a lookup chooses and a new one supersedes, and why: `matching.py`.
 
 Two tiers: with a disk budget (`StoreLimits.disk_capacity_bytes` > 0) an entry lives in memory, on disk, or both,
 under one index. Every accepted snapshot is also written to disk behind the request (write-behind: a restart, even
@@ -46,8 +45,8 @@ from courier.core.prompt_cache.entries import (
     WriteFile,
     disk_footprint,
 )
+from courier.core.prompt_cache.entry_index import EntryIndex
 from courier.core.prompt_cache.matching import best_match, continues_prompt, covers, divergence_of
-from courier.core.prompt_cache.radix_index import RadixIndex
 from courier.core.prompt_cache.stats import StoreCounters, StoreLimits, StoreStats
 
 
@@ -57,12 +56,9 @@ class SnapshotStore:
         self.counters = StoreCounters()
         self._trimmable = trimmable
         self._clock = clock
-        self._entries: OrderedDict[EntryId, Snapshot] = OrderedDict()  # least recently used first, both tiers
+        self._index = EntryIndex()  # every entry, both tiers
         self._memory: OrderedDict[EntryId, Snapshot] = OrderedDict()  # the memory tier, least recently used first
         self._disk: OrderedDict[EntryId, Snapshot] = OrderedDict()  # the disk tier, least recently used first
-        self._buckets: dict[Bucket, RadixIndex[EntryId]] = {}
-        # Completion snapshots per conversation (bucket, session): few each, so a continuation is found cheaply.
-        self._completions: dict[tuple[Bucket, str], set[EntryId]] = {}
         self._bytes = 0
         self._disk_bytes = 0
         self._effects: list[DiskEffect] = []
@@ -70,7 +66,7 @@ class SnapshotStore:
 
     @property
     def entries(self) -> int:
-        return len(self._entries)
+        return len(self._index)
 
     @property
     def nbytes(self) -> int:
@@ -98,10 +94,10 @@ class SnapshotStore:
         )
 
     def snapshots(self) -> list[Snapshot]:
-        return list(self._entries.values())
+        return self._index.snapshots()
 
     def get(self, entry_id: EntryId) -> Snapshot | None:
-        return self._entries.get(entry_id)
+        return self._index.get(entry_id)
 
     def take_effects(self) -> list[DiskEffect]:
         """What the disk must do, in the order it must be done; taken once."""
@@ -119,17 +115,17 @@ class SnapshotStore:
         self.counters.lookups += 1
         self._sweep_expired()
         vector = tuple(tokens)
-        indexed = self._buckets.get(bucket)
-        if indexed is None or not vector:
+        match = self._index.match(bucket, vector) if vector else None
+        if match is None:
             return MISS
-        match = indexed.match(vector)
         continued = self._continued(bucket, session, vector)
-        chosen = best_match(self._entries, match, session, vector, trimmable=self._trimmable)
+        entries = self._index.by_id
+        chosen = best_match(entries, match, session, vector, trimmable=self._trimmable)
         result = replace(chosen, continues=continued)
         snapshot = result.snapshot
         missed = snapshot is None or result.matched < self.limits.min_prefix
         diverged = (
-            divergence_of(self._entries, bucket, session, vector, match=match, matched=0 if missed else result.matched)
+            divergence_of(entries, bucket, session, vector, match=match, matched=0 if missed else result.matched)
             if find_divergence
             else None
         )
@@ -152,17 +148,16 @@ class SnapshotStore:
     def extended(self, bucket: Bucket, session: str, tokens: Sequence[int]) -> bool:
         """Whether `session` already holds a live snapshot at or beyond `tokens` (a vector that starts with them)."""
         self._sweep_expired()  # an expired snapshot covers nothing: the warm-up it would skip is still worth doing
-        indexed = self._buckets.get(bucket)
         vector = tuple(tokens)
-        if indexed is None or not vector:
+        match = self._index.match(bucket, vector) if vector else None
+        if match is None:
             return False
-        match = indexed.match(vector)
         if match.shared_length < len(vector):
             return False
         keys = list(match.keys_below_shared) + [
             key for length, keys in match.prefixes if length == len(vector) for key in keys
         ]
-        return any(self._entries[key].session == session for key in keys)
+        return any(self._index.by_id[key].session == session for key in keys)
 
     def insert(
         self,
@@ -184,7 +179,7 @@ class SnapshotStore:
             return InsertResult(accepted=False)
         vector = tuple(tokens)
         superseded, freed = self._supersede(bucket, session, origin, vector)
-        ancestor = self._entries.get(continues) if continues is not None else None
+        ancestor = self._index.get(continues) if continues is not None else None
         if ancestor is not None and (ancestor.bucket, ancestor.session, ancestor.origin) == (bucket, session, origin):
             superseded, freed = superseded + 1, freed + ancestor.nbytes
             self.counters.supersedes += 1
@@ -203,7 +198,7 @@ class SnapshotStore:
             prompt_length=len(vector) if prompt_length is None else prompt_length,
         )
         evicted, self_evicted = self._make_entry_room(session)
-        self._index(snapshot)
+        self._index.add(snapshot)
         self._memory[snapshot.entry_id] = snapshot
         self._bytes += nbytes
         self.counters.inserts += 1
@@ -255,7 +250,7 @@ class SnapshotStore:
         )
         self._make_entry_room(session)
         self._make_disk_room(footprint)
-        self._index(snapshot)
+        self._index.add(snapshot)
         self._disk[snapshot.entry_id] = snapshot
         self._disk_bytes += footprint
         self.counters.adopted += 1
@@ -264,7 +259,7 @@ class SnapshotStore:
     def promote(self, entry_id: EntryId, state: Any) -> bool:
         """A disk-only entry read back: hold `state` in memory again (evicting others there as an insert does).
         False when the entry is gone or already in memory meanwhile (the state is still good for its reader)."""
-        snapshot = self._entries.get(entry_id)
+        snapshot = self._index.get(entry_id)
         if snapshot is None or snapshot.in_memory:
             return False
         snapshot.state = state
@@ -279,7 +274,7 @@ class SnapshotStore:
         """The file of write `ticket` (default: the latest asked for) is in place."""
         if not self.wants_file(entry_id, ticket):
             return
-        snapshot = self._entries[entry_id]
+        snapshot = self._index.by_id[entry_id]
         snapshot.writing = False
         if not snapshot.in_memory:
             snapshot.state = None
@@ -289,7 +284,7 @@ class SnapshotStore:
         writer busy): the entry stays in memory only, or is gone if memory no longer holds it."""
         if not self.wants_file(entry_id, ticket):
             return
-        snapshot = self._entries[entry_id]
+        snapshot = self._index.by_id[entry_id]
         self.counters.disk_write_failures += 1
         self._off_disk(snapshot)
         if not snapshot.in_memory:
@@ -298,7 +293,7 @@ class SnapshotStore:
 
     def drop_unreadable(self, entry_id: EntryId) -> None:
         """The entry's file is corrupt, truncated or foreign: forget the entry and delete the file."""
-        snapshot = self._entries.get(entry_id)
+        snapshot = self._index.get(entry_id)
         if snapshot is None:
             return
         self.counters.disk_unreadable += 1
@@ -321,7 +316,7 @@ class SnapshotStore:
     def wants_file(self, entry_id: EntryId, ticket: int | None = None) -> bool:
         """Whether write `ticket` (default: the latest) of this entry is still wanted: the entry may have been
         superseded or evicted since, or its file evicted and asked for again."""
-        snapshot = self._entries.get(entry_id)
+        snapshot = self._index.get(entry_id)
         if snapshot is None or not snapshot.writing:
             return False
         return ticket is None or ticket == snapshot.write_ticket
@@ -337,45 +332,35 @@ class SnapshotStore:
 
     def reset(self) -> tuple[int, int]:
         """Drop everything, files included; counters are kept. Returns (entries, bytes) freed, both tiers."""
-        freed = (len(self._entries), self._bytes + self._disk_bytes)
+        freed = (len(self._index), self._bytes + self._disk_bytes)
         self._effects.extend(DeleteFile(entry_id) for entry_id in self._disk)
-        self._entries.clear()
+        self._index.clear()
         self._memory.clear()
         self._disk.clear()
-        self._buckets.clear()
-        self._completions.clear()
         self._bytes = self._disk_bytes = 0
         return freed
 
     def _touch(self, snapshot: Snapshot) -> None:
         snapshot.last_used = self._clock()
-        for tier in (self._entries, self._memory, self._disk):
+        self._index.touch(snapshot.entry_id)
+        for tier in (self._memory, self._disk):
             if snapshot.entry_id in tier:
                 tier.move_to_end(snapshot.entry_id)
 
-    def _index(self, snapshot: Snapshot) -> None:
-        self._entries[snapshot.entry_id] = snapshot
-        if snapshot.origin is Origin.COMPLETION:
-            self._completions.setdefault((snapshot.bucket, snapshot.session), set()).add(snapshot.entry_id)
-        self._buckets.setdefault(snapshot.bucket, RadixIndex()).add(snapshot.tokens, snapshot.entry_id)
-
     def _continued(self, bucket: Bucket, session: str, vector: tuple[int, ...]) -> EntryId | None:
         """This conversation's completion whose whole prompt the new prompt starts with: its previous turn."""
-        turns = [c for c in self._conversation_completions(bucket, session) if continues_prompt(vector, c)]
+        turns = [c for c in self._index.conversation_completions(bucket, session) if continues_prompt(vector, c)]
         return max(turns, key=lambda snapshot: snapshot.prompt_length).entry_id if turns else None
 
-    def _conversation_completions(self, bucket: Bucket, session: str) -> list[Snapshot]:
-        return [self._entries[key] for key in self._completions.get((bucket, session), ())]
-
     def _supersede(self, bucket: Bucket, session: str, origin: Origin, vector: tuple[int, ...]) -> tuple[int, int]:
-        indexed = self._buckets.get(bucket)
-        if indexed is None:
+        match = self._index.match(bucket, vector)
+        if match is None:
             return 0, 0
         superseded = freed = 0
-        for length, keys in indexed.match(vector).prefixes:
+        for length, keys in match.prefixes:
             strict = length < len(vector)
             for key in list(keys):
-                snapshot = self._entries[key]
+                snapshot = self._index.by_id[key]
                 if snapshot.session != session or not covers(origin, snapshot.origin, strict=strict):
                     continue
                 freed += snapshot.nbytes
@@ -387,7 +372,7 @@ class SnapshotStore:
                     self.counters.replacements += 1
         if origin is Origin.BOUNDARY:
             # The turns this boundary carries on past (their completions left above were not prefixes of it).
-            for completion in self._conversation_completions(bucket, session):
+            for completion in self._index.conversation_completions(bucket, session):
                 if continues_prompt(vector, completion) and completion.tokens[: len(vector)] != vector:
                     superseded += 1
                     freed += completion.nbytes
@@ -398,8 +383,7 @@ class SnapshotStore:
     def _make_entry_room(self, session: str) -> tuple[int, int]:
         """Room for one more entry under the entry cap: the least recently used entries go, from both tiers."""
         evicted = self_evicted = 0
-        while self._entries and len(self._entries) + 1 > self.limits.max_entries:
-            oldest = next(iter(self._entries.values()))
+        while (oldest := self._index.oldest()) is not None and len(self._index) + 1 > self.limits.max_entries:
             self._remove(oldest)
             evicted += 1
             self.counters.evictions_lru += 1
@@ -467,8 +451,7 @@ class SnapshotStore:
     def _sweep_expired(self) -> int:
         deadline = self._clock() - self.limits.ttl_s
         expired = 0
-        while self._entries:
-            oldest = next(iter(self._entries.values()))
+        while (oldest := self._index.oldest()) is not None:
             if oldest.last_used > deadline:
                 break
             self._remove(oldest)
@@ -477,17 +460,10 @@ class SnapshotStore:
         return expired
 
     def _remove(self, snapshot: Snapshot) -> None:
-        del self._entries[snapshot.entry_id]
+        self._index.remove(snapshot)
         if snapshot.in_memory:
             del self._memory[snapshot.entry_id]
             self._bytes -= snapshot.nbytes
             snapshot.in_memory = False
         if snapshot.on_disk:
             self._off_disk(snapshot)
-        indexed = self._buckets[snapshot.bucket]
-        indexed.remove(snapshot.tokens, snapshot.entry_id)
-        if snapshot.origin is Origin.COMPLETION:
-            conversation = (snapshot.bucket, snapshot.session)
-            self._completions[conversation].discard(snapshot.entry_id)
-            if not self._completions[conversation]:
-                del self._completions[conversation]
