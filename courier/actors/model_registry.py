@@ -23,14 +23,22 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 
-from courier.core.failure_codes import FailureCode
+from courier.actors.model_loading.held_replies import (
+    HeldReplies,
+    answer,
+    load_failed,
+    not_found,
+    not_loaded,
+    too_large,
+)
 from courier.core.served_models.residency import FOREVER, Residency, Resident, expired, fits_now, plan_room
 from courier.messages.asking import STOPPED
 from courier.messages.base import FailureKind, RequestFailed
@@ -78,16 +86,6 @@ class ResidencyLimits:
     ttl_s: float = 0.0  # idle seconds before a model goes (0: only for room)
 
 
-@dataclass(slots=True)
-class _Waiting:
-    """Replies held until a model's load ends: a request's lease (`keep_alive` resolved) or an operator's answer."""
-
-    leases: list[tuple[MemoryObjectSendStream[Any], float]] = field(default_factory=list)
-    operators: list[MemoryObjectSendStream[Any]] = field(default_factory=list)
-    unloads: list[MemoryObjectSendStream[Any]] = field(default_factory=list)
-    trace: TraceCarrier = field(default_factory=dict)  # the first asker's: the load's span joins its trace
-
-
 class ModelRegistryActor(Actor[ModelRegistryMessage]):
     name = "model_registry"
 
@@ -108,7 +106,7 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
         self._outbox = outbox  # its own inbox, for the news of its tasks; closed once everything is unloaded
         self._clock = clock
         self._runtimes: dict[str, ModelRuntime] = {}
-        self._waiting: dict[str, _Waiting] = {model.model_id: _Waiting() for model in catalog.models}
+        self._waiting: dict[str, HeldReplies] = {model.model_id: HeldReplies() for model in catalog.models}
         self._queue: deque[str] = deque()  # loads wanted, not started: first asked first
         self._busy: set[str] = set()  # a load or an unload task runs
         self._failed: dict[str, tuple[float, str]] = {}
@@ -153,9 +151,9 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
             return
         keep_alive = message.keep_alive if message.keep_alive is not None else (self._limits.ttl_s or FOREVER)
         if model.residency is Residency.LOADED:
-            _answer(message.reply, self._lease(model, keep_alive))
+            answer(message.reply, self._lease(model, keep_alive))
         elif message.if_loaded:
-            _answer(message.reply, _not_loaded(model.model_id))
+            answer(message.reply, not_loaded(model.model_id))
         elif self._refused_recently(model.model_id, message.reply) or self._unloadable(model, message.reply):
             return
         else:
@@ -166,7 +164,7 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
         if model is None:
             return
         if model.residency is Residency.LOADED:
-            _answer(message.reply, LoadResult(model_id=model.model_id, state=model.residency.value))
+            answer(message.reply, LoadResult(model_id=model.model_id, state=model.residency.value))
         elif not self._unloadable(model, message.reply):
             self._failed.pop(model.model_id, None)  # an operator's load is always tried
             self._wait(model, message.trace).operators.append(message.reply.clone())
@@ -177,10 +175,10 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
             return
         model_id = model.model_id
         if model.residency is Residency.NOT_LOADED:
-            _answer(message.reply, LoadResult(model_id=model_id, state=model.residency.value))
+            answer(message.reply, LoadResult(model_id=model_id, state=model.residency.value))
         elif model_id in self._queue or (model.residency is Residency.LOADING):
             failure = f"the model '{model_id}' is loading; unload it once it has loaded"
-            _answer(message.reply, RequestFailed(kind=FailureKind.INVALID_REQUEST, message=failure, param="model"))
+            answer(message.reply, RequestFailed(kind=FailureKind.INVALID_REQUEST, message=failure, param="model"))
         else:
             self._waiting[model_id].unloads.append(message.reply.clone())
             self._begin_unload(model, "asked by an operator", message.trace)
@@ -203,7 +201,7 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
             model.error = message.error
             self._failed[model.model_id] = (self._clock(), message.error or "unknown")
             logger.error("model %s could not be loaded: %s", model.model_id, message.error)
-            self._fail_waiting(model, _load_failed(model.model_id, message.error or "unknown"))
+            self._fail_waiting(model, load_failed(model.model_id, message.error or "unknown"))
             return
         runtime = message.runtime
         self._runtimes[model.model_id] = runtime
@@ -225,14 +223,8 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
         )
         if self._stopping is not None:
             self._begin_unload(model, "shutting down", message.trace)
-        waiting = self._waiting[model.model_id]
-        for reply, keep_alive in waiting.leases:
-            _answer(reply, self._lease(model, keep_alive), close=True)
-        for reply in waiting.operators:
-            loaded = LoadResult(model_id=model.model_id, state="loaded", load_seconds=message.seconds)
-            _answer(reply, loaded, close=True)
-        waiting.leases.clear()
-        waiting.operators.clear()
+        loaded = LoadResult(model_id=model.model_id, state="loaded", load_seconds=message.seconds)
+        self._waiting[model.model_id].loaded(partial(self._lease, model), loaded)
         self._make_room_for_measured(model)
 
     def _on_unload_finished(self, message: UnloadFinished) -> None:
@@ -243,10 +235,8 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
         model.unloads += 1
         logger.info("model %s unloaded; its prompt cache's disk tier stays for its next load", model.model_id)
         waiting = self._waiting[model.model_id]
-        for reply in waiting.unloads:
-            _answer(reply, LoadResult(model_id=model.model_id, state=model.residency.value), close=True)
-        waiting.unloads.clear()
-        if waiting.leases or waiting.operators or model.model_id in self._queue:
+        waiting.unloaded(LoadResult(model_id=model.model_id, state=model.residency.value))
+        if waiting.want_load() or model.model_id in self._queue:
             model.residency, model.progress = Residency.LOADING, "queued"  # asked for while it was unloading
             self._want(model)
 
@@ -255,7 +245,7 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
         if self._stopping is None or self._runtimes or self._busy:
             return
         for reply in self._stopping:
-            _answer(reply, self._stopped_count, close=True)
+            answer(reply, self._stopped_count, close=True)
         self._stopping.clear()
         self._outbox.close()
 
@@ -283,7 +273,7 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
                 self._queue.popleft()
                 model.residency = Residency.NOT_LOADED
                 model.error = f"cannot be loaded: {room.refused}"
-                self._fail_waiting(model, _too_large(model.model_id, room.refused or ""))
+                self._fail_waiting(model, too_large(model.model_id, room.refused or ""))
                 continue
             if room.wait:
                 model.progress = "waiting for other models to finish loading"
@@ -331,9 +321,9 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
             model.residency = Residency.LOADING
             model.progress = "queued"
 
-    def _wait(self, model: ModelStatus, trace: TraceCarrier) -> _Waiting:
+    def _wait(self, model: ModelStatus, trace: TraceCarrier) -> HeldReplies:
         waiting = self._waiting[model.model_id]
-        if not (waiting.leases or waiting.operators):
+        if not waiting.want_load():
             waiting.trace = trace
         self._want(model)
         return waiting
@@ -395,11 +385,11 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
 
     def _model(self, name: str | None, reply: MemoryObjectSendStream[Any]) -> ModelStatus | None:
         if self._stopping is not None:
-            _answer(reply, STOPPED)
+            answer(reply, STOPPED)
             return None
         declaration = self._catalog.find(name)
         if declaration is None:
-            _answer(reply, _not_found(name or "", self._catalog))
+            answer(reply, not_found(name or "", self._catalog))
             return None
         return self._status.models[declaration.model_id]
 
@@ -408,7 +398,7 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
         if failed is None or self._clock() - failed[0] >= FAILED_HOLD_S:
             self._failed.pop(model_id, None)
             return False
-        _answer(reply, _load_failed(model_id, failed[1]))
+        answer(reply, load_failed(model_id, failed[1]))
         return True
 
     def _unloadable(self, model: ModelStatus, reply: MemoryObjectSendStream[Any]) -> bool:
@@ -421,62 +411,12 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
         if problem is None:
             return False
         model.error = problem
-        _answer(reply, _load_failed(model.model_id, problem))
+        answer(reply, load_failed(model.model_id, problem))
         return True
 
     def _fail_waiting(self, model: ModelStatus, failure: RequestFailed) -> None:
-        waiting = self._waiting[model.model_id]
-        for reply in (*(reply for reply, _ in waiting.leases), *waiting.operators):
-            _answer(reply, failure, close=True)
-        waiting.leases.clear()
-        waiting.operators.clear()
-
-
-def _answer(reply: MemoryObjectSendStream[Any], value: Any, close: bool = False) -> None:
-    """Send one reply; a lease whose asker has gone is given back at once."""
-    try:
-        reply.send_nowait(value)
-    except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
-        if isinstance(value, ModelLease):
-            value.release()
-    finally:
-        if close:
-            reply.close()
+        self._waiting[model.model_id].fail(failure)
 
 
 def _unloading(status: ModelsStatus) -> set[str]:
     return {model.model_id for model in status.models.values() if model.residency is Residency.UNLOADING}
-
-
-def _not_found(name: str, catalog: ModelCatalog) -> RequestFailed:
-    served = [model.model_id for model in catalog.models]
-    shown = ", ".join(f"'{model_id}'" for model_id in served[:8]) + (", ..." if len(served) > 8 else "")
-    return RequestFailed(
-        kind=FailureKind.NOT_FOUND,
-        message=f"The model '{name}' does not exist; this server serves {shown}",
-        param="model",
-        code=FailureCode.MODEL_NOT_FOUND,
-    )
-
-
-def _not_loaded(model_id: str) -> RequestFailed:
-    message = f"the model '{model_id}' is not loaded"
-    return RequestFailed(kind=FailureKind.UNAVAILABLE, message=message, code=FailureCode.MODEL_NOT_LOADED)
-
-
-def _load_failed(model_id: str, reason: str) -> RequestFailed:
-    return RequestFailed(
-        kind=FailureKind.UNAVAILABLE,
-        message=f"the model '{model_id}' could not be loaded: {reason}",
-        param="model",
-        code=FailureCode.MODEL_LOAD_FAILED,
-    )
-
-
-def _too_large(model_id: str, reason: str) -> RequestFailed:
-    return RequestFailed(
-        kind=FailureKind.UNAVAILABLE,
-        message=f"the model '{model_id}' cannot be loaded within --models-memory-bytes: {reason}",
-        param="model",
-        code=FailureCode.MODEL_TOO_LARGE,
-    )
