@@ -21,24 +21,25 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 from pydantic import BaseModel
 
 from tests.support.server import RunningServer
 
-# Before LiteLLM is imported: it would otherwise fetch its model cost map from the internet at import.
+# Before LiteLLM is loaded: it would otherwise fetch its model cost map from the internet at import.
 os.environ["LITELLM_OFFLINE_MODE"] = "true"  # every catalog and tokenizer LiteLLM fetches on its own
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # the cost map, in LiteLLM releases before offline mode
 
-import litellm
-from litellm.exceptions import BadRequestError
-from litellm.integrations.custom_logger import CustomLogger
-from litellm.types.llms.openai import ResponsesAPIResponse
-from openai.types.responses import ResponseOutputMessage, ResponseOutputText
+
+# LiteLLM takes ~4 s to import, which every pytest-xdist worker would spend collecting this module (though only one
+# runs it): it is imported when the module's first test starts (`imported_litellm`), and named here for the types.
+if TYPE_CHECKING:
+    import litellm
 
 pytestmark = [
     pytest.mark.real_model,
@@ -85,14 +86,13 @@ def get_weather(city: str) -> str:
     return f"It is sunny and 22 degrees Celsius in {city}."
 
 
-class Recorder(CustomLogger):
+class Recorder:
     """The request bodies LiteLLM sent (its pre-call hook sees the complete body), for assertions and failures."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.bodies: list[dict[str, Any]] = []
 
-    def log_pre_api_call(self, model: str, messages: Any, kwargs: dict[str, Any]) -> None:
+    def record(self, kwargs: dict[str, Any]) -> None:
         additional = kwargs.get("additional_args") or {}
         self.bodies.append(dict(additional.get("complete_input_dict") or {}))
 
@@ -106,11 +106,22 @@ def server(smollm2_server: RunningServer) -> RunningServer:
     return smollm2_server  # the session's shared default SmolLM2 server (tests/conftest.py)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def imported_litellm() -> None:
+    global litellm
+    import litellm
+
+
 @pytest.fixture(scope="module")
 def recorder() -> Iterator[Recorder]:
     recording = Recorder()
+
+    class Hook(litellm.integrations.custom_logger.CustomLogger):
+        def log_pre_api_call(self, model: str, messages: Any, kwargs: dict[str, Any]) -> None:
+            recording.record(kwargs)
+
     saved = litellm.callbacks, litellm.suppress_debug_info
-    litellm.callbacks = [*litellm.callbacks, recording]
+    litellm.callbacks = [*litellm.callbacks, Hook()]
     litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" banner printed with each error
     yield recording
     litellm.callbacks, litellm.suppress_debug_info = saved
@@ -296,7 +307,7 @@ def test_structured_output_json_schema(server: RunningServer, recorder: Recorder
 
 
 def test_courier_refusal_is_a_bad_request_error(server: RunningServer, recorder: Recorder) -> None:
-    with pytest.raises(BadRequestError) as refused:
+    with pytest.raises(litellm.exceptions.BadRequestError) as refused:
         litellm.completion(**chat_arguments(server, messages=QUESTION, presence_penalty=9))
     shown = f"{refused.value!r}{evidence(server, recorder)}"
     # Courier's refusal, not LiteLLM's: the parameter was sent, and the message is Courier's.
@@ -322,7 +333,7 @@ def test_responses_api(server: RunningServer, recorder: Recorder) -> None:
     # A native Responses call to /v1/responses, not one LiteLLM bridged to chat completions.
     sent = recorder.last()
     assert sent["input"] == "Name a large city in Italy." and "messages" not in sent, shown
-    assert isinstance(response, ResponsesAPIResponse), shown
+    assert isinstance(response, litellm.types.llms.openai.ResponsesAPIResponse), shown
     assert response.status in ("completed", "incomplete"), shown
     assert isinstance(response.id, str) and response.id, shown
     assert len(response.output) == 1, shown
