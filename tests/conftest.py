@@ -150,10 +150,17 @@ def tiny_server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer
 
 
 @pytest.fixture(scope="session")
-def smollm2_server(cache_dir: Path) -> Iterator[RunningServer]:
+def smollm2_trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the shared SmolLM2 server writes its spans (a test finds its own by a trace id it sent)."""
+    return tmp_path_factory.mktemp("smollm2-trace") / "spans.jsonl"
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(cache_dir: Path, smollm2_trace_file: Path) -> Iterator[RunningServer]:
     """The default server on the embedded SmolLM2 (its default id, SmolLM2-135M-Instruct), shared likewise by the
-    real-model modules that need nothing else."""
-    with running_server(["--cache-dir", str(cache_dir)]) as running:
+    real-model modules that need nothing else. Its spans are exported every 100 ms (OpenTelemetry's default is 5 s)."""
+    args = ["--cache-dir", str(cache_dir), "--trace-file", str(smollm2_trace_file)]
+    with running_server(args, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as running:
         yield running
         _shut_down_cleanly(running)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,8 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.support.server import READY, RunningServer, running_server
+from tests.support.polling import attempts
+from tests.support.server import RunningServer, running_server
 
 pytestmark = pytest.mark.real_model
 
@@ -43,25 +45,32 @@ SCHEMA = {
 }
 
 
-def answers(server: RunningServer) -> dict[str, Any]:
-    """The same greedy requests: a streamed code copy with logprobs, a completion cut by a stop string, a schema."""
-    with server.openai_client() as client:
+def answers(server: RunningServer, trace_id: str) -> dict[str, Any]:
+    """The same greedy requests: a streamed code copy with logprobs, a completion cut by a stop string, a schema. Each
+    is sent in the trace `trace_id`, and /health and /metrics are read before and after them."""
+    traced = {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+    with server.openai_client() as client, server.http() as http:
+        health_before = http.get("/health").json()
         stream = client.chat.completions.create(
             model=MODEL,
             messages=COPY,
             temperature=0,
             max_tokens=COPY_TOKENS,
             stream=True,
+            stream_options={"include_usage": True},
             logprobs=True,
+            extra_headers=traced,
         )
-        pieces, tokens_per_chunk = [], []
+        pieces, tokens_per_chunk, completion_tokens = [], [], 0
         for chunk in stream:
+            if chunk.usage is not None:
+                completion_tokens += chunk.usage.completion_tokens
             if chunk.choices and chunk.choices[0].delta.content:
                 pieces.append(chunk.choices[0].delta.content)
                 logprobs = chunk.choices[0].logprobs
                 tokens_per_chunk.append(len(logprobs.content or []) if logprobs else 0)
         completion = client.completions.create(
-            model=MODEL, prompt=COUNTING, temperature=0, max_tokens=60, stop=[" 13,"]
+            model=MODEL, prompt=COUNTING, temperature=0, max_tokens=60, stop=[" 13,"], extra_headers=traced
         )
         structured = client.chat.completions.create(
             model=MODEL,
@@ -69,18 +78,37 @@ def answers(server: RunningServer) -> dict[str, Any]:
             temperature=0,
             max_tokens=60,
             response_format={"type": "json_schema", "json_schema": {"name": "card", "schema": SCHEMA, "strict": True}},
+            extra_headers=traced,
         )
-        with server.http() as http:
-            health = http.get("/health").json()
-            metrics = http.get("/metrics").text
+        health = http.get("/health").json()
+        metrics = http.get("/metrics").text
+    assert completion.usage is not None and structured.usage is not None
+    completion_tokens += completion.usage.completion_tokens + structured.usage.completion_tokens
     return {
         "copy": "".join(pieces),
         "tokens_per_chunk": tokens_per_chunk,
         "completion": (completion.choices[0].text, completion.choices[0].finish_reason),
         "structured": structured.choices[0].message.content,
+        "completion_tokens": completion_tokens,
+        "health_before": health_before,
         "health": health,
         "metrics": metrics,
     }
+
+
+def generation_spans(trace_file: Path, trace_id: str, expected: int) -> list[dict[str, Any]]:
+    """The server's `scheduler.generation` spans in the trace `trace_id`, once `expected` of them are exported."""
+    found: list[dict[str, Any]] = []
+    for _ in attempts(deadline_s=30):
+        spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()]
+        found = [
+            span
+            for span in spans
+            if span["name"] == "scheduler.generation" and span["context"]["trace_id"] == f"0x{trace_id}"
+        ]
+        if len(found) >= expected:
+            return found
+    raise AssertionError(f"{len(found)} of {expected} generation spans of trace {trace_id} exported")
 
 
 def counter(metrics: str, name: str) -> float:
@@ -88,34 +116,37 @@ def counter(metrics: str, name: str) -> float:
     return value
 
 
-@pytest.mark.usefixtures("smollm2_dir")  # converted before the two servers start at once, so neither converts it
-def test_speculation_answers_as_without_it_and_counts_its_drafts(cache_dir: Path, tmp_path: Path) -> None:
-    trace_file = tmp_path / "spans.jsonl"
-    # Both load at once (each waits for its own "ready"), then answer one after the other.
-    with (
-        running_server(["--cache-dir", str(cache_dir), "--trace-file", str(trace_file)], wait_ready=False) as on,
-        running_server(["--cache-dir", str(cache_dir), "--no-speculation"], wait_ready=False) as off,
-    ):
-        for server in (on, off):
-            server.wait_for(READY)
-        fast = answers(on)
-        plain = answers(off)
-        assert on.stop() == 0 and off.stop() == 0
+def test_speculation_answers_as_without_it_and_counts_its_drafts(
+    smollm2_server: RunningServer, smollm2_trace_file: Path, cache_dir: Path
+) -> None:
+    # The session's shared SmolLM2 server speculates (the default); one started with --no-speculation answers too. The
+    # shared server has answered other tests: its counters are compared before and after, its spans are this test's
+    # trace's.
+    trace_id = secrets.token_hex(16)
+    fast = answers(smollm2_server, trace_id)
+    with running_server(["--cache-dir", str(cache_dir), "--no-speculation"]) as off:
+        plain = answers(off, secrets.token_hex(16))
+        assert off.stop() == 0
     for name in ("copy", "completion", "structured"):
         assert fast[name] == plain[name], name
     assert "def load(path):" in fast["copy"] and fast["completion"][1] == "stop"
     assert max(fast["tokens_per_chunk"]) > 1 and max(plain["tokens_per_chunk"]) == 1
-    speculation = fast["health"]["speculation"]
+    speculation, before = fast["health"]["speculation"], fast["health_before"]["speculation"]
     assert speculation["mode"] == "on" and plain["health"]["speculation"]["mode"] == "off (--no-speculation)"
-    assert speculation["accepted_tokens"] > 0 and speculation["tokens_per_step"] > 1
+    accepted = speculation["accepted_tokens"] - before["accepted_tokens"]
+    drafted = speculation["drafted_tokens"] - before["drafted_tokens"]
+    assert accepted > 0
+    # More than one token per decode step, over this test's requests (the first token of each comes from its prefill).
+    steps = speculation["decode_steps"] - before["decode_steps"]
+    assert 0 < steps < fast["completion_tokens"] - 3, (steps, fast["completion_tokens"])
+    assert plain["health"]["speculation"]["decode_steps"] >= plain["completion_tokens"] - 3
     assert counter(fast["metrics"], "courier_speculative_accepted_tokens_total") == speculation["accepted_tokens"]
     assert counter(plain["metrics"], "courier_speculative_drafted_tokens_total") == 0
-    spans = [orjson.loads(line) for line in trace_file.read_text().splitlines()]
-    generations = [span for span in spans if span["name"] == "scheduler.generation"]
+    generations = generation_spans(smollm2_trace_file, trace_id, expected=3)
     assert len(generations) == 3 and all(span["parent_id"] for span in generations)
-    drafted = sum(span["attributes"]["courier.generation.drafted_tokens"] for span in generations)
-    accepted = sum(span["attributes"]["courier.generation.accepted_tokens"] for span in generations)
-    assert (drafted, accepted) == (speculation["drafted_tokens"], speculation["accepted_tokens"])
+    traced_drafted = sum(span["attributes"]["courier.generation.drafted_tokens"] for span in generations)
+    traced_accepted = sum(span["attributes"]["courier.generation.accepted_tokens"] for span in generations)
+    assert (traced_drafted, traced_accepted) == (drafted, accepted)
 
 
 def test_a_model_whose_cache_cannot_take_positions_back_does_not_speculate(
