@@ -45,6 +45,11 @@ SCHEMA = {
 }
 
 
+# The shared server has served other tests, whose prompts may share a cached prefix with these: each request is
+# prefilled whole on both servers, so the comparison is not of a cached prefix's restore against a whole prefill.
+WHOLE = {"cache_prompt": False}
+
+
 def answers(server: RunningServer, trace_id: str) -> dict[str, Any]:
     """The same greedy requests: a streamed code copy with logprobs, a completion cut by a stop string, a schema. Each
     is sent in the trace `trace_id`, and /health and /metrics are read before and after them."""
@@ -60,6 +65,7 @@ def answers(server: RunningServer, trace_id: str) -> dict[str, Any]:
             stream_options={"include_usage": True},
             logprobs=True,
             extra_headers=traced,
+            extra_body=WHOLE,
         )
         pieces, tokens_per_chunk, completion_tokens = [], [], 0
         for chunk in stream:
@@ -70,7 +76,13 @@ def answers(server: RunningServer, trace_id: str) -> dict[str, Any]:
                 logprobs = chunk.choices[0].logprobs
                 tokens_per_chunk.append(len(logprobs.content or []) if logprobs else 0)
         completion = client.completions.create(
-            model=MODEL, prompt=COUNTING, temperature=0, max_tokens=60, stop=[" 13,"], extra_headers=traced
+            model=MODEL,
+            prompt=COUNTING,
+            temperature=0,
+            max_tokens=60,
+            stop=[" 13,"],
+            extra_headers=traced,
+            extra_body=WHOLE,
         )
         structured = client.chat.completions.create(
             model=MODEL,
@@ -79,6 +91,7 @@ def answers(server: RunningServer, trace_id: str) -> dict[str, Any]:
             max_tokens=60,
             response_format={"type": "json_schema", "json_schema": {"name": "card", "schema": SCHEMA, "strict": True}},
             extra_headers=traced,
+            extra_body=WHOLE,
         )
         health = http.get("/health").json()
         metrics = http.get("/metrics").text
