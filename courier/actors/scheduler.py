@@ -69,9 +69,7 @@ class SchedulerActor(Actor[SchedulerMessage]):
         self._store = StoreLink(caching, stats, lookup_timeout_s=lookup_timeout_s)
         self._held = HeldRequests(stats)
         self._wake = Wakeup()
-        self._promotion = Promotion(
-            self._held, self._store, stats, self._wake, mlx, admission_window_s=admission_window_s
-        )
+        self._promotion = Promotion(self._held, self._store, stats, self._wake, admission_window_s=admission_window_s)
         self._delivery = Delivery(
             self._held, self._store, stats, observe_time_to_first_token=observe_time_to_first_token, clock=clock
         )

@@ -190,12 +190,15 @@ class BatchEngine:
 
     def admission_seconds(self, prompts: Sequence[tuple[int, int]]) -> float:
         """About how long the step admitting `prompts` (each its cached depth and its tokens still to prefill)
-        takes with nothing else running, by the cost model its chunks are sized with (`prefill_budget.py`)."""
+        takes with nothing else running, by the cost model its chunks are sized with (`prefill_budget.py`), as
+        fitted last. It reads only that model and settings, so the scheduler asks it on the event loop: the MLX
+        thread may be stepping another model meanwhile."""
         if not prompts:
             return 0.0
+        costs = self._prefill.latest_costs
         work = StepWork(prefill_depths=[depth for depth, _ in prompts[: self._limits.prefill_batch]])
-        chunk = min(self._prefill.chunk(work), max(tokens for _, tokens in prompts))
-        return self._prefill.costs.estimate(work.positions(chunk), work.attended(chunk))
+        chunk = min(self._prefill.chunk(work, costs), max(tokens for _, tokens in prompts))
+        return costs.estimate(work.positions(chunk), work.attended(chunk))
 
     def _work(self) -> StepWork:
         """What this step processes: a token of each decoding sequence, a chunk of each prompt being prefilled

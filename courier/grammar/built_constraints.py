@@ -7,8 +7,8 @@ compiled-grammar cache was even asked. What a spec builds depends only on the sp
 parallel calls, call cap and functions, each schema's key order included: it orders the generated properties) and
 on how the model writes tool calls, so the built constraint is kept under a digest of those, least recently used
 first out, bounded by count and by the grammars' characters; it is kept uncompiled (the compiled grammar is the
-compiler's cache's to keep or drop). A spec that is refused is built (and refused) again each time: a refusal
-costs its sender, not the cache's room.
+compiler's cache's to keep or drop). A spec whose build is refused is built (and refused) again each time: a
+refusal costs its sender, not the cache's room.
 
 Thread-safe: built in worker threads, at most two at once (`http/constrained.py`).
 """

@@ -205,8 +205,8 @@ class Settings:
         20.0,
         parse_non_negative_float,
         "an idle scheduler waits for more arrivals so a burst is prefilled as one batch: while they keep "
-        "coming at most this far apart, up to 5 times this in all, and only when the step that would admit what "
-        "waits is estimated to take longer than this (a short step goes at once); 0 disables",
+        "coming at most this far apart, up to 5 times this in all; a lone request goes in at once when the step "
+        "admitting it is estimated at no more than this (so with --prefill-stall-ms below it, always); 0 disables",
         metavar="MS",
     )
     request_timeout: float = setting(

@@ -68,7 +68,7 @@ async def scheduler(
         mlx.close(timeout=TIMEOUT_S)
 
 
-async def submit(inbox: Inbox, request_id: str) -> MemoryObjectReceiveStream[GenerationEvent]:
+async def submit(inbox: Inbox, request_id: str, n: int = 1) -> MemoryObjectReceiveStream[GenerationEvent]:
     """The request's events are buffered, not read: the engine's steps are what the tests look at."""
     send, receive = anyio.create_memory_object_stream[GenerationEvent](16)
     reply: SubmitReply = await ask(
@@ -82,6 +82,7 @@ async def submit(inbox: Inbox, request_id: str) -> MemoryObjectReceiveStream[Gen
             boundary=len(PROMPT) - 1,
             cache_prompt=True,
             reply=reply,
+            n=n,
         ),
     )
     assert isinstance(reply, GenerationQueued)
@@ -121,8 +122,22 @@ async def test_a_burst_gathers_into_one_step_when_the_step_ahead_is_long() -> No
         with await submit(inbox, "r1"), await submit(inbox, "r2"):  # r2 within the window r1 waits
             await engine.wait_for_steps(1)
     assert [request.request_id for request in engine.steps[0].added] == ["r1", "r2"]
-    assert engine.admissions_estimated[0][0] == (0, len(PROMPT))
+    # r1 alone may have been estimated (long: it waits), or both were waiting already (a burst: no estimate).
+    assert engine.admissions_estimated in ([], [[(0, len(PROMPT))]])
     assert window_counts(stats) == (1, 0)
+
+
+@pytest.mark.anyio
+async def test_a_request_of_several_samples_waits_the_window_however_short_its_step() -> None:
+    """Its admission prefills the whole prompt to fork it, more than the one chunk the estimate prices."""
+    stats, engine = SchedulerStats(max_batch=4, max_queue=4), FakeEngine()
+    engine.admission_estimate = 0.001
+    engine.then(finished("r1"))
+    async with scheduler(engine, stats, 0.2, PrefixMissed()) as (_, inbox):
+        with await submit(inbox, "r1", n=2):
+            await engine.wait_for_steps(1)
+    assert [request.request_id for request in engine.steps[0].added] == ["r1"]
+    assert engine.admissions_estimated == [] and window_counts(stats) == (1, 0)
 
 
 @pytest.mark.anyio

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from functools import partial
 
 import anyio
 from anyio.abc import TaskGroup
@@ -24,7 +23,6 @@ from courier.actors.scheduling.queued_request import Lookup, QueuedRequest
 from courier.actors.scheduling.wakeup import Wakeup
 from courier.engine.batch_engine import BatchEngine
 from courier.engine.engine_io import EngineRequest
-from courier.runtime.mlx_thread import MlxThread
 from courier.status.scheduler_stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -42,7 +40,6 @@ class Promotion:
         store: StoreLink,
         stats: SchedulerStats,
         wake: Wakeup,
-        mlx: MlxThread,
         *,
         admission_window_s: float,
     ) -> None:
@@ -50,7 +47,6 @@ class Promotion:
         self._store = store
         self._stats = stats
         self._wake = wake
-        self._mlx = mlx
         self._admission_window_s = admission_window_s
 
     def start_lookups(self, lookups: TaskGroup) -> None:
@@ -122,38 +118,43 @@ class Promotion:
 
         The wait lasts while requests keep arriving at most one window apart (a burst of clients sent
         by one process takes longer than one window to arrive), up to `BURST_WINDOWS` windows in all,
-        and ends early once a full batch waits. A lone request waits one window, unless the step that would admit
-        what waits is estimated at no more than a window (`_short_step_ahead`).
+        and ends early once a full batch waits. A lone request waits one window (its lookup's wait included),
+        unless the step that would admit it is estimated at no more than a window (`_short_step_ahead`).
         """
         window = self._admission_window_s
         if window <= 0:
             return
-        deadline = time.monotonic() + window * BURST_WINDOWS
+        waiting = self._held.waiting
+        started = time.monotonic()
+        deadline = started + window * BURST_WINDOWS
+        seen = len(waiting)
         if await self._short_step_ahead(engine, window):
             self._stats.admission_windows_skipped += 1
             return
         self._stats.admission_windows_waited += 1
-        waiting = self._held.waiting
-        while True:
-            seen = len(waiting)
-            await anyio.sleep(window)
+        first = started + window  # the first window runs from the start: the lookups' wait is part of it
+        while waiting:
+            await anyio.sleep(max(0.0, first - time.monotonic()))
             arrived = len(waiting) > seen
             if not arrived or len(waiting) >= self._stats.max_batch or time.monotonic() >= deadline:
                 return
+            seen, first = len(waiting), time.monotonic() + window
 
     async def _short_step_ahead(self, engine: BatchEngine, window: float) -> bool:
-        """Whether the step admitting the waiting requests would take at most `window`, by the engine's cost model,
-        once their lookups have answered (waited for at most a window). A burst that comes during so short a step
-        joins at the next one, sooner than a window's wait would have admitted it: an agent's turn, most of its
-        prompt cached, is admitted at once instead of waiting the window out."""
+        """Whether a lone request (one sample, no images) waits, and the step admitting it would take at most
+        `window` by the engine's cost model, once its lookup has answered (waited for at most a window). A burst
+        that comes during so short a step joins at the next one, sooner than a window's wait would have admitted
+        it: an agent's turn, most of its prompt cached, goes in at once. More than one request waiting is a burst
+        already; a request of several samples prefills its whole prompt to fork it, and an image's encoder is not
+        in the cost model: those wait the window."""
         waiting = self._held.waiting
-        with anyio.move_on_after(window):
-            while any(queued.lookup is not Lookup.DONE for queued in waiting):
-                await self._wake.wait()
-        if not waiting or any(queued.lookup is not Lookup.DONE for queued in waiting):
+        if len(waiting) != 1 or waiting[0].width != 1 or waiting[0].request.vision is not None:
             return False
-        prompts = []
-        for queued in waiting:
-            depth = queued.prefix.matched if queued.prefix is not None else 0
-            prompts.append((depth, len(queued.request.prompt_tokens) - depth))
-        return await self._mlx.call(partial(engine.admission_seconds, prompts)) <= window
+        with anyio.move_on_after(window):
+            while waiting and waiting[0].lookup is not Lookup.DONE:
+                await self._wake.wait()
+        if len(waiting) != 1 or waiting[0].lookup is not Lookup.DONE:
+            return False
+        queued = waiting[0]
+        depth = queued.prefix.matched if queued.prefix is not None else 0
+        return engine.admission_seconds([(depth, len(queued.request.prompt_tokens) - depth)]) <= window

@@ -109,6 +109,7 @@ class DepthCosts:
             kinds=MAX_KINDS, per_kind=RECENT_PER_KIND
         )
         self._model: CostModel | None = None
+        self._latest: CostModel = prior()  # the last model fitted, kept while a newer step makes `_model` stale
 
     def observe(self, positions: int, attended: float, seconds: float) -> None:
         if positions <= 0 or seconds <= 0 or attended < 0:
@@ -118,8 +119,13 @@ class DepthCosts:
 
     def model(self) -> CostModel:
         if self._model is None:
-            self._model = self._fit()
+            self._model = self._latest = self._fit()
         return self._model
+
+    def latest(self) -> CostModel:
+        """The model fitted last (the prior before any): never fitted here, so another thread may read it while the
+        MLX thread times steps. It lags `model()` by the steps timed since."""
+        return self._latest
 
     def _fit(self) -> CostModel:
         points = [
@@ -146,6 +152,9 @@ class FixedDepthCosts(DepthCosts):
         del positions, attended, seconds
 
     def model(self) -> CostModel:
+        return self._fixed
+
+    def latest(self) -> CostModel:
         return self._fixed
 
 

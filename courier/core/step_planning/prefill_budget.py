@@ -47,12 +47,18 @@ class PrefillBudget:
         """The cost model the chunks are sized by now."""
         return self._costs.model()
 
-    def chunk(self, work: StepWork) -> int:
-        """The tokens of each prompt of `work.prefill_depths` this step prefills."""
+    @property
+    def latest_costs(self) -> CostModel:
+        """The cost model fitted last, read without fitting (safe off the MLX thread; see `DepthCosts.latest`)."""
+        return self._costs.latest()
+
+    def chunk(self, work: StepWork, model: CostModel | None = None) -> int:
+        """The tokens of each prompt of `work.prefill_depths` this step prefills (sized with `model`, by default
+        the costs as fitted now)."""
         prompts = len(work.prefill_depths)
         if self._stall_s <= 0 or prompts <= 0:
             return self._largest
-        model = self._costs.model()
+        model = model if model is not None else self._costs.model()
         # n * k * (per_position + per_attended * d) + n * per_attended * k^2 / 2 <= stall
         linear = prompts * (model.per_position + model.per_attended * max(work.prefill_depths))
         quadratic = prompts * model.per_attended / 2

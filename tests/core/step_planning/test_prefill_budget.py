@@ -144,3 +144,21 @@ def test_an_untimed_budget_starts_from_the_prior_and_follows_the_steps() -> None
     for work, chunk in ((StepWork(decode_depths=[50] * 8), 0), (prompts(0), 512)) * 2:
         budget.observe(work, chunk=chunk, prompt_tokens=chunk, seconds=0.1 + 0.00005 * work.positions(chunk))
     assert budget.chunk(prompts(0)) == 512  # a fast machine
+
+
+def test_the_latest_costs_are_the_last_fitted_and_read_without_fitting() -> None:
+    """What the scheduler reads off the MLX thread (`BatchEngine.admission_seconds`): the prior until a fit, then the
+    model fitted last, while steps timed since wait for the MLX thread's next fit."""
+    budget = PrefillBudget(stall_s=0.5, largest=512)
+    untimed = budget.latest_costs
+    assert untimed == budget.costs  # the prior, fitted from no step
+    fast = CostModel(0.01, 0.0001, 1e-8)
+    for work, chunk in ((StepWork(decode_depths=[50] * 8), 0), (prompts(0), 512)) * 2:
+        seconds = fast.estimate(work.positions(chunk), work.attended(chunk))
+        budget.observe(work, chunk=chunk, prompt_tokens=chunk, seconds=seconds)
+    assert budget.latest_costs == untimed  # timed, not fitted yet
+    fitted = budget.costs
+    assert budget.latest_costs == fitted != untimed
+    assert budget.chunk(prompts(0), untimed) < budget.chunk(prompts(0), fitted) == 512
+    pinned = FixedDepthCosts(0.1, 0.01)
+    assert PrefillBudget(stall_s=0.5, largest=512, costs=pinned).latest_costs == pinned.model()
