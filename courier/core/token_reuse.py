@@ -159,10 +159,20 @@ class RecentEncodings:
         for index in range(len(marks) - 1, -1, -1):
             keys = self._by_start.get((scope, index, marks[index]))
             if keys:
-                best = max(keys, key=lambda key: (common_prefix_length(text, self._kept[key].encoded.text), key))
+                best = self._longest_shared(keys, text, index)
                 self._kept.move_to_end(best)
                 return self._kept[best].encoded
         return None
+
+    def _longest_shared(self, keys: set[int], text: str, index: int) -> int:
+        """Of the kept texts `keys`, which all share `text`'s checkpoint `index`, the one sharing the most of it
+        (the newest of equals). None shares its next checkpoint, so each parts from `text` within the next
+        `CHECKPOINT_CHARS` characters, and only those are compared: an agent's conversation keeps a render per turn,
+        each tens of KB. `encode` compares the whole start again, so a hash that lied costs reuse, never a token."""
+        start, end = (index + 1) * CHECKPOINT_CHARS, (index + 2) * CHECKPOINT_CHARS
+        window = text[start:end]
+        shared = {key: common_prefix_length(window, self._kept[key].encoded.text[start:end]) for key in keys}
+        return max(keys, key=lambda key: (shared[key], key))
 
     def remember(self, scope: str, encoded: Encoded) -> None:
         """Keep `encoded` for `scope`; not one too short to have a checkpoint (no text could find it) or larger than

@@ -252,3 +252,22 @@ def test_a_tokenizer_whose_renders_are_not_reused_encodes_every_text_whole(smoll
     later = token_reuse.encode(first + "<|im_start|>user\nhi<|im_end|>\n", whole_texts, base.encoded)
     assert list(later.encoded.ids) == list(smollm2.encode(later.encoded.text, add_special_tokens=False))
     assert (base.reused_tokens, later.reused_tokens, len(later.encoded.anchor_tokens)) == (0, 0, 0)
+
+
+def test_of_renders_sharing_the_same_checkpoints_the_closest_parts_latest(
+    families: dict[str, FastTokenizerOffsets],
+) -> None:
+    """An agent's conversation keeps a render per turn, all sharing its start: the one parting from the new text
+    latest (within the characters after their last shared checkpoint) is taken."""
+    encoder = families["byte-level BPE"]
+    start = "<|im_start|>system\n" + "hello world " * (CHECKPOINT_CHARS // 4) + "<|im_end|>\n<|im_start|>user\n"
+    start += "a" * (-len(start) % CHECKPOINT_CHARS)  # a whole number of checkpoints
+    text = start + "word " * (CHECKPOINT_CHARS // 5) + "<|im_end|>\n<|im_start|>assistant\n"
+    renders = [start + "word " * count + "stop<|im_end|>\n" for count in (10, 200, 30, 20)]
+    recent = RecentEncodings()
+    for render in renders:
+        recent.remember("", _encoded(encoder, render))
+    found = recent.closest("", text)
+    assert found is not None and found.text == renders[1]  # the longest start shared, not the newest
+    reused = token_reuse.encode(text, encoder, found)
+    assert reused.reused_tokens > 0 and list(reused.encoded.ids) == encoder.encode_with_starts(text)[0]
