@@ -79,3 +79,5 @@ class PrefillBudget:
         done = StepWork(decode_depths=work.decode_depths, prefill_depths=prefill_depths)
         positions = len(work.decode_depths) + prompt_tokens
         self._costs.observe(positions, done.attended(chunk), seconds)
+        if prompt_tokens > 0:  # fitted now, so `latest_costs` (read off this thread) has the prefill just timed
+            self._costs.model()

@@ -153,12 +153,14 @@ def test_the_latest_costs_are_the_last_fitted_and_read_without_fitting() -> None
     untimed = budget.latest_costs
     assert untimed == budget.costs  # the prior, fitted from no step
     fast = CostModel(0.01, 0.0001, 1e-8)
-    for work, chunk in ((StepWork(decode_depths=[50] * 8), 0), (prompts(0), 512)) * 2:
-        seconds = fast.estimate(work.positions(chunk), work.attended(chunk))
-        budget.observe(work, chunk=chunk, prompt_tokens=chunk, seconds=seconds)
-    assert budget.latest_costs == untimed  # timed, not fitted yet
-    fitted = budget.costs
-    assert budget.latest_costs == fitted != untimed
+    for rows in (8, 4, 2, 1):  # decode steps: timed, fitted at the next step that prefills
+        work = StepWork(decode_depths=[50] * rows)
+        budget.observe(work, chunk=0, prompt_tokens=0, seconds=fast.estimate(rows, work.attended(0)))
+    assert budget.latest_costs == untimed
+    work = prompts(0)
+    budget.observe(work, chunk=512, prompt_tokens=512, seconds=fast.estimate(512, work.attended(512)))
+    fitted = budget.latest_costs  # a prefill step is fitted at once
+    assert fitted == budget.costs != untimed
     assert budget.chunk(prompts(0), untimed) < budget.chunk(prompts(0), fitted) == 512
     pinned = FixedDepthCosts(0.1, 0.01)
     assert PrefillBudget(stall_s=0.5, largest=512, costs=pinned).latest_costs == pinned.model()
