@@ -54,8 +54,7 @@ SUFFIX = ".snap"
 TEMPORARY_SUFFIX = ".tmp"
 _PREFIX = struct.Struct("<16sII32s32s32s")  # magic, version, header length, header digest, payload digest, MAC
 _VERSIONED = struct.Struct("<16sI")  # the part every format version shares
-_TOKEN = struct.Struct("<i")
-_TOKEN_DTYPE = np.dtype("<i4")
+_TOKEN_DTYPE = np.dtype("<i4")  # a token in the file: little-endian int32
 _PAYLOAD_DIGEST_AT = 16 + 4 + 4 + 32
 _MAC_AT = _PAYLOAD_DIGEST_AT + 32  # the MAC covers every byte of the prefix before it
 _WRITE_CHUNK = 8 * 1024**2
@@ -190,7 +189,7 @@ def read_index_entry(path: Path, trust: FileTrust) -> tuple[SnapshotHeader, tupl
         prefix = file.read(_PREFIX.size)
         length, header_digest, version = _check_prefix(prefix, trust)
         header = _parse_header(file.read(length), header_digest, trust, version)
-        token_size = header.token_count * _TOKEN.size
+        token_size = header.token_count * _TOKEN_DTYPE.itemsize
         declared = _PREFIX.size + length + token_size + sum(nbytes for *_, nbytes in header.arrays)
         if declared != status.st_size:  # also bounds the token vector read next by the file's size
             raise UnreadableSnapshot(f"{path.name}: {status.st_size} bytes where its header says {declared}")
@@ -227,17 +226,17 @@ def read_snapshot(path: Path, trust: FileTrust, max_bytes: int) -> ReadSnapshot:
         header = _parse_header(bytes(whole[_PREFIX.size : start]), header_digest, trust, version)
         payload = whole[start:]
         views.append(payload)
-        expected = header.token_count * _TOKEN.size + sum(length for *_, length in header.arrays)
+        expected = header.token_count * _TOKEN_DTYPE.itemsize + sum(length for *_, length in header.arrays)
         if payload.nbytes != expected:
             raise UnreadableSnapshot(f"{path.name}: {payload.nbytes} payload bytes where the header says {expected}")
         if hashlib.sha256(payload).digest() != payload_digest:
             raise UnreadableSnapshot(f"{path.name}: the payload does not match its digest")
-        token_part = payload[: header.token_count * _TOKEN.size]
+        token_part = payload[: header.token_count * _TOKEN_DTYPE.itemsize]
         views.append(token_part)
         if hashlib.sha256(token_part).hexdigest() != header.token_digest:
             raise UnreadableSnapshot(f"{path.name}: the token vector does not match its digest")
         tokens = _tokens(token_part)
-        arrays_part = payload[header.token_count * _TOKEN.size :]
+        arrays_part = payload[header.token_count * _TOKEN_DTYPE.itemsize :]
         views.append(arrays_part)
         arrays: list[tuple[str, tuple[int, ...], memoryview]] = []
         for dtype, shape, offset, nbytes in header.arrays:
