@@ -60,7 +60,7 @@ def _trained(normalizer: Any, pre_tokenizer: Any) -> FastTokenizerOffsets:
         CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=alphabet)
     )
     backend.add_tokens([AddedToken("wörld", normalized=True)])  # matched after normalizing: never an anchor
-    encoder = offsets_encoder(PreTrainedTokenizerFast(tokenizer_object=backend))  # type: ignore[no-untyped-call]
+    encoder = offsets_encoder(PreTrainedTokenizerFast(tokenizer_object=backend))
     assert encoder is not None
     return encoder
 
@@ -224,7 +224,7 @@ def test_an_anchors_id_a_normalizer_made_is_not_a_cut() -> None:
     backend = Tokenizer(models.Unigram([*pieces, *((c, -10.0) for c in sorted(set("a<|im_start>xy")))], unk_id=0))
     backend.normalizer = normalizers.NFKC()
     backend.add_special_tokens([AddedToken(anchor, normalized=False)])
-    encoder = offsets_encoder(PreTrainedTokenizerFast(tokenizer_object=backend))  # type: ignore[no-untyped-call]
+    encoder = offsets_encoder(PreTrainedTokenizerFast(tokenizer_object=backend))
     assert encoder is not None
     full_width = "\uff1c\uff5cim_start\uff5c\uff1e"
     base = token_reuse.encode("a" + full_width + "y", encoder)

@@ -116,7 +116,7 @@ def imported_litellm() -> None:
 def recorder() -> Iterator[Recorder]:
     recording = Recorder()
 
-    class Hook(litellm.integrations.custom_logger.CustomLogger):
+    class Hook(litellm.integrations.custom_logger.CustomLogger):  # type: ignore[misc]
         def log_pre_api_call(self, model: str, messages: Any, kwargs: dict[str, Any]) -> None:
             recording.record(kwargs)
 
@@ -313,8 +313,8 @@ def test_courier_refusal_is_a_bad_request_error(server: RunningServer, recorder:
     # Courier's refusal, not LiteLLM's: the parameter was sent, and the message is Courier's.
     assert recorder.last()["presence_penalty"] == 9, shown
     assert refused.value.status_code == 400, shown
-    assert isinstance(refused.value, openai.BadRequestError), shown  # what code written for the openai SDK catches
     assert refused.value.llm_provider == "openai", shown
+    assert isinstance(refused.value, openai.BadRequestError), shown  # what code written for the openai SDK catches
     assert "'presence_penalty' must be in [-2, 2]" in str(refused.value), shown
 
 

@@ -114,7 +114,7 @@ def test_opencode_runs_against_the_server(server: RunningServer, tmp_path: Path)
     assert completed(server) >= before + 2  # the session's title and the answer, both answered here
 
 
-@function_tool
+@function_tool  # type: ignore[untyped-decorator]
 def get_weather(city: str) -> str:
     """Get the current weather in a city."""
     return f"It is sunny in {city}."
