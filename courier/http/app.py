@@ -9,6 +9,7 @@ from quart import Quart, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
 from courier.core.failure_codes import FailureCode
+from courier.http.access_log import AccessLogMiddleware, note_tenant
 from courier.http.anthropic import models as anthropic_models
 from courier.http.anthropic import routes as anthropic_routes
 from courier.http.context import AppContext
@@ -41,11 +42,15 @@ MODEL_FAMILIES = (models.BLUEPRINT, models.LOADING_BLUEPRINT)
 
 def create_app(context: AppContext) -> Any:
     """The ASGI application Hypercorn serves: the Quart app inside the request-span middleware, and inside the CORS
-    layer when `--cors-allow-origins` lists any (so a preflight answered there has its span too)."""
+    layer when `--cors-allow-origins` lists any (so a preflight answered there has its span too); the access log
+    between them, so each line carries its request's trace id."""
     app: Any = ModelLeaseScope(create_quart_app(context))  # a request's models held until its response ends
     cors = CorsPolicy.from_setting(context.settings.cors_allow_origins)
     if cors is not None:
         app = CorsMiddleware(app, cors)
+    if context.settings.access_log:
+        root = context.settings.api_prefix
+        app = AccessLogMiddleware(app, quiet_paths=(f"{root}/health", f"{root}/metrics"))
     return TracingMiddleware(app)
 
 
@@ -71,6 +76,7 @@ def create_quart_app(context: AppContext) -> Quart:
             # Anthropic's clients send their key as `x-api-key`: taken where they are answered in Anthropic's shapes.
             api_key = request.headers.get("x-api-key") if _envelope() is Envelope.ANTHROPIC else None
             g.caller = context.api_keys.caller(request.headers.get("Authorization"), api_key)
+            note_tenant(g.caller.tenant)
 
     replica = context.settings.replica_id
     if replica is not None:

@@ -19,6 +19,7 @@ from courier.core.failure_codes import FailureCode
 from courier.core.prompt_cache.stats import StoreStats
 from courier.core.served_models.names import ServedNames
 from courier.core.served_models.residency import parse_keep_alive
+from courier.http.access_log import note_model
 from courier.http.auth import ANYONE, ApiKeys, Caller
 from courier.http.errors import ApiError
 from courier.http.json_body import read_json_object
@@ -98,6 +99,7 @@ class AppContext:
         self.require_ready()
         if self.registry is None or self.models is None:
             self.require_model(requested)
+            note_model(self.state.model_id)
             if embeddings and self.outboxes.embedder is None:
                 raise _does_not_embed(self.state.model_id)
             return self
@@ -116,6 +118,7 @@ class AppContext:
                 message = f"the model '{requested}' did not load within --request-timeout"
                 raise ApiError(504, message, param="model", code=FailureCode.DEADLINE_EXCEEDED) from None
         hold(lease)
+        note_model(lease.model_id)
         model = self.models.models[lease.model_id]
         model_outboxes = lease.outboxes
         if embeddings and model_outboxes.embedder is None:

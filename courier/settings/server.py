@@ -461,3 +461,9 @@ class Settings:
         None, expanded_path, "also write finished OpenTelemetry spans to this file as JSON lines", metavar="PATH"
     )
     log_level: str = setting("info", choice(LOG_LEVELS), "debug, info, warning or error", metavar="LEVEL")
+    access_log: bool = setting(
+        True,
+        parse_bool,
+        "log one line per HTTP request (logger courier.access; /health and /metrics at debug level)",
+        flag=True,
+    )

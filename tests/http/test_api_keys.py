@@ -10,6 +10,7 @@ cache.
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -203,3 +204,30 @@ def test_a_key_writing_past_its_share_evicts_only_its_own_records(server: Runnin
         assert refused.value.code == "storage_budget_exceeded"
         assert "this API key's storage budget of 400000" in refused.value.message
         assert theirs.conversations.retrieve(big[3].id).id == big[3].id
+
+
+def test_the_access_log_names_a_caller_by_its_tenant_never_by_its_key(server: RunningServer) -> None:
+    """A streamed answer and a refusal, each found in the log by the trace its request carried."""
+    streamed, refused = secrets.token_hex(16), secrets.token_hex(16)
+    messages: Any = [{"role": "user", "content": "Say something."}]
+    with client(server, KEY) as mine:
+        chunks = mine.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=4, stream=True, extra_headers=traced(streamed)
+        )
+        assert list(chunks)
+        with pytest.raises(openai.BadRequestError):
+            mine.chat.completions.create(
+                model=MODEL, messages=messages, presence_penalty=9, extra_headers=traced(refused)
+            )
+    tenant = ApiKeys([KEY]).caller(f"Bearer {KEY}").tenant
+    line = server.wait_for(re.compile(rf"courier\.access: (.*trace={streamed}.*)"), timeout=60).group(1)
+    assert "method=POST path=/v1/chat/completions status=200 " in line, line
+    assert f" tenant={tenant} model={MODEL} " in line and "complete=false" not in line, line
+    line = server.wait_for(re.compile(rf"courier\.access: (.*trace={refused}.*)"), timeout=60).group(1)
+    assert " status=400 " in line and " param=presence_penalty " in line, line
+    assert "message=\"'presence_penalty' must be in [-2, 2]\"" in line, line
+    assert KEY not in server.log() and "Say something" not in server.log()
+
+
+def traced(trace_id: str) -> dict[str, str]:
+    return {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}

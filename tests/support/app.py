@@ -18,6 +18,7 @@ from quart.typing import TestClientProtocol as QuartClient
 
 from courier.conversation.capsule import CapsuleCodec
 from courier.http.app import create_quart_app
+from courier.http.auth import ApiKeys
 from courier.http.context import AppContext, Outboxes
 from courier.model.info import ModelInfo
 from courier.platform.blas import BlasReport
@@ -33,6 +34,16 @@ TINY_LLAMA_CONTEXT = 2048  # tests/support/tiny_models.py's max_position_embeddi
 @contextmanager
 def validating_app(model_id: str, settings: Settings | None = None) -> Iterator[QuartClient]:
     """A test client of the app serving `model_id` (a text-only llama with the tiny llama's context), ready."""
+    with ready_context(model_id, settings) as context:
+        yield create_quart_app(context).test_client()
+
+
+@contextmanager
+def ready_context(
+    model_id: str, settings: Settings | None = None, api_keys: ApiKeys | None = None
+) -> Iterator[AppContext]:
+    """The context of an app serving `model_id` (a text-only llama with the tiny llama's context), ready, with no
+    actor behind it (see the module's docstring)."""
     settings = settings or Settings()
     model = ModelInfo(
         model_id=model_id,
@@ -64,9 +75,10 @@ def validating_app(model_id: str, settings: Settings | None = None) -> Iterator[
         outboxes=outboxes,
         metrics=CourierMetrics(state),
         capsules=CapsuleCodec(None, settings.max_body_bytes),
+        api_keys=api_keys or ApiKeys(()),
     )
     try:
-        yield create_quart_app(context).test_client()
+        yield context
     finally:
         for send, _ in streams:
             send.close()

@@ -1,0 +1,180 @@
+"""The access log: one line per HTTP request, written when its response has ended, to the logger `courier.access`.
+
+A line is logfmt (`key=value`, a value with spaces or quotes in double quotes), so a refused request leaves a trace an
+operator can grep and a log shipper can parse:
+
+    method=POST path=/v1/chat/completions status=400 ms=3 bytes=182 tenant=3fa29c0e1b7d4a55 model=smollm2
+    trace=4bf92f3577b34da6a3ce929d0e0e4736 error=invalid_request_error param=presence_penalty
+    message="'presence_penalty' must be in [-2, 2]"
+
+What it holds: the method and path (never the query or a header), the status, the milliseconds from the request's
+arrival to its last byte (a stream's whole length), the body bytes sent, the caller's tenant (a digest of its key;
+with keys only), the model the request was served by, the request's trace id (the span in `--trace-file` or the
+OTLP collector), and, for a status of 400 and above, the error envelope's kind, parameter and message (its first
+`MESSAGE_CHARS` characters). A response whose last byte was never sent (the client left, or the request failed
+without an answer) says `complete=false`. A prompt or a reply is never logged.
+
+`/health` and `/metrics` are logged at debug level: a prober's and a scraper's polls would bury the rest.
+`--no-access-log` turns it off.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from opentelemetry import trace
+
+logger = logging.getLogger("courier.access")
+
+ERROR_STATUS = 400
+ERROR_BODY_BYTES = 8192  # of an error response, read for its envelope (one is a few hundred bytes)
+MESSAGE_CHARS = 300
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class RequestNotes:
+    """What the application learns of a request that the line reports: who asked, and which model answered."""
+
+    tenant: str | None = None
+    model: str | None = None
+
+
+_NOTES: ContextVar[RequestNotes | None] = ContextVar("courier_access_notes", default=None)
+
+
+def note_tenant(tenant: str) -> None:
+    """The request's caller is this tenant ("" without keys: not reported)."""
+    notes = _NOTES.get()
+    if notes is not None and tenant:
+        notes.tenant = tenant
+
+
+def note_model(model: str) -> None:
+    """The request is served by this model (the first one named, for a request that names several)."""
+    notes = _NOTES.get()
+    if notes is not None and notes.model is None:
+        notes.model = model
+
+
+class AccessLogMiddleware:
+    """An ASGI layer that writes a request's line when the application is done with it."""
+
+    def __init__(self, app: App, quiet_paths: Iterable[str]) -> None:
+        self._app = app
+        self._quiet = frozenset(quiet_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await self._app(scope, receive, send)
+            return
+        started = time.monotonic()
+        response = _Response()
+
+        async def sending(message: Message) -> None:
+            response.saw(message)
+            await send(message)
+
+        notes = RequestNotes()
+        token = _NOTES.set(notes)
+        try:
+            await self._app(scope, receive, sending)
+        finally:
+            _NOTES.reset(token)
+            path = str(scope.get("path", ""))
+            level = logging.DEBUG if path in self._quiet else logging.INFO
+            if logger.isEnabledFor(level):
+                fields = _fields(scope, path, response, notes, time.monotonic() - started)
+                logger.log(level, "%s", " ".join(f"{key}={_quoted(value)}" for key, value in fields))
+
+
+@dataclass(slots=True)
+class _Response:
+    status: int | None = None
+    sent: int = 0
+    complete: bool = False
+    error_body: bytes = b""
+
+    def saw(self, message: Message) -> None:
+        if message.get("type") == "http.response.start":
+            self.status = int(message["status"])
+        elif message.get("type") == "http.response.body":
+            body = message.get("body", b"")
+            self.sent += len(body)
+            if (self.status or 0) >= ERROR_STATUS and len(self.error_body) < ERROR_BODY_BYTES:
+                self.error_body += bytes(body[: ERROR_BODY_BYTES - len(self.error_body)])
+            if not message.get("more_body", False):
+                self.complete = True
+
+
+def _fields(
+    scope: Scope, path: str, response: _Response, notes: RequestNotes, elapsed_s: float
+) -> list[tuple[str, object]]:
+    fields: list[tuple[str, object]] = [
+        ("method", scope.get("method", "")),
+        ("path", path),
+        ("status", response.status if response.status is not None else "-"),
+        ("ms", round(elapsed_s * 1000)),
+        ("bytes", response.sent),
+    ]
+    if not response.complete:
+        fields.append(("complete", "false"))
+    if notes.tenant:
+        fields.append(("tenant", notes.tenant))
+    if notes.model:
+        fields.append(("model", notes.model))
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        fields.append(("trace", f"{context.trace_id:032x}"))
+    if response.error_body:
+        fields += _error_fields(response.error_body)
+    return fields
+
+
+def _error_fields(body: bytes) -> list[tuple[str, object]]:
+    """The kind, parameter and message of an OpenAI (`{"error": {...}}`) or Anthropic (`{"type": "error", "error":
+    {...}}`) error envelope; nothing for a body that is not one."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return []
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(error, dict):
+        return []
+    fields: list[tuple[str, object]] = []
+    kind = error.get("code") or error.get("type")
+    if isinstance(kind, str) and kind:
+        fields.append(("error", kind))
+    if isinstance(error.get("param"), str) and error["param"]:
+        fields.append(("param", error["param"]))
+    if isinstance(error.get("message"), str):
+        message = error["message"]
+        fields.append(("message", message if len(message) <= MESSAGE_CHARS else f"{message[:MESSAGE_CHARS]}..."))
+    return fields
+
+
+def _quoted(value: object) -> str:
+    """A logfmt value: bare when it has no space, quote, equals sign or control character; else in double quotes,
+    with quotes, backslashes and control characters escaped, so one request is always one line."""
+    text = str(value)
+    if text and not any(char in ' "=\\' or not char.isprintable() for char in text):
+        return text
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = "".join(char if char.isprintable() else _escape(char) for char in escaped)
+    return f'"{escaped}"'
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"

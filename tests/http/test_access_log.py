@@ -1,0 +1,153 @@
+"""The access log: a line per HTTP request, through the ASGI application Hypercorn serves (`create_app`), in-process.
+
+Requests reach the app over httpx's ASGI transport, so every layer a served request passes (the request span, the
+access log, the routes) runs; no actor reads the context's inboxes, so a request that gets past validation is 503.
+The line of a request served end to end, with keys, is checked on a real server in test_api_keys.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from courier.http.access_log import AccessLogMiddleware
+from courier.http.app import create_app
+from courier.http.auth import ApiKeys
+from courier.http.context import AppContext
+from courier.settings import Settings
+from tests.support.app import ready_context
+
+MODEL = "tiny-llama"
+KEY = "sk-courier-access"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+CHAT = "/v1/chat/completions"
+
+pytestmark = pytest.mark.anyio
+
+
+def access_lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
+    logged = (record for record in caplog.records if record.name == "courier.access" and record.levelno == level)
+    return [record.getMessage() for record in logged]
+
+
+def fields(line: str) -> dict[str, str]:
+    """A logfmt line's fields, quoted values unescaped."""
+    found = re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line)
+    return {key: unquoted(value) for key, value in found}
+
+
+def unquoted(value: str) -> str:
+    return value[1:-1].replace('\\"', '"').replace("\\\\", "\\") if value.startswith('"') else value
+
+
+@asynccontextmanager
+async def serving(context: AppContext) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the ASGI application Hypercorn would serve for `context`."""
+    transport = httpx.ASGITransport(app=create_app(context))
+    async with httpx.AsyncClient(transport=transport, base_url="http://courier.test") as http:
+        yield http
+
+
+@pytest.fixture
+async def client(caplog: pytest.LogCaptureFixture) -> AsyncIterator[httpx.AsyncClient]:
+    caplog.set_level(logging.DEBUG, logger="courier.access")
+    with ready_context(MODEL) as context:
+        async with serving(context) as http:
+            yield http
+
+
+async def test_a_refused_request_is_logged_with_its_error_and_trace(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "presence_penalty": 9}
+    refused = await client.post(CHAT, json=body, headers={"traceparent": TRACEPARENT})
+    assert refused.status_code == 400
+    [line] = access_lines(caplog)
+    logged = fields(line)
+    assert (logged["method"], logged["path"], logged["status"]) == ("POST", CHAT, "400")
+    assert int(logged["bytes"]) == len(refused.content) and int(logged["ms"]) >= 0
+    assert logged["trace"] == TRACE_ID  # the request's span: the line and the trace are found by one another
+    error = refused.json()["error"]
+    assert (logged["error"], logged["param"]) == (error["code"], "presence_penalty")
+    assert logged["message"] == error["message"]
+    assert "tenant" not in logged and "complete" not in logged  # no keys: no tenant; the answer was sent whole
+    assert "Hi" not in line  # never the prompt
+
+
+async def test_a_request_past_validation_names_its_model(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    answered = await client.post(CHAT, json=body)
+    assert answered.status_code == 503  # no actor behind the app (see the module's docstring)
+    logged = fields(access_lines(caplog)[-1])
+    assert (logged["status"], logged["model"]) == ("503", MODEL)
+
+
+async def test_probes_are_logged_at_debug_only(client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture) -> None:
+    assert (await client.get("/health")).status_code == 200
+    assert (await client.get("/metrics")).status_code == 200
+    assert access_lines(caplog) == []
+    assert [fields(line)["path"] for line in access_lines(caplog, logging.DEBUG)] == ["/health", "/metrics"]
+
+
+async def test_a_hostile_path_stays_one_escaped_line(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = '/v1/no such "route"\nstatus=200'
+    assert (await client.get(path.replace(" ", "%20").replace("\n", "%0A").replace('"', "%22"))).status_code == 404
+    [line] = access_lines(caplog)
+    assert "\n" not in line
+    logged = fields(line)
+    assert (logged["path"], logged["status"]) == (path.replace("\n", "\\x0a"), "404")
+
+
+async def test_with_keys_a_caller_is_its_tenant_never_its_key(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="courier.access")
+    keys = ApiKeys([KEY])
+    with ready_context(MODEL, api_keys=keys) as context:
+        async with serving(context) as http:
+            assert (await http.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})).status_code == 200
+            assert (await http.get("/v1/models", headers={"Authorization": "Bearer sk-nobody"})).status_code == 401
+    known, unknown = (fields(line) for line in access_lines(caplog))
+    assert known["tenant"] == keys.caller(f"Bearer {KEY}").tenant
+    assert (unknown["status"], unknown["error"]) == ("401", "invalid_api_key") and "tenant" not in unknown
+    assert all(KEY not in line and "sk-nobody" not in line for line in access_lines(caplog))
+
+
+async def test_no_access_log_writes_no_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="courier.access")
+    with ready_context(MODEL, Settings(access_log=False)) as context:
+        async with serving(context) as http:
+            assert (await http.get("/v1/models")).status_code == 200
+    assert access_lines(caplog) == [] and access_lines(caplog, logging.DEBUG) == []
+
+
+async def test_a_response_never_finished_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A stream whose application ends before its last byte (its client gone): `complete=false`, the bytes sent."""
+    caplog.set_level(logging.INFO, logger="courier.access")
+
+    async def cut_stream(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
+    await AccessLogMiddleware(cut_stream, quiet_paths=())(scope, receive, send)
+    assert len(sent) == 2  # passed on as they came
+    logged = fields(access_lines(caplog)[-1])
+    assert (logged["status"], logged["bytes"], logged["complete"]) == ("200", "10", "false")
