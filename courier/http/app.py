@@ -16,6 +16,7 @@ from courier.http.context import AppContext
 from courier.http.cors import CorsMiddleware, CorsPolicy
 from courier.http.errors import ApiError, Envelope
 from courier.http.model_leases import ModelLeaseScope
+from courier.http.request_id import RequestIdMiddleware
 from courier.http.routes import (
     cache,
     chat,
@@ -42,8 +43,8 @@ MODEL_FAMILIES = (models.BLUEPRINT, models.LOADING_BLUEPRINT)
 
 def create_app(context: AppContext) -> Any:
     """The ASGI application Hypercorn serves: the Quart app inside the request-span middleware, and inside the CORS
-    layer when `--cors-allow-origins` lists any (so a preflight answered there has its span too); the access log
-    between them, so each line carries its request's trace id."""
+    layer when `--cors-allow-origins` lists any (so a preflight answered there has its span too); between them the
+    request's id (on its span and response) and the access log, so each line carries both ids."""
     app: Any = ModelLeaseScope(create_quart_app(context))  # a request's models held until its response ends
     cors = CorsPolicy.from_setting(context.settings.cors_allow_origins)
     if cors is not None:
@@ -51,7 +52,7 @@ def create_app(context: AppContext) -> Any:
     if context.settings.access_log:
         root = context.settings.api_prefix
         app = AccessLogMiddleware(app, quiet_paths=(f"{root}/health", f"{root}/metrics"))
-    return TracingMiddleware(app)
+    return TracingMiddleware(RequestIdMiddleware(app))
 
 
 def create_quart_app(context: AppContext) -> Quart:

@@ -99,7 +99,8 @@ class AppContext:
         self.require_ready()
         if self.registry is None or self.models is None:
             self.require_model(requested)
-            note_model(self.state.model_id)
+            if not if_loaded:  # a figure asked of a loaded model is no request served by it
+                note_model(self.state.model_id)
             if embeddings and self.outboxes.embedder is None:
                 raise _does_not_embed(self.state.model_id)
             return self
@@ -118,7 +119,8 @@ class AppContext:
                 message = f"the model '{requested}' did not load within --request-timeout"
                 raise ApiError(504, message, param="model", code=FailureCode.DEADLINE_EXCEEDED) from None
         hold(lease)
-        note_model(lease.model_id)
+        if not if_loaded:
+            note_model(lease.model_id)
         model = self.models.models[lease.model_id]
         model_outboxes = lease.outboxes
         if embeddings and model_outboxes.embedder is None:

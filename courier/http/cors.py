@@ -25,8 +25,9 @@ ANY_ORIGIN = "*"
 ALLOWED_METHODS = "GET, POST, DELETE, OPTIONS"
 # Always allowed: what the OpenAI clients send. The `*` wildcard would not cover `Authorization` (Fetch standard).
 ALWAYS_ALLOWED_HEADERS = ("Authorization", "Content-Type")
-# Response headers a page may read beyond the safelisted ones: the SDKs' back-off reads Retry-After.
-EXPOSED_HEADERS = "Retry-After"
+# Response headers a page may read beyond the safelisted ones: the SDKs' back-off reads Retry-After, and their errors
+# report the request's id (OpenAI's from x-request-id, Anthropic's from request-id).
+EXPOSED_HEADERS = "Retry-After, x-request-id, request-id"
 MAX_AGE_S = 600  # how long a browser may reuse a preflight's answer
 MAX_REQUESTED_HEADERS = 64  # the most headers a preflight may ask for that are echoed back
 _ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#\s,]+$")

@@ -16,6 +16,7 @@ import orjson
 from quart import Response
 
 from courier.core.failure_codes import FailureCode
+from courier.http.request_id import current_request_id
 from courier.messages.base import FailureKind, RequestFailed
 
 INVALID_REQUEST = "invalid_request_error"
@@ -135,7 +136,7 @@ class ApiError(Exception):
             "code": self.code,
             "param": self.param,
         }
-        return {"type": "error", "error": error, "request_id": None}
+        return {"type": "error", "error": error, "request_id": current_request_id()}
 
     def response(self, envelope: Envelope = Envelope.OPENAI) -> Response:
         body = self.anthropic_body() if envelope is Envelope.ANTHROPIC else self.body()

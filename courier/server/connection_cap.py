@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import time
 from collections.abc import Callable, Generator
 from contextlib import suppress
 from typing import Any
@@ -82,9 +83,14 @@ def refusal(limit: int) -> bytes:
     return head.encode("ascii") + body
 
 
-def install_connection_cap(stats: ConnectionStats, watch: ConnectionWatch | None = None) -> Callable[[], None]:
+def install_connection_cap(
+    stats: ConnectionStats,
+    watch: ConnectionWatch | None = None,
+    on_refused: Callable[[bytes, bytes, float], None] | None = None,
+) -> Callable[[], None]:
     """Gate every connection Hypercorn accepts until the returned function is called (one server at a time); each
-    admitted connection is in `watch` while it is open."""
+    admitted connection is in `watch` while it is open. `on_refused(head, answer, seconds)` is told of each refused
+    one: the request head read, the answer sent, and how long that took (the access log's line)."""
     serve_connection = getattr(hypercorn_run, _CONNECTION_SERVER)
     if getattr(serve_connection, "courier_gate", False):
         raise RuntimeError("the connection cap is already installed")
@@ -102,7 +108,11 @@ def install_connection_cap(stats: ConnectionStats, watch: ConnectionWatch | None
             reader, writer = self._arguments[-2], self._arguments[-1]
             if stats.open >= stats.limit:
                 stats.refused += 1
-                await _refuse(reader, writer, stats.limit)
+                started = time.monotonic()
+                answer = refusal(stats.limit)
+                head = await _refuse(reader, writer, answer)
+                if on_refused is not None:
+                    on_refused(head, answer, time.monotonic() - started)
                 return
             stats.open += 1
             peer = watch.watch(reader, writer) if watch is not None else None
@@ -117,13 +127,16 @@ def install_connection_cap(stats: ConnectionStats, watch: ConnectionWatch | None
     return lambda: setattr(hypercorn_run, _CONNECTION_SERVER, serve_connection)
 
 
-async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int) -> None:
-    """Read the request head (so the answer is not lost to a reset), answer 503, close."""
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> bytes:
+    """Read the request head (so the answer is not lost to a reset), answer 503, close; the head read (empty when
+    none came in time)."""
+    head = b""
     with suppress(Exception):
-        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_WAIT_S)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_WAIT_S)
     with suppress(Exception):
-        writer.write(refusal(limit))
+        writer.write(answer)
         await asyncio.wait_for(writer.drain(), HEAD_WAIT_S)
     writer.close()
     with suppress(Exception):
         await asyncio.wait_for(writer.wait_closed(), HEAD_WAIT_S)
+    return head

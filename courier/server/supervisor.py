@@ -36,6 +36,7 @@ from hypercorn.config import Config as HypercornConfig
 from courier.actors.model_registry import ModelRegistryActor, ResidencyLimits
 from courier.actors.storage import StorageActor
 from courier.conversation.capsule import CapsuleCodec
+from courier.http.access_log import log_refused_connection
 from courier.http.app import create_app
 from courier.http.auth import ApiKeys
 from courier.http.context import AppContext, Outboxes
@@ -154,7 +155,8 @@ class Supervisor:
         logger.info("listening on http://%s:%d (model %s loading)", _url_host(host), port, self._state.model_id)
         task_status.started()
         watch = ConnectionWatch()
-        uninstall_cap = install_connection_cap(self._state.connections, watch)
+        refused = log_refused_connection if self._settings.access_log else None
+        uninstall_cap = install_connection_cap(self._state.connections, watch, refused)
         app = ClientGoneMiddleware(create_app(context), watch, self._state.connections)
         try:
             await hypercorn_serve(app, config, shutdown_trigger=self._stop.wait, mode="asgi")  # type: ignore[arg-type]

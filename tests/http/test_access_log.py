@@ -1,8 +1,10 @@
-"""The access log: a line per HTTP request, through the ASGI application Hypercorn serves (`create_app`), in-process.
+"""The access log and request ids: a line per HTTP request, and an id on each response, through the ASGI application
+Hypercorn serves (`create_app`), in-process.
 
 Requests reach the app over httpx's ASGI transport, so every layer a served request passes (the request span, the
 access log, the routes) runs; no actor reads the context's inboxes, so a request that gets past validation is 503.
-The line of a request served end to end, with keys, is checked on a real server in test_api_keys.py.
+The line of a request served end to end, with keys, is checked on a real server in test_api_keys.py (with the id the
+openai SDK reports), an Anthropic error's id in anthropic/test_models.py.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from courier.http.access_log import AccessLogMiddleware
 from courier.http.app import create_app
 from courier.http.auth import ApiKeys
 from courier.http.context import AppContext
+from courier.runtime import trace_attributes
 from courier.settings import Settings
 from tests.support.app import ready_context
 
@@ -101,12 +105,15 @@ async def test_probes_are_logged_at_debug_only(client: httpx.AsyncClient, caplog
 async def test_a_hostile_path_stays_one_escaped_line(
     client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = '/v1/no such "route"\nstatus=200'
-    assert (await client.get(path.replace(" ", "%20").replace("\n", "%0A").replace('"', "%22"))).status_code == 404
+    path = '/v1/no such "route"\nstatus=200\u2028\U000e0001'
+    quoted = path.replace(" ", "%20").replace("\n", "%0A").replace('"', "%22")
+    quoted = quoted.replace("\u2028", "%E2%80%A8").replace("\U000e0001", "%F3%A0%80%81")
+    assert (await client.get(quoted)).status_code == 404
     [line] = access_lines(caplog)
-    assert "\n" not in line
+    assert "\n" not in line and "\u2028" not in line
     logged = fields(line)
-    assert (logged["path"], logged["status"]) == (path.replace("\n", "\\x0a"), "404")
+    escaped = path.replace("\n", "\\x0a").replace("\u2028", "\\u2028").replace("\U000e0001", "\\U000e0001")
+    assert (logged["path"], logged["status"]) == (escaped, "404")
 
 
 async def test_with_keys_a_caller_is_its_tenant_never_its_key(caplog: pytest.LogCaptureFixture) -> None:
@@ -151,3 +158,40 @@ async def test_a_response_never_finished_says_so(caplog: pytest.LogCaptureFixtur
     assert len(sent) == 2  # passed on as they came
     logged = fields(access_lines(caplog)[-1])
     assert (logged["status"], logged["bytes"], logged["complete"]) == ("200", "10", "false")
+
+
+REQUEST_ID = re.compile(r"req_[0-9a-f]{24}")
+
+
+async def test_each_response_carries_its_request_id_under_both_names(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    answers = [await client.get("/v1/models"), await client.post(CHAT, json={"model": MODEL})]
+    ids = [answer.headers["x-request-id"] for answer in answers]
+    assert [answer.headers["request-id"] for answer in answers] == ids  # OpenAI's SDKs read one, Anthropic's the other
+    assert all(REQUEST_ID.fullmatch(request_id) for request_id in ids) and ids[0] != ids[1]
+    assert [fields(line)["id"] for line in access_lines(caplog)] == ids
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [("haproxy-0a1b:42.7", True), ("x" * 128, True), ("x" * 129, False), ("two words", False), ("", False)],
+)
+async def test_a_fronts_request_id_is_kept_and_any_other_value_replaced(
+    client: httpx.AsyncClient, given: str, kept: bool
+) -> None:
+    answered = await client.get("/v1/models", headers={"X-Request-Id": given})
+    request_id = answered.headers["x-request-id"]
+    assert request_id == given if kept else REQUEST_ID.fullmatch(request_id)
+
+
+async def test_an_anthropic_error_body_names_its_request(client: httpx.AsyncClient) -> None:
+    refused = await client.post("/v1/messages", json={"model": MODEL, "max_tokens": 0, "messages": []})
+    assert refused.status_code == 400
+    assert refused.json()["request_id"] == refused.headers["request-id"]
+
+
+async def test_the_request_span_carries_the_id(client: httpx.AsyncClient, span_exporter: InMemorySpanExporter) -> None:
+    request_id = (await client.get("/v1/models")).headers["x-request-id"]
+    [span] = [span for span in span_exporter.get_finished_spans() if span.name == "GET /v1/models"]
+    assert span.attributes is not None and span.attributes[trace_attributes.REQUEST_ID] == request_id

@@ -215,16 +215,17 @@ def test_the_access_log_names_a_caller_by_its_tenant_never_by_its_key(server: Ru
             model=MODEL, messages=messages, max_tokens=4, stream=True, extra_headers=traced(streamed)
         )
         assert list(chunks)
-        with pytest.raises(openai.BadRequestError):
+        with pytest.raises(openai.BadRequestError) as refusal:
             mine.chat.completions.create(
                 model=MODEL, messages=messages, presence_penalty=9, extra_headers=traced(refused)
             )
     tenant = ApiKeys([KEY]).caller(f"Bearer {KEY}").tenant
-    line = server.wait_for(re.compile(rf"courier\.access: (.*trace={streamed}.*)"), timeout=60).group(1)
+    line = server.logged(re.compile(rf"courier\.access: (.*trace={streamed}.*)")).group(1)
     assert "method=POST path=/v1/chat/completions status=200 " in line, line
     assert f" tenant={tenant} model={MODEL} " in line and "complete=false" not in line, line
-    line = server.wait_for(re.compile(rf"courier\.access: (.*trace={refused}.*)"), timeout=60).group(1)
+    line = server.logged(re.compile(rf"courier\.access: (.*trace={refused}.*)")).group(1)
     assert " status=400 " in line and " param=presence_penalty " in line, line
+    assert f" id={refusal.value.request_id} " in line, line  # the id the openai SDK reports
     assert "message=\"'presence_penalty' must be in [-2, 2]\"" in line, line
     assert KEY not in server.log() and "Say something" not in server.log()
 

@@ -257,7 +257,8 @@ def test_a_reasoning_item_sealed_by_another_key_or_altered_is_a_400(http: httpx.
 
 # The openai client opens its socket the way websockets 17 deprecates (a warning of the client's own, not ours).
 @pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
-def test_the_responses_websocket_serves_turn_after_turn(client: Any) -> None:
+def test_the_responses_websocket_serves_turn_after_turn(client: Any, server: RunningServer) -> None:
+    since = len(server.lines)
     with client.responses.connect() as connection:
         for text in ("hello", "again"):
             connection.response.create(model=MODEL, input=text, max_output_tokens=4)
@@ -279,3 +280,6 @@ def test_the_responses_websocket_serves_turn_after_turn(client: Any) -> None:
         first = next(iter(connection))
         assert first.type == "response.created"
         assert first.stream_id == "lane-1"
+    # The connection's line in the access log, once it has ended: accepted, and what it sent.
+    line = server.logged(re.compile(r"courier\.access: method=GET path=/v1/responses status=101 .*"), since).group(0)
+    assert " websocket=true " in f"{line} " and f" model={MODEL} " in f"{line} ", line

@@ -145,7 +145,7 @@ def authorized(origin: str | None = UI) -> dict[str, str]:
 def assert_cors(response: httpx.Response, origin: str) -> None:
     assert response.headers["access-control-allow-origin"] == origin
     assert "Origin" in [part.strip() for part in response.headers["vary"].split(",")]
-    assert response.headers["access-control-expose-headers"] == "Retry-After"
+    assert response.headers["access-control-expose-headers"] == "Retry-After, x-request-id, request-id"
 
 
 def assert_no_cors(response: httpx.Response) -> None:

@@ -8,6 +8,7 @@ already open keep working and a freed slot is taken again.
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -88,6 +89,9 @@ def test_connections_past_the_cap_hear_503_and_a_freed_slot_is_taken_again(cappe
             assert b"connection: close" in head.lower() and b"retry-after" in head.lower()
             assert orjson.loads(body)["error"]["code"] == "overloaded"
             assert extra.recv(1) == b""  # and it is closed
+        # Refused before the application saw it, and still one line in the access log.
+        refused = server.logged(re.compile(r"courier\.access: (method=GET path=/health status=503 .*)")).group(1)
+        assert f" bytes={len(body)} " in refused and " error=overloaded " in refused, refused
         # One connection ends (the server closes it after answering `Connection: close`): its slot is free again.
         leaving = held.pop()
         leaving.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\nConnection: close\r\n\r\n")

@@ -22,6 +22,8 @@ from pathlib import Path
 import httpx
 import openai
 
+from tests.support.polling import attempts
+
 LISTENING = re.compile(r"listening on (http://\S+)")
 READY = re.compile(r"\bready: ")
 # A log line at level ERROR (cli.py's format: "<date> <time> LEVEL logger: message"), or an uncaught traceback.
@@ -70,6 +72,14 @@ class RunningServer:
 
     def log(self) -> str:
         return "".join(self.lines)
+
+    def logged(self, pattern: re.Pattern[str], since: int = 0, timeout: float = 60.0) -> re.Match[str]:
+        """The first log line from index `since` of `lines` on that matches `pattern`, polled for until `timeout`
+        (unlike `wait_for`, it leaves the queue of lines alone, so lines may be looked for in any order)."""
+        for _ in attempts(timeout):
+            if found := next(filter(None, map(pattern.search, self.lines[since:])), None):
+                return found
+        raise TimeoutError(f"no log line matching {pattern.pattern!r} within {timeout} s:\n{self.log()[-4000:]}")
 
     def openai_client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="not-needed", max_retries=0)

@@ -20,6 +20,7 @@ import orjson
 from quart import Response, g, websocket
 
 from courier.conversation.turn import plan_turn, start_turn
+from courier.http.access_log import note_tenant
 from courier.http.context import AppContext
 from courier.http.errors import ApiError, Envelope
 from courier.http.model_leases import leases_held
@@ -39,6 +40,7 @@ async def serve_socket(context: AppContext) -> Response | None:
     """The connection's life: refused before the upgrade (a 401), or accepted and served until the client leaves."""
     try:
         g.caller = context.api_keys.caller(websocket.headers.get("Authorization"))
+        note_tenant(g.caller.tenant)
     except ApiError as error:
         return error.response(Envelope.OPENAI)
     await websocket.accept()

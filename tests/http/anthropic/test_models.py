@@ -58,6 +58,9 @@ def test_the_anthropic_sdk_retrieves_a_model_and_a_missing_one_is_not_found(
         messages_client.models.retrieve("nope")
     error: Any = missing.value.body
     assert (error["type"], error["error"]["type"]) == ("error", "not_found_error")
+    # The request's id, as Anthropic's SDK reads it from the `request-id` header, is the one the body names.
+    assert missing.value.request_id is not None and missing.value.request_id.startswith("req_")
+    assert error["request_id"] == missing.value.request_id
 
 
 @pytest.mark.parametrize(
