@@ -77,6 +77,14 @@ class FrontOptions:
         return -(-size // 16) * 16
 
 
+# HAProxy's own id of a request: client and front address and port, accept time, request counter, pid, in hex.
+UNIQUE_ID_FORMAT = "%{+X}o%ci:%cp_%fi:%fp_%Ts_%rt:%pid"
+# `option httplog`'s format, to which each line's request id is added.
+HTTP_LOG_FORMAT = (
+    "%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %CC %CS %tsc %ac/%fc/%bc/%sc/%rc %sq/%bq %hr %hs %{+Q}r"
+)
+
+
 def haproxy_config(replicas: Sequence[Replica], options: FrontOptions) -> str:
     """The configuration text: `haproxy -f FILE` serves it on `options.bind:options.port`."""
     names = ", ".join(replica.name for replica in replicas)
@@ -120,7 +128,11 @@ def _defaults(options: FrontOptions) -> list[str]:
         "defaults",
         "    mode http",
         "    log global",
-        "    option httplog",
+        "    # Each request's id, sent on to the replica as X-Request-Id: the replica keeps it as its own (its",
+        "    # responses' x-request-id, its access log's id=), so this log's line and the replica's share it.",
+        f"    unique-id-format {UNIQUE_ID_FORMAT}",
+        "    unique-id-header X-Request-Id",
+        f'    log-format "{HTTP_LOG_FORMAT} id=%ID"',
         "    option forwardfor",
         "    # Routing reads the body: wait for all of it (the client has --body-timeout to send it).",
         "    option http-buffer-request",

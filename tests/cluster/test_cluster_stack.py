@@ -9,6 +9,7 @@ it, so the next test finds the cluster whole.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import threading
@@ -28,6 +29,7 @@ from courier.cluster import front_process, local_postgres
 from courier.cluster.local_cluster import ClusterPlan, LocalCluster
 from courier.cluster.replica_process import ReplicaProcess
 from courier.conversation.ids import replica_of
+from tests.support.polling import attempts
 
 pytestmark = pytest.mark.skipif(
     bool(reason := local_postgres.unavailable_reason() or front_process.unavailable_reason()), reason=reason or ""
@@ -40,6 +42,8 @@ READY_TIMEOUT_S = 120.0
 POLL_S = 0.01
 # Greedy on the tiny model this runs to max_tokens (tests/server/test_supervisor.py): in flight when a signal lands.
 GO_ON = "Go on forever."
+# courier/cluster/haproxy_config.py UNIQUE_ID_FORMAT: addresses and ports, time, counter and pid, in hex.
+FRONT_REQUEST_ID = re.compile(r"[0-9A-F]+:[0-9A-F]+_[0-9A-F]+:[0-9A-F]+_[0-9A-F]+_[0-9A-F]+:[0-9A-F]+")
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +156,24 @@ def test_conversations_of_each_kind_stay_each_on_one_replica_and_turns_after_the
     assert len({replicas[0] for replicas in served.values()}) > 1, "every conversation went to one replica"
     for name, turns in turns_after_first.items():
         assert hits_after[name] - hits_before[name] >= turns, (name, hits_before, hits_after, turns_after_first)
+
+
+def test_the_fronts_request_id_is_the_replicas_and_both_logs_name_it(
+    cluster: LocalCluster, front: openai.OpenAI
+) -> None:
+    raw = front.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Which id?"}], max_tokens=2
+    )
+    request_id = raw.headers["x-request-id"]
+    assert FRONT_REQUEST_ID.fullmatch(request_id), request_id  # HAProxy's unique id, kept by the replica
+    assert raw.headers["request-id"] == request_id
+    replica = cluster.replicas[raw.headers[HEADER]]
+    assert cluster.front is not None
+    for log in (cluster.front.log_path, replica.log_path):
+        for _ in attempts():  # each writes its line once the response has gone out
+            if f"id={request_id}" in log.read_text():
+                break
+        assert f"id={request_id}" in log.read_text(), log.read_text()[-4000:]
 
 
 def test_a_chain_continued_by_previous_response_id_alone_stays_on_its_replica(front: openai.OpenAI) -> None:
