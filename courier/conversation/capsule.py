@@ -94,7 +94,10 @@ class CapsuleCodec:
             raise CapsuleError("encrypted_content does not hold a JSON object")
         version = payload.get("v")
         if type(version) is not int or version != CAPSULE_VERSION:  # not `true`, not 1.0
-            raise CapsuleError(f"unsupported capsule version {payload.get('v')!r} (this server reads v1)")
+            raise CapsuleError(
+                f"unsupported capsule version {payload.get('v')!r}: this server reads version {CAPSULE_VERSION}, "
+                "a JSON integer"
+            )
         summary, retained = payload.get("summary"), payload.get("retained")
         if not isinstance(summary, str) or not isinstance(retained, list):
             raise CapsuleError("a capsule needs a string 'summary' and a list 'retained'")
