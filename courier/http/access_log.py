@@ -18,7 +18,8 @@ one line when it closes; a connection `--max-connections` refuses, one line from
 (`log_refused_connection`).
 
 `/health` and `/metrics` are logged at debug level: a prober's and a scraper's polls would bury the rest.
-`--no-access-log` turns it off.
+`--no-access-log` turns the lines off; every request is still counted for `/metrics` (`courier_http_requests_total`,
+by route template, method and status: `status/http_requests.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import orjson
 from opentelemetry import trace
 
 from courier.http.request_id import current_request_id
+from courier.status.http_requests import HttpRequestCounts
 
 logger = logging.getLogger("courier.access")
 
@@ -53,13 +55,22 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 @dataclass(slots=True)
 class RequestNotes:
-    """What the application learns of a request that the line reports: who asked, and which model answered."""
+    """What the application learns of a request that its record reports: the route template it matched, who asked,
+    and which model answered."""
 
+    route: str | None = None
     tenant: str | None = None
     model: str | None = None
 
 
 _NOTES: ContextVar[RequestNotes | None] = ContextVar("courier_access_notes", default=None)
+
+
+def note_route(route: str) -> None:
+    """The request matched this route template (`/v1/responses/<response_id>`)."""
+    notes = _NOTES.get()
+    if notes is not None:
+        notes.route = route
 
 
 def note_tenant(tenant: str) -> None:
@@ -77,12 +88,14 @@ def note_model(model: str) -> None:
 
 
 class AccessLogMiddleware:
-    """An ASGI layer that writes a request's line when the application is done with it (a websocket's when the
-    connection ends)."""
+    """An ASGI layer that, when the application is done with a request (a websocket: when the connection ends),
+    counts it in `counts` (`/metrics`) and, with `write_lines`, writes its line."""
 
-    def __init__(self, app: App, quiet_paths: Iterable[str]) -> None:
+    def __init__(self, app: App, quiet_paths: Iterable[str], counts: HttpRequestCounts, *, write_lines: bool) -> None:
         self._app = app
         self._quiet = frozenset(quiet_paths)
+        self._counts = counts
+        self._write_lines = write_lines
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") not in ("http", "websocket"):
@@ -102,9 +115,10 @@ class AccessLogMiddleware:
             await self._app(scope, receive, sending)
         finally:
             _NOTES.reset(token)
+            self._counts.count(notes.route, str(scope.get("method", "GET")), response.status)
             path = str(scope.get("path", ""))
             level = logging.DEBUG if path in self._quiet else logging.INFO
-            if logger.isEnabledFor(level):
+            if self._write_lines and logger.isEnabledFor(level):
                 fields = _fields(scope, path, response, notes, time.monotonic() - started)
                 logger.log(level, "%s", _line(fields))
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from quart import Quart, Response, current_app, g, request
+from quart import Quart, Response, current_app, g, request, websocket
 from werkzeug.exceptions import HTTPException
 
 from courier.core.failure_codes import FailureCode
-from courier.http.access_log import AccessLogMiddleware, note_tenant
+from courier.http.access_log import AccessLogMiddleware, note_route, note_tenant
 from courier.http.anthropic import models as anthropic_models
 from courier.http.anthropic import routes as anthropic_routes
 from courier.http.context import AppContext
@@ -49,9 +49,13 @@ def create_app(context: AppContext) -> Any:
     cors = CorsPolicy.from_setting(context.settings.cors_allow_origins)
     if cors is not None:
         app = CorsMiddleware(app, cors)
-    if context.settings.access_log:
-        root = context.settings.api_prefix
-        app = AccessLogMiddleware(app, quiet_paths=(f"{root}/health", f"{root}/metrics"))
+    root = context.settings.api_prefix
+    app = AccessLogMiddleware(
+        app,
+        quiet_paths=(f"{root}/health", f"{root}/metrics"),
+        counts=context.state.http_requests,
+        write_lines=context.settings.access_log,
+    )
     return TracingMiddleware(RequestIdMiddleware(app))
 
 
@@ -73,11 +77,17 @@ def create_quart_app(context: AppContext) -> Quart:
         rule = request.url_rule.rule if request.url_rule is not None else None
         if rule is not None:
             name_request_span(request.method, rule)
+            note_route(rule)
         if rule not in open_routes:  # an unknown route too: no probing for routes without a key
             # Anthropic's clients send their key as `x-api-key`: taken where they are answered in Anthropic's shapes.
             api_key = request.headers.get("x-api-key") if _envelope() is Envelope.ANTHROPIC else None
             g.caller = context.api_keys.caller(request.headers.get("Authorization"), api_key)
             note_tenant(g.caller.tenant)
+
+    @app.before_websocket
+    async def note_the_websockets_route() -> None:
+        if websocket.url_rule is not None:
+            note_route(websocket.url_rule.rule)
 
     replica = context.settings.replica_id
     if replica is not None:

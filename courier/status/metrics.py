@@ -131,6 +131,14 @@ class _StateCollector(Collector):
         yield CounterMetricFamily(
             "courier_connections_refused", "Connections answered 503 at the connection cap", value=connections.refused
         )
+        answered = CounterMetricFamily(
+            "courier_http_requests",
+            "HTTP requests answered, by the route template matched, method and status",
+            labels=["route", "method", "status"],
+        )
+        for (route, method, status), count in sorted(self._state.http_requests.counts.items()):
+            answered.add_metric([route, method, status], count)
+        yield answered
         yield CounterMetricFamily(
             "courier_requests_client_gone",
             "Requests whose client went away before their answer was written (their work cancelled)",

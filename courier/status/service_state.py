@@ -19,6 +19,7 @@ from courier.model.info import ModelInfo
 from courier.platform.blas import BlasReport
 from courier.runtime.faults import FaultCounter
 from courier.status.connections import ConnectionStats
+from courier.status.http_requests import HttpRequestCounts
 from courier.status.scheduler_stats import AdmissionStats, SchedulerStats
 from courier.status.tokenizer_stats import TokenizerStats
 from courier.storage.faults import StorageFaults
@@ -40,6 +41,7 @@ class ServiceState:
     faults: FaultCounter = field(default_factory=FaultCounter)  # every actor counts into it
     storage_faults: StorageFaults = field(default_factory=StorageFaults)  # the storage actor's
     connections: ConnectionStats = field(default_factory=lambda: ConnectionStats(limit=0))  # the connection gate's
+    http_requests: HttpRequestCounts = field(default_factory=HttpRequestCounts)  # the access layer's
     phase: Phase = Phase.LOADING
     model: ModelInfo | None = None
     tool_format: ToolCallFormat | None = None

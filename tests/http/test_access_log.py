@@ -25,6 +25,7 @@ from courier.http.auth import ApiKeys
 from courier.http.context import AppContext
 from courier.runtime import trace_attributes
 from courier.settings import Settings
+from courier.status.http_requests import HttpRequestCounts
 from tests.support.app import ready_context
 
 MODEL = "tiny-llama"
@@ -154,10 +155,12 @@ async def test_a_response_never_finished_says_so(caplog: pytest.LogCaptureFixtur
         return {"type": "http.disconnect"}
 
     scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
-    await AccessLogMiddleware(cut_stream, quiet_paths=())(scope, receive, send)
+    counts = HttpRequestCounts()
+    await AccessLogMiddleware(cut_stream, quiet_paths=(), counts=counts, write_lines=True)(scope, receive, send)
     assert len(sent) == 2  # passed on as they came
     logged = fields(access_lines(caplog)[-1])
     assert (logged["status"], logged["bytes"], logged["complete"]) == ("200", "10", "false")
+    assert counts.counts == {("unmatched", "POST", "200"): 1}  # no route noted: this app is no Quart app
 
 
 REQUEST_ID = re.compile(r"req_[0-9a-f]{24}")
@@ -195,3 +198,24 @@ async def test_the_request_span_carries_the_id(client: httpx.AsyncClient, span_e
     request_id = (await client.get("/v1/models")).headers["x-request-id"]
     [span] = [span for span in span_exporter.get_finished_spans() if span.name == "GET /v1/models"]
     assert span.attributes is not None and span.attributes[trace_attributes.REQUEST_ID] == request_id
+
+
+async def test_every_request_is_counted_by_route_template_method_and_status(caplog: pytest.LogCaptureFixture) -> None:
+    """Counted for /metrics with the lines off too; a route is its template, never the path a client made up."""
+    with ready_context(MODEL, Settings(access_log=False)) as context:
+        async with serving(context) as http:
+            await http.get("/v1/responses/resp_one")
+            await http.get("/v1/responses/resp_two")
+            await http.post(CHAT, json={"model": MODEL, "messages": []})
+            await http.request("BREW", "/v1/models")
+            await http.get("/v1/no/such/route/resp_three")
+            exposition = (await http.get("/metrics")).text
+    counted = context.state.http_requests.counts
+    assert counted[("/v1/responses/<response_id>", "GET", "503")] == 2  # no storage actor behind this app
+    assert counted[("/v1/chat/completions", "POST", "400")] == 1
+    assert counted[("unmatched", "other", "405")] == 1  # a method no route has, and one no HTTP client uses
+    assert counted[("unmatched", "GET", "404")] == 1
+    assert not any("resp_" in route for route, _, _ in counted)
+    sample = 'courier_http_requests_total{method="GET",route="/v1/responses/<response_id>",status="503"} 2.0'
+    assert sample in exposition
+    assert access_lines(caplog) == []

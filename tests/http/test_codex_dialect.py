@@ -283,3 +283,5 @@ def test_the_responses_websocket_serves_turn_after_turn(client: Any, server: Run
     # The connection's line in the access log, once it has ended: accepted, and what it sent.
     line = server.logged(re.compile(r"courier\.access: method=GET path=/v1/responses status=101 .*"), since).group(0)
     assert " websocket=true " in f"{line} " and f" model={MODEL} " in f"{line} ", line
+    exposition = httpx.get(f"{server.base_url}/metrics").text
+    assert 'courier_http_requests_total{method="GET",route="/v1/responses",status="101"}' in exposition
