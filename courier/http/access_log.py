@@ -123,7 +123,7 @@ class AccessLogMiddleware:
                 logger.log(level, "%s", _line(fields))
 
 
-def log_refused_connection(head: bytes, answer: bytes, elapsed_s: float) -> None:
+def log_refused_connection(head: bytes, answer: bytes, request_id: str, elapsed_s: float) -> None:
     """The line of a request on a connection `--max-connections` refused before the application saw it: its request
     line's method and path (as far as they were read), and the 503 `answer` sent (head and body)."""
     if not logger.isEnabledFor(logging.INFO):
@@ -136,6 +136,7 @@ def log_refused_connection(head: bytes, answer: bytes, elapsed_s: float) -> None
         ("status", 503),
         ("ms", round(elapsed_s * 1000)),
         ("bytes", len(body)),
+        ("id", request_id),
         *_error_fields(body),
     ]
     logger.info("%s", _line(fields))

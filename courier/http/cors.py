@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from courier.http.access_log import note_route
+
 logger = logging.getLogger(__name__)
 
 ANY_ORIGIN = "*"
@@ -28,6 +30,7 @@ ALWAYS_ALLOWED_HEADERS = ("Authorization", "Content-Type")
 # Response headers a page may read beyond the safelisted ones: the SDKs' back-off reads Retry-After, and their errors
 # report the request's id (OpenAI's from x-request-id, Anthropic's from request-id).
 EXPOSED_HEADERS = "Retry-After, x-request-id, request-id"
+PREFLIGHT_ROUTE = "preflight"  # how a preflight answered here is counted (no route of the app's matched it)
 MAX_AGE_S = 600  # how long a browser may reuse a preflight's answer
 MAX_REQUESTED_HEADERS = 64  # the most headers a preflight may ask for that are echoed back
 _ORIGIN = re.compile(r"^[a-z][a-z0-9+.-]*://[^/?#\s,]+$")
@@ -140,6 +143,7 @@ class CorsMiddleware:
         if scope.get("method") == "OPTIONS" and "access-control-request-method" in request_headers:
             preflight = self._policy.preflight_headers(origin, request_headers.get("access-control-request-headers"))
             if preflight is not None:
+                note_route(PREFLIGHT_ROUTE)
                 await send({"type": "http.response.start", "status": 204, "headers": preflight})
                 await send({"type": "http.response.body", "body": b""})
                 return

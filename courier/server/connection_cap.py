@@ -26,6 +26,7 @@ import hypercorn.asyncio.run as hypercorn_run
 import orjson
 
 from courier.core.failure_codes import FailureCode
+from courier.http.request_id import mint
 from courier.server.client_watch import ConnectionWatch
 from courier.status.connections import ConnectionStats
 
@@ -62,7 +63,7 @@ def cap_for_open_files(wanted: int) -> int:
     return capped
 
 
-def refusal(limit: int) -> bytes:
+def refusal(limit: int, request_id: str) -> bytes:
     body = orjson.dumps(
         {
             "error": {
@@ -77,6 +78,8 @@ def refusal(limit: int) -> bytes:
         "HTTP/1.1 503 Service Unavailable\r\n"
         "Content-Type: application/json\r\n"
         f"Retry-After: {RETRY_AFTER_S}\r\n"
+        f"x-request-id: {request_id}\r\n"
+        f"request-id: {request_id}\r\n"
         "Connection: close\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     )
@@ -86,11 +89,12 @@ def refusal(limit: int) -> bytes:
 def install_connection_cap(
     stats: ConnectionStats,
     watch: ConnectionWatch | None = None,
-    on_refused: Callable[[bytes, bytes, float], None] | None = None,
+    on_refused: Callable[[bytes, bytes, str, float], None] | None = None,
 ) -> Callable[[], None]:
     """Gate every connection Hypercorn accepts until the returned function is called (one server at a time); each
-    admitted connection is in `watch` while it is open. `on_refused(head, answer, seconds)` is told of each refused
-    one: the request head read, the answer sent, and how long that took (the access log's line)."""
+    admitted connection is in `watch` while it is open. `on_refused(head, answer, request_id, seconds)` is told of
+    each refused one: the request head read, the answer sent, its request id, and how long that took (the access
+    log's line)."""
     serve_connection = getattr(hypercorn_run, _CONNECTION_SERVER)
     if getattr(serve_connection, "courier_gate", False):
         raise RuntimeError("the connection cap is already installed")
@@ -108,11 +112,11 @@ def install_connection_cap(
             reader, writer = self._arguments[-2], self._arguments[-1]
             if stats.open >= stats.limit:
                 stats.refused += 1
-                started = time.monotonic()
-                answer = refusal(stats.limit)
+                started, request_id = time.monotonic(), mint()
+                answer = refusal(stats.limit, request_id)
                 head = await _refuse(reader, writer, answer)
                 if on_refused is not None:
-                    on_refused(head, answer, time.monotonic() - started)
+                    on_refused(head, answer, request_id, time.monotonic() - started)
                 return
             stats.open += 1
             peer = watch.watch(reader, writer) if watch is not None else None

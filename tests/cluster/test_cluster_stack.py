@@ -162,7 +162,10 @@ def test_the_fronts_request_id_is_the_replicas_and_both_logs_name_it(
     cluster: LocalCluster, front: openai.OpenAI
 ) -> None:
     raw = front.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "Which id?"}], max_tokens=2
+        model=MODEL,
+        messages=[{"role": "user", "content": "Which id?"}],
+        max_tokens=2,
+        extra_headers={"X-Request-Id": "client-chosen"},  # the front's replaces it
     )
     request_id = raw.headers["x-request-id"]
     assert FRONT_REQUEST_ID.fullmatch(request_id), request_id  # HAProxy's unique id, kept by the replica
@@ -174,6 +177,7 @@ def test_the_fronts_request_id_is_the_replicas_and_both_logs_name_it(
             if f"id={request_id}" in log.read_text():
                 break
         assert f"id={request_id}" in log.read_text(), log.read_text()[-4000:]
+        assert "client-chosen" not in log.read_text()
 
 
 def test_a_chain_continued_by_previous_response_id_alone_stays_on_its_replica(front: openai.OpenAI) -> None:

@@ -219,3 +219,22 @@ async def test_every_request_is_counted_by_route_template_method_and_status(capl
     sample = 'courier_http_requests_total{method="GET",route="/v1/responses/<response_id>",status="503"} 2.0'
     assert sample in exposition
     assert access_lines(caplog) == []
+
+
+async def test_of_several_request_ids_the_last_is_kept(client: httpx.AsyncClient) -> None:
+    """A front appends its own X-Request-Id after any the client sent (HAProxy's unique-id-header does)."""
+    headers = [("X-Request-Id", "client-chosen"), ("X-Request-Id", "front-7")]
+    assert (await client.get("/v1/models", headers=headers)).headers["x-request-id"] == "front-7"
+    headers = [("X-Request-Id", "client-chosen"), ("X-Request-Id", "not sane")]
+    assert REQUEST_ID.fullmatch((await client.get("/v1/models", headers=headers)).headers["x-request-id"])
+
+
+async def test_a_preflight_answered_by_the_cors_layer_is_counted_as_one(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="courier.access")
+    with ready_context(MODEL, Settings(cors_allow_origins="*")) as context:
+        async with serving(context) as http:
+            preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+            answered = await http.options(CHAT, headers=preflight)
+    assert answered.status_code == 204 and REQUEST_ID.fullmatch(answered.headers["x-request-id"])
+    assert context.state.http_requests.counts == {("preflight", "OPTIONS", "204"): 1}
+    assert fields(access_lines(caplog)[-1])["id"] == answered.headers["x-request-id"]

@@ -258,7 +258,7 @@ def test_a_reasoning_item_sealed_by_another_key_or_altered_is_a_400(http: httpx.
 # The openai client opens its socket the way websockets 17 deprecates (a warning of the client's own, not ours).
 @pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
 def test_the_responses_websocket_serves_turn_after_turn(client: Any, server: RunningServer) -> None:
-    since = len(server.lines)
+    since, accepted = len(server.lines), websockets_accepted(server)
     with client.responses.connect() as connection:
         for text in ("hello", "again"):
             connection.response.create(model=MODEL, input=text, max_output_tokens=4)
@@ -283,5 +283,11 @@ def test_the_responses_websocket_serves_turn_after_turn(client: Any, server: Run
     # The connection's line in the access log, once it has ended: accepted, and what it sent.
     line = server.logged(re.compile(r"courier\.access: method=GET path=/v1/responses status=101 .*"), since).group(0)
     assert " websocket=true " in f"{line} " and f" model={MODEL} " in f"{line} ", line
+    assert re.search(r" id=req_[0-9a-f]{24} ", line), line
+    assert websockets_accepted(server) == accepted + 1  # counted once, as the connection closed
+
+
+def websockets_accepted(server: RunningServer) -> float:
     exposition = httpx.get(f"{server.base_url}/metrics").text
-    assert 'courier_http_requests_total{method="GET",route="/v1/responses",status="101"}' in exposition
+    sample = 'courier_http_requests_total{method="GET",route="/v1/responses",status="101"} '
+    return sum(float(line[len(sample) :]) for line in exposition.splitlines() if line.startswith(sample))

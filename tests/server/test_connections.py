@@ -92,6 +92,10 @@ def test_connections_past_the_cap_hear_503_and_a_freed_slot_is_taken_again(cappe
         # Refused before the application saw it, and still one line in the access log.
         refused = server.logged(re.compile(r"courier\.access: (method=GET path=/health status=503 .*)")).group(1)
         assert f" bytes={len(body)} " in refused and " error=overloaded " in refused, refused
+        [request_id] = [
+            line.split(b":", 1)[1].strip() for line in head.split(b"\r\n") if line.startswith(b"x-request-id")
+        ]
+        assert f" id={request_id.decode()} " in refused, refused  # the id the refused client was told
         # One connection ends (the server closes it after answering `Connection: close`): its slot is free again.
         leaving = held.pop()
         leaving.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\nConnection: close\r\n\r\n")
