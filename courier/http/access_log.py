@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from opentelemetry import trace
 
+from courier.http.asgi import App, Message, Receive, Scope, Send
 from courier.http.request_id import current_request_id
 from courier.status.http_requests import HttpRequestCounts
 
@@ -45,12 +45,6 @@ MESSAGE_CHARS = 300
 PATH_CHARS = 512  # of a path (a 404's is whatever the client sent)
 SWITCHING_PROTOCOLS = 101  # a websocket accepted
 WEBSOCKET_DENIED = 403  # a websocket closed before it was accepted
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 @dataclass(slots=True)

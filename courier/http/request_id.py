@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
 from contextvars import ContextVar
-from typing import Any
 
 from opentelemetry import trace
 
+from courier.http.asgi import App, Message, Receive, Scope, Send
 from courier.runtime import trace_attributes
 
 PREFIX = "req_"
@@ -31,11 +30,6 @@ RESPONSE_HEADERS = (b"x-request-id", b"request-id")
 # The messages that begin an answer and carry its headers: an HTTP response, a websocket's acceptance or refusal.
 _ANSWER_STARTS = frozenset({"http.response.start", "websocket.accept", "websocket.http.response.start"})
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _CURRENT: ContextVar[str | None] = ContextVar("courier_request_id", default=None)
 

@@ -7,21 +7,16 @@ stay few).
 
 from __future__ import annotations
 
-from typing import Any
-
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from courier.http.asgi import App, Message, Receive, Scope, Send
 from courier.runtime import trace_attributes
 from courier.runtime.tracing import tracer
 
-Scope = dict[str, Any]
-Receive = Any
-Send = Any
-
 
 class TracingMiddleware:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: App) -> None:
         self._app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -37,7 +32,7 @@ class TracingMiddleware:
             attributes={trace_attributes.HTTP_METHOD: method, trace_attributes.URL_PATH: scope.get("path", "")},
         ) as span:
 
-            async def send_with_status(message: dict[str, Any]) -> None:
+            async def send_with_status(message: Message) -> None:
                 if message["type"] == "http.response.start":
                     status = int(message["status"])
                     span.set_attribute(trace_attributes.HTTP_STATUS, status)

@@ -17,11 +17,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from courier.http.asgi import Receive, Scope, Send
 from courier.status.connections import ConnectionStats
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 Peer = tuple[str, int]
 
 DISCONNECT = {"type": "http.disconnect"}
