@@ -18,10 +18,12 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Protocol
 
 import httpx
 import openai
 
+from tests.support.forked_servers import forkable
 from tests.support.polling import attempts
 
 LISTENING = re.compile(r"listening on (http://\S+)")
@@ -42,8 +44,26 @@ class ServerExited(RuntimeError):
     pass
 
 
+class ServerProcess(Protocol):
+    """A `courier serve` process: a `subprocess.Popen`, or one forked by the launcher (`forked_servers.py`)."""
+
+    pid: int
+    returncode: int | None
+
+    @property
+    def stderr(self) -> IO[str] | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
 class RunningServer:
-    def __init__(self, process: subprocess.Popen[str]) -> None:
+    def __init__(self, process: ServerProcess) -> None:
         self.process = process
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
@@ -132,15 +152,21 @@ def running_server(
         prompt_cache_dir = tempfile.TemporaryDirectory(prefix="courier-prompt-cache-")
         environment["COURIER_PROMPT_CACHE_DIR"] = prompt_cache_dir.name
     command = server_command(args)
-    process = subprocess.Popen(
-        launcher(command) if launcher else command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment,
-        cwd=Path(__file__).resolve().parents[2],
-    )
+    root = Path(__file__).resolve().parents[2]
+    process: ServerProcess
+    serve_args = command[command.index("serve") + 1 :]
+    if launcher is None and (forks := forkable(serve_args, env or {}, root)) is not None:
+        process = forks.start(serve_args, environment, root)  # the same `courier serve`, its imports done once
+    else:
+        process = subprocess.Popen(
+            launcher(command) if launcher else command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+            cwd=root,
+        )
     server = RunningServer(process)
     try:
         server.base_url = server.wait_for(LISTENING).group(1)
