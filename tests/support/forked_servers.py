@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import selectors
@@ -92,9 +93,6 @@ class ForkedServer:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 class Launcher:
@@ -203,10 +201,10 @@ def _run_child(request: dict[str, Any], streams: list[int], inherited: list[sock
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["environment"])
-        sys.argv = ["courier", *request["args"]]
+        sys.argv = ["courier", "serve", *request["args"]]
         from courier.server.cli import main
 
-        code = main(["serve", *request["args"]])
+        code = main(sys.argv[1:])
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     except KeyboardInterrupt:
@@ -229,8 +227,6 @@ def _serve(address: str) -> None:
     if (threads := threading.active_count()) != 1:  # forking a process with threads can leave a lock held
         print(f"not forking: importing the server started {threads - 1} threads", flush=True)
         return
-    import gc
-
     gc.freeze()  # the imported objects stay shared with every child (collection would write to their pages)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(address)
