@@ -23,7 +23,6 @@ from courier.model.gguf_convert import ensure_converted  # noqa: E402
 from courier.model.progress import Progress  # noqa: E402
 from courier.model.source import embedded_gguf_path  # noqa: E402
 from courier.runtime.tracing import configure_tracing  # noqa: E402
-from tests.support import tiny_models, tool_model  # noqa: E402
 from tests.support.postgres_cluster import PostgresCluster, private_cluster  # noqa: E402
 from tests.support.server import (  # noqa: E402
     FIXED_PREFILL_CHUNKS,
@@ -92,11 +91,17 @@ def smollm2_dir(cache_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Imported here, not at the top: mlx-lm takes ~2 s to import, which pytest-xdist's controller would spend before
+    # it starts the workers (it loads this file but runs no fixture).
+    from tests.support import tiny_models
+
     return tiny_models.build_llama(smollm2_dir, tmp_path_factory.mktemp("tiny-llama"), quantized=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_next_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.support import tiny_models
+
     return tiny_models.build_qwen3_next(smollm2_dir, tmp_path_factory.mktemp("tiny-qwen3-next"))
 
 
@@ -104,6 +109,8 @@ def tiny_qwen3_next_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFact
 def tool_model_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny llama trained to call a tool in its template's own format (tests/support/tool_model.py): trained
     once for the session."""
+    from tests.support import tool_model
+
     return tool_model.build_tool_model(smollm2_dir, tmp_path_factory.mktemp("tool-model"))
 
 

@@ -80,7 +80,7 @@ def test_the_key_and_the_shape_follow_the_anthropic_version_header(server: Runni
     wrong = anthropic.Anthropic(base_url=server.base_url, api_key="sk-wrong", max_retries=0)
     with wrong, pytest.raises(anthropic.AuthenticationError) as refused:
         wrong.models.list()
-    assert refused.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    assert refused.value.body["error"]["type"] == "authentication_error"
     by_key = httpx.get(f"{server.base_url}/v1/models", headers={"x-api-key": API_KEY})
     assert by_key.status_code == 401  # x-api-key is Anthropic's header: taken from Anthropic's clients only
     plain = httpx.get(f"{server.base_url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})

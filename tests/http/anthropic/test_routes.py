@@ -65,7 +65,7 @@ def test_aliases_name_the_model_and_the_reply_echoes_the_name(
         assert messages_client.messages.create(model=name, max_tokens=5, messages=ask()).model == name
     with pytest.raises(anthropic.NotFoundError) as unknown:
         messages_client.messages.create(model="gpt-4o", max_tokens=5, messages=ask())
-    assert unknown.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert unknown.value.body["error"]["type"] == "not_found_error"
     listed = httpx.get(f"{server.base_url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()
     assert [model["id"] for model in listed["data"]] == [MODEL, ALIAS]  # a pattern names no one model
 
@@ -285,7 +285,7 @@ def test_both_headers_carry_the_key(server: RunningServer) -> None:
     wrong = anthropic.Anthropic(base_url=server.base_url, api_key="sk-wrong", max_retries=0)
     with wrong, pytest.raises(anthropic.AuthenticationError) as refused:
         wrong.messages.create(**request)
-    assert refused.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    assert refused.value.body["error"]["type"] == "authentication_error"
 
 
 def test_the_beta_headers_claude_code_sends_are_accepted(keyed_http: httpx.Client) -> None:
