@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.forked_servers import ForkedServer, forkable, launcher_failure
+from tests.support.forked_servers import DISABLE_VARIABLE, ForkedServer, forkable, launcher_failure
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="test servers are forked on Linux only")
+# The two tests of forked servers themselves; the fallback table below holds with forking off too.
+forking_on = pytest.mark.skipif(
+    os.environ.get(DISABLE_VARIABLE) == "0", reason=f"{DISABLE_VARIABLE}=0: every test server starts afresh"
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +29,7 @@ def parent_of(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
+@forking_on
 def test_a_test_server_is_forked_answers_and_exits_zero_on_sigterm(tiny_llama_dir: Path, cache_dir: Path) -> None:
     with running_server(["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir)]) as server:
         assert isinstance(server.process, ForkedServer), launcher_failure() or "started in a fresh interpreter"
@@ -37,6 +42,7 @@ def test_a_test_server_is_forked_answers_and_exits_zero_on_sigterm(tiny_llama_di
     assert "stopped" in server.log()
 
 
+@forking_on
 def test_a_usage_error_and_a_kill_reach_the_test_as_from_a_fresh_process(tiny_llama_dir: Path) -> None:
     launcher = forkable([], {}, ROOT)
     assert launcher is not None, launcher_failure()
