@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.forked_servers import DISABLE_VARIABLE, ForkedServer, forkable, launcher_failure
+from tests.support.forked_servers import DISABLE_VARIABLE, ForkedServer, forkable, forking_allowed, launcher_failure
 from tests.support.server import running_server
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="test servers are forked on Linux only")
 # The two tests of forked servers themselves; the fallback table below holds with forking off too.
-forking_on = pytest.mark.skipif(
-    os.environ.get(DISABLE_VARIABLE) == "0", reason=f"{DISABLE_VARIABLE}=0: every test server starts afresh"
-)
+forking_on = pytest.mark.skipif(not forking_allowed(), reason=f"{DISABLE_VARIABLE}=0: every test server starts afresh")
 
 ROOT = Path(__file__).resolve().parents[2]
 

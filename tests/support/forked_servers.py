@@ -148,6 +148,11 @@ _launcher: Launcher | None = None
 _launcher_lock = threading.Lock()
 
 
+def forking_allowed() -> bool:
+    """Whether test servers may be forked at all here (Linux, and not turned off by DISABLE_VARIABLE)."""
+    return sys.platform == "linux" and os.environ.get(DISABLE_VARIABLE) != "0"
+
+
 def forkable(args: Sequence[str], variables: Mapping[str, str], cwd: Path) -> Launcher | None:
     """The launcher that starts `courier serve <args>`, with the test's own `variables` on top of this process's
     environment, as a fresh interpreter would; None where it cannot.
@@ -156,7 +161,7 @@ def forkable(args: Sequence[str], variables: Mapping[str, str], cwd: Path) -> La
     variables of their own, such as mlx-vlm's TRANSFORMERS_VERBOSITY, and pytest names the running test): the child
     gets the environment of the moment all the same, as its `os.environ` and `main()`'s."""
     global _launcher
-    if sys.platform != "linux" or os.environ.get(DISABLE_VARIABLE) == "0" or "--blas" in args:
+    if not forking_allowed() or "--blas" in args:
         return None
     if not all(map(_read_by_the_server, variables)):
         return None
@@ -175,6 +180,9 @@ def launcher_failure() -> str:
 # The launcher process itself.
 
 
+# What every child would otherwise import again as it starts (~0.1 s of CPU of its ~1.7 s): the asyncio backend that
+# `anyio.run` loads on first use, and the modules transformers loads lazily as it reads a llama-family config and fast
+# tokenizer (SmolLM2 and the tiny models are llama). Importing them starts no thread.
 _LOADED_ON_FIRST_USE = (
     "anyio._backends._asyncio",
     "transformers.models.llama.configuration_llama",
@@ -194,9 +202,6 @@ def _import_the_server() -> None:
     import courier.server.errors
     import courier.server.supervisor  # noqa: F401
 
-    # What every child would otherwise import again as it starts (~0.1 s of CPU of its ~1.7 s): the asyncio backend that
-    # `anyio.run` loads on first use, and the modules transformers loads lazily as it reads a llama-family config and
-    # fast tokenizer (SmolLM2 and the tiny models are llama). Importing them starts no thread.
     for module in _LOADED_ON_FIRST_USE:
         importlib.import_module(module)
 
