@@ -14,19 +14,20 @@ from dataclasses import dataclass
 from bench.harness import cli
 from bench.harness.report import table
 
-CONFIGS: tuple[tuple[str, str, str], ...] = (
-    # label, --weight-format, --blas
-    ("peer: mlx-lm default (4-bit, bundled BLAS)", "native", "none"),
-    ("4-bit, OpenBLAS", "native", "auto"),
-    ("float32, bundled BLAS", "float32", "none"),
-    ("Courier auto on CPU (float32, OpenBLAS)", "auto", "auto"),
+CONFIGS: tuple[tuple[str, str, str, str], ...] = (
+    # label, --weight-format, --blas, --blas-gemv
+    ("peer: mlx-lm default (4-bit, bundled BLAS)", "native", "none", "off"),
+    ("4-bit, OpenBLAS", "native", "auto", "off"),
+    ("float32, bundled BLAS", "float32", "none", "off"),
+    ("float32, OpenBLAS, every product on sgemm (--no-blas-gemv)", "auto", "auto", "off"),
+    ("Courier auto on CPU (float32, OpenBLAS, one-row products on gemv)", "auto", "auto", "on"),
 )
 
 WORKER = r"""
 import json, sys, time
 from pathlib import Path
 from courier.platform.blas import load_optimized_blas
-blas = load_optimized_blas(sys.argv[2])
+blas = load_optimized_blas(sys.argv[2], forward_gemv=sys.argv[7] == "on")
 from mlx_lm import stream_generate
 from courier.model.loader import load_model
 from courier.model.source import resolve_model_source
@@ -60,9 +61,10 @@ class Result:
     peak_gb: float
 
 
-def measure(label: str, weight_format: str, blas: str, cache_dir: str, args: argparse.Namespace) -> Result:
+def measure(config: tuple[str, str, str, str], cache_dir: str, args: argparse.Namespace) -> Result:
+    label, weight_format, blas, gemv = config
     sizes = (args.prompt_tokens, args.decode_tokens, args.repeats)
-    command = [sys.executable, "-c", WORKER, weight_format, blas, cache_dir, *map(str, sizes)]
+    command = [sys.executable, "-c", WORKER, weight_format, blas, cache_dir, *map(str, sizes), gemv]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     data = json.loads(output.strip().splitlines()[-1])
     runs = data["runs"]
@@ -84,14 +86,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration, the table shows medians (3)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache_dir:
-        results = [measure(label, fmt, blas, cache_dir, args) for label, fmt, blas in CONFIGS]
+        results = [measure(config, cache_dir, args) for config in CONFIGS]
     peer = results[0]
     print(f"SmolLM2-135M, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens}, median of {args.repeats}")
     table(
-        "configuration | BLAS | weights | load s | prefill tok/s | decode tok/s | vs peer prefill | peak GB",
+        "configuration | BLAS | weights | load s | prefill tok/s | decode tok/s | vs peer prefill | vs peer decode "
+        "| peak GB",
         (
             f"{r.label} | {r.blas} | {r.weights} | {r.load_s:.1f} | {r.prefill_tps:.1f} | {r.decode_tps:.1f} "
-            f"| {r.prefill_tps / peer.prefill_tps:.1f}x | {r.peak_gb:.2f}"
+            f"| {r.prefill_tps / peer.prefill_tps:.1f}x | {r.decode_tps / peer.decode_tps:.1f}x | {r.peak_gb:.2f}"
             for r in results
         ),
     )

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from courier.platform.gemv_forward import GemvForwarding, install
 from courier.platform.mlx_backend import installed_backend, is_cuda
 from courier.platform.openblas_core import ENV_VAR, CoreChoice, choose_core
 
@@ -49,6 +50,7 @@ class BlasReport:
     detail: str
     kernels: str | None = None  # OpenBLAS's core name, e.g. "Cooperlake"
     kernel_choice: str | None = None  # why those kernels: the library's own pick or OPENBLAS_CORETYPE
+    gemv: str | None = None  # whether one-row products go to cblas_sgemv (gemv_forward.py), or why not
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -58,32 +60,40 @@ class BlasReport:
             "detail": self.detail,
             "kernels": self.kernels,
             "kernel_choice": self.kernel_choice,
+            "gemv": self.gemv,
         }
 
 
 _loaded: BlasReport | None = None
+_gemv: GemvForwarding | None = None
 
 
-def load_optimized_blas(choice: str = AUTO) -> BlasReport:
+def load_optimized_blas(choice: str = AUTO, *, forward_gemv: bool = True) -> BlasReport:
     """Load OpenBLAS globally (once per process) and say what MLX will use.
 
     `choice` is `auto` (search the usual places), `none` (keep MLX's own BLAS), or
-    a path to a shared library exporting the standard `cblas_*` symbols.
+    a path to a shared library exporting the standard `cblas_*` symbols. With
+    `forward_gemv`, one-row products go to OpenBLAS's gemv (`gemv_forward.py`).
     """
     global _loaded
     if _loaded is not None:
         return _loaded
     if "mlx.core" in sys.modules:
         logger.warning("mlx was imported before the BLAS was chosen; its CPU matmuls keep the bundled BLAS")
-    _loaded = _choose(choice)
+    _loaded = _choose(choice, forward_gemv)
     return _loaded
+
+
+def gemv_forwarding() -> GemvForwarding | None:
+    """This process's forwarding of one-row products, where OpenBLAS was loaded."""
+    return _gemv
 
 
 def current_report() -> BlasReport | None:
     return _loaded
 
 
-def _choose(choice: str) -> BlasReport:
+def _choose(choice: str, forward_gemv: bool) -> BlasReport:
     if sys.platform == "darwin":
         return BlasReport(library="Accelerate", path=None, optimized=True, detail="MLX on macOS uses Accelerate")
     if choice == DISABLED:
@@ -101,7 +111,8 @@ def _choose(choice: str) -> BlasReport:
     for candidate in candidates:
         core = choose_core(candidate)
         try:
-            handle = ctypes.CDLL(candidate, mode=os.RTLD_GLOBAL)
+            # Local at first: the gemv forwarding's cblas_sgemm has to come before OpenBLAS's in the global scope.
+            handle = ctypes.CDLL(candidate, mode=os.RTLD_LOCAL)
         except OSError as error:
             failures.append(f"{candidate}: {error}")
             _forget_choice(core)
@@ -110,6 +121,9 @@ def _choose(choice: str) -> BlasReport:
             failures.append(f"{candidate}: no cblas_sgemm symbol")
             _forget_choice(core)
             continue
+        global _gemv
+        _gemv = install(handle) if forward_gemv else GemvForwarding(False, "off by configuration")
+        ctypes.CDLL(candidate, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)  # now global, behind the forwarding
         return BlasReport(
             library="OpenBLAS",
             path=candidate,
@@ -117,6 +131,7 @@ def _choose(choice: str) -> BlasReport:
             detail=_openblas_config(handle),
             kernels=_openblas_corename(handle),
             kernel_choice=_describe(core),
+            gemv=_gemv.detail,
         )
     if choice != AUTO:
         raise OSError(f"cannot use BLAS library {choice!r}: {'; '.join(failures)}")

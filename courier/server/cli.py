@@ -63,18 +63,19 @@ def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> in
     malloc = pin_malloc_thresholds(environ, settings.malloc_tuning)
     logger.info("malloc: %s", malloc.detail)
     try:
-        blas = load_optimized_blas(settings.blas)
+        blas = load_optimized_blas(settings.blas, forward_gemv=settings.blas_gemv)
     except OSError as error:
         logger.error("%s", error)
         return EXIT_USAGE
     if blas.optimized:
         logger.info(
-            "BLAS: %s %s (%s); kernels %s (%s)",
+            "BLAS: %s %s (%s); kernels %s (%s); gemv: %s",
             blas.library,
             blas.path or "",
             blas.detail,
             blas.kernels or "unknown",
             blas.kernel_choice or "not checked",
+            blas.gemv or "not used",
         )
     else:
         logger.warning(

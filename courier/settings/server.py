@@ -113,6 +113,12 @@ class Settings:
         metavar="FORMAT",
     )
     blas: str = setting("auto", str, "CPU BLAS for MLX: auto (find OpenBLAS), none, or a library path", metavar="BLAS")
+    blas_gemv: bool = setting(
+        True,
+        parse_bool,
+        "send MLX's one-row CPU matmuls (decode steps) to OpenBLAS's gemv, through a shim built with the C compiler",
+        flag=True,
+    )
     warmup: bool = setting(True, parse_bool, "run one short forward pass before reporting ready", flag=True)
     trust_remote_code: bool = setting(
         False,

@@ -26,6 +26,19 @@ def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
         assert running.stop() == 0
 
 
+def test_no_blas_gemv_leaves_one_row_products_on_sgemm(tiny_llama_dir: Path, cache_dir: Path) -> None:
+    args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--no-blas-gemv"]
+    with running_server(args, env={"COURIER_SERVED_MODEL_NAME": "tiny"}) as running:
+        with running.http() as http:
+            blas = http.get("/health").json()["blas"]
+            reply = http.post("/v1/completions", json={"model": "tiny", "prompt": "one two", "max_tokens": 2})
+        assert running.stop() == 0
+    assert reply.status_code == 200, reply.text
+    if blas["library"] == "OpenBLAS":  # on MLX's reference BLAS there is nothing to forward to
+        assert blas["gemv"] == "off by configuration"
+        assert "gemv: off by configuration" in running.log()
+
+
 def test_health_reports_device_blas_and_weight_format(server: RunningServer) -> None:
     with server.http() as http:
         response = http.get("/health")
@@ -36,6 +49,8 @@ def test_health_reports_device_blas_and_weight_format(server: RunningServer) -> 
     assert body["device"] == "cpu"
     assert body["weight_format"] == "float32 (from 4-bit affine, group size 32)"
     assert body["blas"]["library"] in ("OpenBLAS", "reference")
+    if body["blas"]["library"] == "OpenBLAS" and shutil.which("cc"):
+        assert body["blas"]["gemv"].startswith("one-row products through cblas_sgemv"), body["blas"]
     assert body["model_info"]["prompt_cache_trimmable"] is True
     memory = body["memory"]
     assert memory["cache_limit_bytes"] == MLX_CACHE_LIMIT

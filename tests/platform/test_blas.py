@@ -46,4 +46,4 @@ def test_an_explicit_path_that_is_not_a_blas_fails_loudly(tmp_path: Path) -> Non
 def test_report_is_remembered() -> None:
     report = blas.load_optimized_blas()  # conftest loaded it first; this returns the same report
     assert blas.current_report() is report
-    assert set(report.as_dict()) == {"library", "path", "optimized", "detail", "kernels", "kernel_choice"}
+    assert set(report.as_dict()) == {"library", "path", "optimized", "detail", "kernels", "kernel_choice", "gemv"}

@@ -64,7 +64,7 @@ def test_cuda_backend_loads_no_blas(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     install(monkeypatch, tmp_path, {"mlx-cpu": 21, "mlx-cuda-12": 126}, on_disk=126)
     monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(blas, "_auto_candidates", lambda: pytest.fail("no BLAS is looked for under CUDA"))
-    report = blas._choose(blas.AUTO)
+    report = blas._choose(blas.AUTO, True)
     assert (report.library, report.optimized, report.path) == ("unused", True, None)
     assert "mlx-cuda-12" in report.detail
 
@@ -72,6 +72,6 @@ def test_cuda_backend_loads_no_blas(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 def test_an_explicit_blas_is_still_honoured_under_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     install(monkeypatch, tmp_path, {"mlx-cuda-12": 126}, on_disk=126)
     monkeypatch.setattr(sys, "platform", "linux")
-    assert blas._choose(blas.DISABLED).library == "reference"
+    assert blas._choose(blas.DISABLED, True).library == "reference"
     with pytest.raises(OSError, match="cannot use BLAS library"):
-        blas._choose(str(tmp_path / "libnot-there.so"))
+        blas._choose(str(tmp_path / "libnot-there.so"), True)

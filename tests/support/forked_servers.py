@@ -161,7 +161,7 @@ def forkable(args: Sequence[str], variables: Mapping[str, str], cwd: Path) -> La
     variables of their own, such as mlx-vlm's TRANSFORMERS_VERBOSITY, and pytest names the running test): the child
     gets the environment of the moment all the same, as its `os.environ` and `main()`'s."""
     global _launcher
-    if not forking_allowed() or "--blas" in args:
+    if not forking_allowed() or any(arg.startswith(("--blas", "--no-blas")) for arg in args):  # read at start
         return None
     if not all(map(_read_by_the_server, variables)):
         return None

@@ -1,0 +1,107 @@
+"""One-row float32 products through OpenBLAS's gemv, under MLX's CPU backend.
+
+MLX multiplies every float32 product on the CPU with `cblas_sgemm`. A decode step's projections have one row, and
+for one row OpenBLAS 0.3.21 (Debian 12's) and 0.3.31 (numpy's) both still pack the weights as for a product of
+many rows: on the development machine that moves 4-8 GB/s of weights, where `cblas_sgemv` on the same shapes moves
+14-30 GB/s. A decode step is those weights read once, so it waits on that rate.
+
+`gemv_forward.c` defines `cblas_sgemm`: one-row products become one `cblas_sgemv`, every other product goes on to
+OpenBLAS's own. Loaded into the global symbol scope ahead of OpenBLAS, it is what MLX binds to. It is compiled once
+per source text with the system C compiler (`CC`, else `cc`) into a cache directory, where every later process
+finds it; without a compiler, or where the build fails, MLX keeps calling OpenBLAS's sgemm and the report says why.
+
+Like `blas.py` this runs before `mlx.core` is imported, and must not import it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("gemv_forward.c")
+BUILD_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class GemvForwarding:
+    """Whether one-row products go to gemv, and the library doing it or the reason they do not."""
+
+    active: bool
+    detail: str
+    library: ctypes.CDLL | None = None
+
+    def forwarded(self) -> int:
+        """How many products this process has sent to gemv so far (0 when inactive)."""
+        if self.library is None:
+            return 0
+        count = self.library.courier_gemv_forward_count
+        count.restype = ctypes.c_ulong
+        return int(count())
+
+
+def cache_directory() -> Path:
+    """Where the compiled library is kept: `courier/native` in the user's cache directory (`$XDG_CACHE_HOME`)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "courier" / "native"
+
+
+def install(openblas: ctypes.CDLL, directory: Path | None = None) -> GemvForwarding:
+    """Build (or find) the forwarding library and load it globally, bound to `openblas`'s sgemm and sgemv.
+
+    Call it after loading OpenBLAS with RTLD_LOCAL and before making OpenBLAS global: the symbol MLX binds to is
+    the first `cblas_sgemm` in the global scope.
+    """
+    if not hasattr(openblas, "cblas_sgemv"):
+        return GemvForwarding(False, "off: the BLAS has no cblas_sgemv")
+    try:
+        built = _build(directory or cache_directory())
+    except RuntimeError as error:  # Path.home(): no home directory to keep the library in
+        return GemvForwarding(False, f"off: no cache directory ({error})")
+    except BuildFailed as failure:
+        return GemvForwarding(False, f"off: {failure}")
+    library = ctypes.CDLL(str(built), mode=os.RTLD_GLOBAL)
+    init = library.courier_gemv_forward_init
+    init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    init.restype = ctypes.c_int
+    sgemm = ctypes.cast(openblas.cblas_sgemm, ctypes.c_void_p).value
+    sgemv = ctypes.cast(openblas.cblas_sgemv, ctypes.c_void_p).value
+    if not init(sgemm, sgemv):
+        return GemvForwarding(False, "off: the BLAS's sgemm or sgemv has no address")
+    return GemvForwarding(True, f"one-row products through cblas_sgemv ({built})", library)
+
+
+class BuildFailed(Exception):
+    """The forwarding library could not be compiled here (the message says why)."""
+
+
+def _build(directory: Path) -> Path:
+    source = SOURCE.read_bytes()
+    target = directory / f"libcourier_gemv_forward-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise BuildFailed("no C compiler (set CC, or install one: Debian's build-essential)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        descriptor, partial = tempfile.mkstemp(dir=directory, prefix=".build-", suffix=".so")
+        os.close(descriptor)
+    except OSError as error:
+        raise BuildFailed(f"cannot write to {directory} ({error.strerror})") from error
+    command = [compiler, "-O2", "-shared", "-fPIC", "-o", partial, str(SOURCE)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+        if result.returncode != 0:
+            raise BuildFailed(f"{compiler} failed: {result.stderr.strip()[:300]}")
+        os.replace(partial, target)  # processes building at once each write their own file; the last one stays
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise BuildFailed(f"{compiler} could not run ({error})") from error
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return target
