@@ -7,8 +7,9 @@ many rows: on the development machine that moves 4-8 GB/s of weights, where `cbl
 
 `gemv_forward.c` defines `cblas_sgemm`: one-row products become one `cblas_sgemv`, every other product goes on to
 OpenBLAS's own. Loaded into the global symbol scope ahead of OpenBLAS, it is what MLX binds to. It is compiled once
-per source text with the system C compiler (`CC`, else `cc`) into a cache directory, where every later process
-finds it; without a compiler, or where the build fails, MLX keeps calling OpenBLAS's sgemm and the report says why.
+per source text and machine with the system C compiler (`CC`, else `cc`) into a cache directory, where every later
+process finds it; without a compiler, or where the build fails, MLX keeps calling OpenBLAS's sgemm and the report
+says why.
 
 Like `blas.py` this runs before `mlx.core` is imported, and must not import it.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -61,47 +64,66 @@ def install(openblas: ctypes.CDLL, directory: Path | None = None) -> GemvForward
         return GemvForwarding(False, "off: the BLAS has no cblas_sgemv")
     try:
         built = _build(directory or cache_directory())
+        library = _bind(built, openblas)
     except RuntimeError as error:  # Path.home(): no home directory to keep the library in
         return GemvForwarding(False, f"off: no cache directory ({error})")
-    except BuildFailed as failure:
+    except Unavailable as failure:
         return GemvForwarding(False, f"off: {failure}")
-    library = ctypes.CDLL(str(built), mode=os.RTLD_GLOBAL)
-    init = library.courier_gemv_forward_init
+    return GemvForwarding(True, f"one-row products through cblas_sgemv ({built})", library)
+
+
+def _bind(built: Path, openblas: ctypes.CDLL) -> ctypes.CDLL:
+    """The library loaded, bound to OpenBLAS's sgemm and sgemv, then made global and checked to come first."""
+    try:
+        # Local until it is bound: a global cblas_sgemm with no sgemm behind it would crash MLX's first product.
+        library = ctypes.CDLL(str(built), mode=os.RTLD_LOCAL)
+        init = library.courier_gemv_forward_init
+    except (OSError, AttributeError) as error:  # a cached file that is not this library, or not for this machine
+        raise Unavailable(f"the built library cannot be loaded ({error})") from error
     init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     init.restype = ctypes.c_int
     sgemm = ctypes.cast(openblas.cblas_sgemm, ctypes.c_void_p).value
     sgemv = ctypes.cast(openblas.cblas_sgemv, ctypes.c_void_p).value
     if not init(sgemm, sgemv):
-        return GemvForwarding(False, "off: the BLAS's sgemm or sgemv has no address")
-    return GemvForwarding(True, f"one-row products through cblas_sgemv ({built})", library)
+        raise Unavailable("the BLAS's sgemm or sgemv has no address")
+    ctypes.CDLL(str(built), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+    first = ctypes.cast(ctypes.CDLL(None).cblas_sgemm, ctypes.c_void_p).value
+    if first != ctypes.cast(library.cblas_sgemm, ctypes.c_void_p).value:
+        raise Unavailable("another cblas_sgemm comes first in the global scope (LD_PRELOAD?)")
+    return library
 
 
-class BuildFailed(Exception):
-    """The forwarding library could not be compiled here (the message says why)."""
+class Unavailable(Exception):
+    """The forwarding library could not be built or bound here (the message says why)."""
 
 
 def _build(directory: Path) -> Path:
-    source = SOURCE.read_bytes()
-    target = directory / f"libcourier_gemv_forward-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    if target.exists():
+    compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc") or ""]
+    flags = ["-O2", "-shared", "-fPIC"]
+    try:
+        source = SOURCE.read_bytes()
+    except OSError as error:
+        raise Unavailable(f"cannot read {SOURCE} ({error.strerror})") from error
+    key = b"\0".join([source, platform.machine().encode(), *(flag.encode() for flag in flags)])
+    target = directory / f"libcourier_gemv_forward-{hashlib.sha256(key).hexdigest()[:16]}.so"
+    if target.is_file():
         return target
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise BuildFailed("no C compiler (set CC, or install one: Debian's build-essential)")
+    if not compiler[0]:
+        raise Unavailable("no C compiler (set CC, or install one: Debian's build-essential)")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         descriptor, partial = tempfile.mkstemp(dir=directory, prefix=".build-", suffix=".so")
         os.close(descriptor)
     except OSError as error:
-        raise BuildFailed(f"cannot write to {directory} ({error.strerror})") from error
-    command = [compiler, "-O2", "-shared", "-fPIC", "-o", partial, str(SOURCE)]
+        raise Unavailable(f"cannot write to {directory} ({error.strerror})") from error
+    command = [*compiler, *flags, "-o", partial, str(SOURCE)]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
         if result.returncode != 0:
-            raise BuildFailed(f"{compiler} failed: {result.stderr.strip()[:300]}")
+            raise Unavailable(f"{shlex.join(compiler)} failed: {result.stderr.strip()[:300]}")
         os.replace(partial, target)  # processes building at once each write their own file; the last one stays
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise BuildFailed(f"{compiler} could not run ({error})") from error
+        raise Unavailable(f"{shlex.join(compiler)} could not run ({error})") from error
     finally:
         Path(partial).unlink(missing_ok=True)
     return target

@@ -99,3 +99,47 @@ def test_switched_off_it_builds_nothing(tmp_path: Path) -> None:
     assert outcome["gemv"] == "off by configuration"
     assert_products_are_right(outcome["cases"])
     assert not (tmp_path / "courier").exists()
+
+
+# The shim's cblas_sgemm called directly on numpy arrays, as any caller in the process may: every transpose
+# combination, leading dimensions wider than the rows they hold, and a C full of NaN under beta 0 (which must read
+# as "ignore C", as sgemm does) and under beta 0.5.
+DIRECT = """
+import ctypes, json
+import numpy as np
+from courier.platform.blas import load_optimized_blas, gemv_forwarding
+load_optimized_blas("auto")
+forwarding = gemv_forwarding()
+sgemm = forwarding.library.cblas_sgemm
+I, F, P = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+sgemm.argtypes = [I, I, I, I, I, I, F, P, I, P, I, F, P, I]
+rng = np.random.default_rng(0)
+k, n, pad = 37, 23, 5
+errors = {}
+for trans_a in (111, 112):
+    for trans_b in (111, 112):
+        for beta, fill in ((0.0, np.nan), (0.5, 1.5)):
+            a = rng.standard_normal((1, k + pad) if trans_a == 111 else (k, 1 + pad)).astype(np.float32)
+            b = rng.standard_normal((k, n + pad) if trans_b == 111 else (n, k + pad)).astype(np.float32)
+            c = np.full((1, n), fill, np.float32)
+            row = a[0, :k] if trans_a == 111 else a[:k, 0]
+            op_b = b[:k, :n] if trans_b == 111 else b[:n, :k].T
+            expected = 2.0 * row @ op_b + (beta * c[0] if beta else 0)
+            before = forwarding.forwarded()
+            sgemm(101, trans_a, trans_b, 1, n, k, 2.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1],
+                  beta, c.ctypes.data, n)
+            name = f"{trans_a}/{trans_b}/beta {beta}"
+            errors[name] = [float(np.abs(c[0] - expected).max()), forwarding.forwarded() - before]
+print(json.dumps(errors))
+"""
+
+
+def test_the_shim_answers_every_transpose_and_stride_as_sgemm_would(tmp_path: Path) -> None:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "XDG_CACHE_HOME": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", DIRECT], capture_output=True, text=True, timeout=120, check=True, env=env
+    )
+    errors = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(errors) == 8
+    for name, (error, forwarded) in errors.items():
+        assert error < 1e-4 and forwarded == 1, (name, error, forwarded)
