@@ -122,7 +122,7 @@ def _choose(choice: str, forward_gemv: bool) -> BlasReport:
             _forget_choice(core)
             continue
         global _gemv
-        _gemv = install(handle) if forward_gemv else GemvForwarding(False, "off by configuration")
+        _gemv = install(handle) if forward_gemv else GemvForwarding("off by configuration")
         ctypes.CDLL(candidate, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)  # now global, behind the forwarding
         return BlasReport(
             library="OpenBLAS",

@@ -35,17 +35,16 @@ BUILD_TIMEOUT_S = 60.0
 class GemvForwarding:
     """Whether one-row products go to gemv, and the library doing it or the reason they do not."""
 
-    active: bool
     detail: str
-    library: ctypes.CDLL | None = None
+    library: ctypes.CDLL | None = None  # the bound forwarding library; None when it is off
+
+    @property
+    def active(self) -> bool:
+        return self.library is not None
 
     def forwarded(self) -> int:
         """How many products this process has sent to gemv so far (0 when inactive)."""
-        if self.library is None:
-            return 0
-        count = self.library.courier_gemv_forward_count
-        count.restype = ctypes.c_ulong
-        return int(count())
+        return 0 if self.library is None else int(self.library.courier_gemv_forward_count())
 
 
 def cache_directory() -> Path:
@@ -61,15 +60,15 @@ def install(openblas: ctypes.CDLL, directory: Path | None = None) -> GemvForward
     the first `cblas_sgemm` in the global scope.
     """
     if not hasattr(openblas, "cblas_sgemv"):
-        return GemvForwarding(False, "off: the BLAS has no cblas_sgemv")
+        return GemvForwarding("off: the BLAS has no cblas_sgemv")
     try:
         built = _build(directory or cache_directory())
         library = _bind(built, openblas)
     except RuntimeError as error:  # Path.home(): no home directory to keep the library in
-        return GemvForwarding(False, f"off: no cache directory ({error})")
+        return GemvForwarding(f"off: no cache directory ({error})")
     except Unavailable as failure:
-        return GemvForwarding(False, f"off: {failure}")
-    return GemvForwarding(True, f"one-row products through cblas_sgemv ({built})", library)
+        return GemvForwarding(f"off: {failure}")
+    return GemvForwarding(f"one-row products through cblas_sgemv ({built})", library)
 
 
 def _bind(built: Path, openblas: ctypes.CDLL) -> ctypes.CDLL:
@@ -82,6 +81,7 @@ def _bind(built: Path, openblas: ctypes.CDLL) -> ctypes.CDLL:
         raise Unavailable(f"the built library cannot be loaded ({error})") from error
     init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     init.restype = ctypes.c_int
+    library.courier_gemv_forward_count.restype = ctypes.c_ulong
     sgemm = ctypes.cast(openblas.cblas_sgemm, ctypes.c_void_p).value
     sgemv = ctypes.cast(openblas.cblas_sgemv, ctypes.c_void_p).value
     if not init(sgemm, sgemv):
