@@ -127,8 +127,9 @@ class FrontProcess:
             self._process.wait()
 
     def _listening(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=1):
-                return self.stats_socket.exists()
+        try:  # HAProxy names its admin socket before it listens on it: up once both accept a connection
+            with socket.create_connection((self.host, self.port), timeout=1), socket.socket(socket.AF_UNIX) as admin:
+                admin.connect(str(self.stats_socket))
+                return True
         except OSError:
             return False

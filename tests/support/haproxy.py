@@ -90,10 +90,10 @@ def _wait_until_listening(process: subprocess.Popen[bytes], port: int, stats_soc
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         assert process.poll() is None, f"haproxy exited with {process.returncode}:\n{log.read_text()}"
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                if stats_socket.exists():
-                    return
+        try:  # HAProxy names its admin socket before it listens on it: ready once both accept a connection
+            with socket.create_connection(("127.0.0.1", port), timeout=1), socket.socket(socket.AF_UNIX) as admin:
+                admin.connect(str(stats_socket))
+                return
         except OSError:
             pass
         assert time.monotonic() < deadline, f"haproxy did not listen on {port}:\n{log.read_text()}"
