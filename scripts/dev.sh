@@ -66,32 +66,39 @@ ensure_haproxy() {
 
 # The agents the end-to-end tests run against a server: Claude Code (tests/http/anthropic/test_claude_code.py),
 # Codex CLI (tests/http/test_codex.py) and opencode (tests/http/test_agents.py), installed into .npm-agents/
-# (gitignored) when npm is there (~10 s, ~20 s and ~30 s: opencode is a 185 MB binary; their postinstall is not
-# needed), else those tests are skipped. The versions are pinned: the recorded requests in tests/data/agents/ and the
-# set-ups in docs/agents.md are these versions'.
-CLAUDE_CODE_VERSION=2.1.197
-CODEX_VERSION=0.171.0
-OPENCODE_VERSION=1.18.33
+# (gitignored) when npm is there, else those tests are skipped. The missing ones install in one npm command, which
+# downloads them side by side (opencode is a 185 MB binary; their postinstall is not needed); where that fails,
+# each is tried alone, so one that cannot install leaves the others. The versions are pinned: the recorded requests
+# in tests/data/agents/ and the set-ups in docs/agents.md are these versions'.
+AGENTS=(
+    "@anthropic-ai/claude-code 2.1.197 Claude Code"
+    "@openai/codex 0.171.0 Codex CLI"
+    "opencode-ai 1.18.33 opencode"
+)
 ensure_agents() {
-    ensure_agent @anthropic-ai/claude-code "$CLAUDE_CODE_VERSION" "Claude Code"
-    ensure_agent @openai/codex "$CODEX_VERSION" "Codex CLI"
-    ensure_agent opencode-ai "$OPENCODE_VERSION" "opencode"
+    local entry package version name missing=() names=()
+    for entry in "${AGENTS[@]}"; do
+        read -r package version name <<<"$entry"
+        if ! grep -qs "\"version\": \"$version\"" ".npm-agents/node_modules/$package/package.json"; then
+            missing+=("$package@$version")
+            names+=("$name $version")
+        fi
+    done
+    [ ${#missing[@]} -gt 0 ] || return 0
+    if ! command -v npm >/dev/null 2>&1; then
+        log "WARNING: npm not found; the end-to-end tests of ${names[*]} will be skipped"
+        return 0
+    fi
+    log "installing $(IFS=,; echo "${names[*]}" | sed 's/,/, /g') into .npm-agents/"
+    npm_install "${missing[@]}" && return 0
+    for entry in "${!missing[@]}"; do
+        npm_install "${missing[$entry]}" ||
+            log "WARNING: ${names[$entry]} did not install; its end-to-end test will be skipped"
+    done
 }
 
-# $1: the npm package, $2: its version, $3: what it is called in the messages.
-ensure_agent() {
-    local package=$1 version=$2 name=$3
-    local installed=.npm-agents/node_modules/$package/package.json
-    if [ -f "$installed" ] && grep -q "\"version\": \"$version\"" "$installed"; then
-        return 0
-    fi
-    if ! command -v npm >/dev/null 2>&1; then
-        log "WARNING: npm not found; the $name end-to-end test will be skipped"
-        return 0
-    fi
-    log "installing $name $version into .npm-agents/"
-    npm install --prefix .npm-agents --no-audit --no-fund --loglevel=error "$package@$version" >/dev/null ||
-        log "WARNING: $name did not install; its end-to-end test will be skipped"
+npm_install() {
+    npm install --prefix .npm-agents --no-audit --no-fund --loglevel=error "$@" >/dev/null
 }
 
 # $1: the pip install target ("." or ".[dev,vision,embeddings]"); reinstalls when pyproject.toml changes.
@@ -100,22 +107,37 @@ ensure_venv() {
     require_python
     if [ ! -x "$VENV/bin/python" ]; then
         log "creating $VENV"
-        "$PYTHON_BIN" -m venv "$VENV"
+        # Without pip (installing it into the venv takes ~6 s): uv installs the set, and pip is added only where
+        # uv cannot be had or cannot install it.
+        "$PYTHON_BIN" -m venv --without-pip "$VENV"
     fi
     stamp="$VENV/.courier-installed-$(echo "$target" | tr -c 'a-z' '_')"
     if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
         return 0
     fi
     log "installing Courier ($target) into $VENV"
-    if "$VENV/bin/python" -m pip install --quiet uv >&2 && "$VENV/bin/uv" --version >/dev/null 2>&1 &&
-        install_with "$target" "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python"; then
+    if install_uv && install_with "$target" "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python"; then
         touch "$stamp"
         return 0
     fi
     log "uv could not install it; installing with pip"
+    venv_pip
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     install_with "$target" "$VENV/bin/python" -m pip install --quiet
     touch "$stamp"
+}
+
+# uv into the venv: by the interpreter's own pip where it has one (pip >= 22.3 installs into another environment
+# with --python), else by a pip installed into the venv.
+install_uv() {
+    "$VENV/bin/uv" --version >/dev/null 2>&1 && return 0
+    "$PYTHON_BIN" -m pip --python "$VENV/bin/python" install --quiet uv >&2 ||
+        { venv_pip && "$VENV/bin/python" -m pip install --quiet uv >&2; }
+    "$VENV/bin/uv" --version >/dev/null 2>&1
+}
+
+venv_pip() {
+    "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip --upgrade >&2
 }
 
 # $1: the install target; the rest: the install command. uv's pip (installed into the venv first, ~1 s) downloads
@@ -144,12 +166,16 @@ case "$command" in
         exec "$VENV/bin/courier" serve "$@"
         ;;
     test)
-        # The system packages and the agents install beside the venv (each mostly waits on its download), and
-        # pytest waits for them; ruff and mypy need only the venv.
+        # The system packages and the agents install beside the venv (each mostly waits on its download). pytest
+        # waits for the system packages (a module needing HAProxy or PostgreSQL is skipped at collection without
+        # them), not for the agents: the three tests that run one wait for the file named in
+        # COURIER_TEST_AGENTS_INSTALLED (tests/support/npm_agents.py), created once npm is done. ruff and mypy need
+        # only the venv.
         log_dir=$(mktemp -d)
         (ensure_openblas || true; ensure_postgresql || true; ensure_haproxy) >"$log_dir/apt.log" 2>&1 &  # one apt-get at a time
         apt_job=$!
-        ensure_agents >"$log_dir/npm.log" 2>&1 &
+        agents_installed="$log_dir/agents-installed"
+        (status=0; ensure_agents || status=$?; touch "$agents_installed"; exit "$status") >"$log_dir/npm.log" 2>&1 &
         npm_job=$!
         ensure_venv ".[dev,vision,embeddings]"
         log "ruff"
@@ -159,8 +185,7 @@ case "$command" in
         "$VENV/bin/mypy" >"$log_dir/mypy.log" 2>&1 &
         mypy_job=$!
         wait "$apt_job" || log "WARNING: installing OpenBLAS / PostgreSQL / HAProxy failed (see below)"
-        wait "$npm_job" || log "WARNING: installing the agents failed; their end-to-end tests will be skipped"
-        cat "$log_dir/apt.log" "$log_dir/npm.log" >&2
+        cat "$log_dir/apt.log" >&2
         log "pytest (mypy --strict beside it)"
         # The 20 slowest tests are listed at the end, so a slow new test shows in CI's log. The tests run on one
         # pytest-xdist worker per core, at most 4 (COURIER_TEST_WORKERS overrides; 0 runs them in this process):
@@ -174,8 +199,10 @@ case "$command" in
         tests_status=0
         workers=${COURIER_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
         OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} PYTHONDONTWRITEBYTECODE= \
-            "$VENV/bin/pytest" -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@" ||
+            COURIER_TEST_AGENTS_INSTALLED=$agents_installed "$VENV/bin/pytest" -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@" ||
             tests_status=$?
+        wait "$npm_job" || log "WARNING: installing the agents failed; their end-to-end tests were skipped"
+        cat "$log_dir/npm.log" >&2
         mypy_status=0
         wait "$mypy_job" || mypy_status=$?
         log "mypy --strict"

@@ -32,10 +32,10 @@ from agents import (
 from openai import AsyncOpenAI
 
 from tests.support.agent_model import CONTEXT_LENGTH, build_agent_model
+from tests.support.npm_agents import agent_binary
 from tests.support.server import RunningServer, serving
 
 ROOT = Path(__file__).resolve().parents[2]
-OPENCODE = ROOT / ".npm-agents" / "node_modules" / ".bin" / "opencode"
 MODEL = "qwen3-coder"  # any id: opencode and the SDK name the one their configuration gives
 API_KEY = "sk-agents-test"
 RUN_TIMEOUT_S = 50
@@ -87,18 +87,14 @@ def opencode_config(base_url: str) -> dict[str, Any]:
 
 
 def test_opencode_runs_against_the_server(server: RunningServer, tmp_path: Path) -> None:
-    if not OPENCODE.exists():
-        pytest.skip(
-            f"opencode is not installed at {OPENCODE.relative_to(ROOT)}: scripts/dev.sh test installs it there when "
-            "npm is found (npm install --prefix .npm-agents opencode-ai@<version in scripts/dev.sh>)"
-        )
+    opencode = agent_binary("opencode", "opencode-ai")
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     home.mkdir()
     (work / "opencode.json").write_text(json.dumps(opencode_config(server.base_url)))
     before = completed(server)
     run = subprocess.run(
-        [str(OPENCODE), "run", "--format", "json", "Say hello in one word."],
+        [str(opencode), "run", "--format", "json", "Say hello in one word."],
         check=False,
         cwd=work,
         env={"PATH": "/usr/bin:/bin", "HOME": str(home), **OPENCODE_OFFLINE},

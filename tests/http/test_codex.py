@@ -27,11 +27,11 @@ from websockets.sync.client import connect
 
 from tests.support.agent_model import build_agent_model
 from tests.support.codex_recorder import API_KEY, MODEL, PROVIDER, codex_environment, provider_config
+from tests.support.npm_agents import agent_binary
 from tests.support.server import RunningServer, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = sorted((ROOT / "tests" / "data" / "agents" / "codex").glob("dialect-*.json"))
-CODEX = ROOT / ".npm-agents" / "node_modules" / ".bin" / "codex"
 # Headers that describe the recorded connection, not the request: httpx sets its own.
 CONNECTION_HEADERS = {"host", "content-length", "connection", "accept-encoding"}
 RUN_TIMEOUT_S = 50
@@ -92,17 +92,13 @@ def test_each_recorded_request_is_answered_in_its_shape(server: RunningServer, p
 
 
 def _codex(server: RunningServer, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    if not CODEX.exists():
-        pytest.skip(
-            f"Codex is not installed at {CODEX.relative_to(ROOT)}: scripts/dev.sh test installs it there when npm is "
-            "found (npm install --prefix .npm-agents @openai/codex@<version in scripts/dev.sh>)"
-        )
+    codex = agent_binary("codex", "@openai/codex")
     home, work = tmp_path / "home", tmp_path / "work"
     (home / ".codex").mkdir(parents=True)
     work.mkdir()
     (home / ".codex" / "config.toml").write_text(provider_config(server.base_url))
     return subprocess.run(
-        [str(CODEX), "exec", "--skip-git-repo-check", *extra, "Say hello in one word."],
+        [str(codex), "exec", "--skip-git-repo-check", *extra, "Say hello in one word."],
         cwd=work,
         env=codex_environment(home),
         stdin=subprocess.DEVNULL,

@@ -4,7 +4,9 @@ interpreter."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -72,3 +74,23 @@ def test_a_start_that_reads_what_the_launcher_already_read_gets_a_fresh_interpre
     args: list[str], variables: dict[str, str]
 ) -> None:
     assert forkable(["--port", "0", *args], variables, ROOT) is None
+
+
+@forking_on
+def test_a_server_forked_after_its_tokenizer_changed_loads_the_new_one(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """The launcher loads each model directory's tokenizer once and its children reuse it
+    (tests/support/shared_tokenizers.py): a directory whose tokenizer files changed is loaded again."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    body = {"model": "tiny", "input": "Hello"}
+    args = ["--model", f"tiny={model}", "--cache-dir", str(tmp_path / "cache")]
+    with running_server(args) as server, server.http() as http:
+        before = http.post("/v1/responses/input_tokens", json=body).json()["input_tokens"]
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = "A preamble the template now renders first. " + config["chat_template"]
+    config_path.write_text(json.dumps(config))
+    with running_server(args) as server, server.http() as http:
+        assert isinstance(server.process, ForkedServer), launcher_failure() or "started in a fresh interpreter"
+        after = http.post("/v1/responses/input_tokens", json=body).json()["input_tokens"]
+    assert after > before

@@ -22,11 +22,11 @@ import pytest
 
 from tests.http.anthropic.sse import check_order, read_events
 from tests.support.agent_recorder import API_KEY, QUIET
+from tests.support.npm_agents import agent_binary
 from tests.support.server import RunningServer
 
 ROOT = Path(__file__).resolve().parents[3]
 RECORDED = sorted((ROOT / "tests" / "data" / "agents").glob("claude-code-*/*.json"))
-CLAUDE = ROOT / ".npm-agents" / "node_modules" / ".bin" / "claude"
 # Headers that describe the recorded connection, not the request: httpx sets its own.
 CONNECTION_HEADERS = {"host", "content-length", "connection", "accept-encoding"}
 RUN_TIMEOUT_S = 50
@@ -61,11 +61,7 @@ def test_each_recorded_request_is_answered_in_its_shape(server: RunningServer, p
 
 
 def test_claude_code_runs_against_the_server(server: RunningServer, tmp_path: Path) -> None:
-    if not CLAUDE.exists():
-        pytest.skip(
-            f"Claude Code is not installed at {CLAUDE.relative_to(ROOT)}: scripts/dev.sh test installs it there when "
-            "npm is found (npm install --prefix .npm-agents @anthropic-ai/claude-code@<version in scripts/dev.sh>)"
-        )
+    claude = agent_binary("claude", "@anthropic-ai/claude-code")
     (tmp_path / "home").mkdir()
     (tmp_path / "work").mkdir()
     environment = {
@@ -77,7 +73,7 @@ def test_claude_code_runs_against_the_server(server: RunningServer, tmp_path: Pa
     }
     completed_before = _completed(server)
     run = subprocess.run(
-        [str(CLAUDE), "-p", "Say hello in one word.", "--max-turns", "1"],
+        [str(claude), "-p", "Say hello in one word.", "--max-turns", "1"],
         check=False,
         cwd=tmp_path / "work",
         env=environment,

@@ -1,0 +1,105 @@
+"""Tokenizers parsed once in the test server launcher and shared with the servers it forks (forked_servers.py).
+
+Most of a forked server's start (~1.4 s of CPU on the AMD CI machine) is its model's tokenizer: mlx-lm's
+`load_tokenizer` (transformers and mlx-lm each parse the 3.5 MB tokenizer.json: ~0.5 s) and llguidance's
+`LLTokenizer` (~0.35 s). The suite forks ~95 servers, most of them on a few session-wide model directories (~50 on
+the tiny llama alone). So before it forks a server, the launcher loads the tokenizer of each model directory the
+server names, once per directory's contents, through the same calls the server makes (`mlx_lm.utils.load_tokenizer`,
+then Courier's `build_tokenizer`); in the child those two library calls return what the launcher loaded (the child's
+copy, from the fork) instead of parsing again. Everything else of the load, and every other use of the tokenizer, is
+the child's own. A directory whose tokenizer does not load in the launcher is left to the child, which then fails
+as a server started afresh would; a call with other arguments than the launcher's loads anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+# The files mlx-lm's `load_tokenizer` reads from a model directory (its download patterns): the key of a directory's
+# tokenizer is their names, sizes and modification times, so a changed file loads afresh.
+_TOKENIZER_FILES = ("*.json", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jsonl", "*.jinja")
+
+# The most recently used are kept (~80 MB each for SmolLM2's vocabulary): the session-wide tiny models come back
+# all through the run, a module's own model only within its module.
+CAPACITY = 4
+_tokenizers: dict[tuple[Any, ...], Any] = {}  # mlx-lm TokenizerWrappers, least recently used first
+_grammar_tokenizers: dict[tuple[Any, ...], Any] = {}  # llguidance LLTokenizers, least recently used first
+
+
+def install() -> None:
+    """Route mlx-lm's `load_tokenizer` and llguidance's `LLTokenizer` through the shared ones: before Courier is
+    imported (it binds `LLTokenizer` by name)."""
+    import llguidance
+    import mlx_lm.utils
+
+    mlx_lm.utils.load_tokenizer = _remembering(mlx_lm.utils.load_tokenizer, _tokenizers, _tokenizer_key)
+    shared = _remembering(llguidance.LLTokenizer, _grammar_tokenizers, _grammar_tokenizer_key)
+    llguidance.LLTokenizer = shared  # type: ignore[misc,assignment]  # a function that returns the class's instances
+
+
+def share(server_args: Sequence[str]) -> None:
+    """In the launcher, before a fork: load the tokenizer of each model directory `courier serve <server_args>`
+    names, as the server will, unless already loaded."""
+    from mlx_lm.utils import load_tokenizer
+
+    from courier.grammar.compiler import build_tokenizer
+
+    for directory in _model_directories(server_args):
+        with contextlib.suppress(Exception):  # the child loads it (and reports what is wrong) itself
+            config = json.loads((directory / "config.json").read_text())
+            eos_token_ids = config.get("eos_token_id")
+            if _tokenizer_key(directory, None, eos_token_ids=eos_token_ids) in _tokenizers:
+                continue
+            tokenizer = load_tokenizer(directory, None, eos_token_ids=eos_token_ids)
+            width = config.get("vocab_size")
+            vocab_size = max(len(tokenizer.get_vocab()), width if isinstance(width, int) else 0)
+            build_tokenizer(tokenizer._tokenizer, vocab_size, tokenizer.eos_token_ids)
+
+
+def _remembering(
+    load: Callable[..., Any], loaded: dict[tuple[Any, ...], Any], key_of: Callable[..., tuple[Any, ...] | None]
+) -> Callable[..., Any]:
+    def remembered(*args: Any, **kwargs: Any) -> Any:
+        key = key_of(*args, **kwargs)
+        if key is None:
+            return load(*args, **kwargs)
+        value = loaded.pop(key) if key in loaded else load(*args, **kwargs)
+        loaded[key] = value
+        while len(loaded) > CAPACITY:
+            del loaded[next(iter(loaded))]
+        return value
+
+    return remembered
+
+
+def _tokenizer_key(
+    model_path: Any, tokenizer_config_extra: Any = None, eos_token_ids: Any = None
+) -> tuple[Any, ...] | None:
+    directory = Path(model_path)
+    if not directory.is_dir():
+        return None  # a hub id: mlx-lm resolves it
+    files = sorted(_signature(path) for pattern in _TOKENIZER_FILES for path in directory.glob(pattern))
+    return (str(directory.resolve()), tuple(files), repr(tokenizer_config_extra), repr(eos_token_ids))
+
+
+def _signature(path: Path) -> tuple[str, int, int]:
+    stat = path.stat()
+    return (path.name, stat.st_size, stat.st_mtime_ns)
+
+
+def _grammar_tokenizer_key(serialized: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...] | None:
+    if not isinstance(serialized, str):
+        return None
+    return (serialized, repr(args), repr(sorted(kwargs.items())))
+
+
+def _model_directories(server_args: Sequence[str]) -> Iterator[Path]:
+    """The local directories among the `--model` values (`DIR`, `ID=DIR`, `ID,ALIAS=DIR`)."""
+    for flag, value in itertools.pairwise(server_args):
+        if flag == "--model" and (directory := Path(value.rpartition("=")[2])).is_dir():
+            yield directory
