@@ -91,10 +91,14 @@ ensure_agents() {
     fi
     log "installing $(IFS=,; echo "${names[*]}" | sed 's/,/, /g') into .npm-agents/"
     npm_install "${missing[@]}" && return 0
+    local failed=0
     for entry in "${!missing[@]}"; do
-        npm_install "${missing[$entry]}" ||
+        if [ ${#missing[@]} -eq 1 ] || ! npm_install "${missing[$entry]}"; then
             log "WARNING: ${names[$entry]} did not install; its end-to-end test will be skipped"
+            failed=1
+        fi
     done
+    return "$failed"
 }
 
 npm_install() {
@@ -137,7 +141,11 @@ install_uv() {
 }
 
 venv_pip() {
-    "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip --upgrade >&2
+    "$VENV/bin/python" -m pip --version >/dev/null 2>&1 && return 0
+    "$VENV/bin/python" -m ensurepip --upgrade >&2 && return 0
+    log "neither uv nor pip can be installed into $VENV: $PYTHON_BIN has no pip and no ensurepip" \
+        "(Debian/Ubuntu: sudo apt-get install python3-venv python3-pip)"
+    return 1
 }
 
 # $1: the install target; the rest: the install command. uv's pip (installed into the venv first, ~1 s) downloads
@@ -201,7 +209,7 @@ case "$command" in
         OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} PYTHONDONTWRITEBYTECODE= \
             COURIER_TEST_AGENTS_INSTALLED=$agents_installed "$VENV/bin/pytest" -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@" ||
             tests_status=$?
-        wait "$npm_job" || log "WARNING: installing the agents failed; their end-to-end tests were skipped"
+        wait "$npm_job" || log "WARNING: not every agent installed; the end-to-end tests of those missing were skipped"
         cat "$log_dir/npm.log" >&2
         mypy_status=0
         wait "$mypy_job" || mypy_status=$?

@@ -129,6 +129,7 @@ class FrontProcess:
     def _listening(self) -> bool:
         try:  # HAProxy names its admin socket before it listens on it: up once both accept a connection
             with socket.create_connection((self.host, self.port), timeout=1), socket.socket(socket.AF_UNIX) as admin:
+                admin.settimeout(1)
                 admin.connect(str(self.stats_socket))
                 return True
         except OSError:

@@ -303,6 +303,7 @@ def _answer(
     if message and pid is None and len(streams) == _STREAMS:
         request = json.loads(message)
         shared_tokenizers.share(request["args"])
+        gc.freeze()  # what it loaded stays shared with the children too
         sys.stdout.flush()
         sys.stderr.flush()
         with contextlib.suppress(OSError):  # one that cannot fork fails its test's start with ConnectionError

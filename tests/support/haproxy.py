@@ -92,6 +92,7 @@ def _wait_until_listening(process: subprocess.Popen[bytes], port: int, stats_soc
         assert process.poll() is None, f"haproxy exited with {process.returncode}:\n{log.read_text()}"
         try:  # HAProxy names its admin socket before it listens on it: ready once both accept a connection
             with socket.create_connection(("127.0.0.1", port), timeout=1), socket.socket(socket.AF_UNIX) as admin:
+                admin.settimeout(1)
                 admin.connect(str(stats_socket))
                 return
         except OSError:

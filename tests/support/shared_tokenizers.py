@@ -14,15 +14,15 @@ as a server started afresh would; a call with other arguments than the launcher'
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
-import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 # The files mlx-lm's `load_tokenizer` reads from a model directory (its download patterns): the key of a directory's
 # tokenizer is their names, sizes and modification times, so a changed file loads afresh.
-_TOKENIZER_FILES = ("*.json", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jsonl", "*.jinja")
+_TOKENIZER_FILES = ("*.json", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jsonl", "*.jinja")
 
 # The most recently used are kept (~80 MB each for SmolLM2's vocabulary): the session-wide tiny models come back
 # all through the run, a module's own model only within its module.
@@ -44,28 +44,42 @@ def install() -> None:
 
 def share(server_args: Sequence[str]) -> None:
     """In the launcher, before a fork: load the tokenizer of each model directory `courier serve <server_args>`
-    names, as the server will, unless already loaded."""
-    from mlx_lm.utils import load_tokenizer
+    names, as the server will (a tokenizer already loaded becomes the most recently used)."""
+    for flag, value in itertools.pairwise(server_args):
+        if flag == "--model":  # DIR, ID=DIR or ID,ALIAS=DIR
+            with contextlib.suppress(Exception):  # the child loads it (and reports what is wrong) itself
+                _share_directory(Path(value.rpartition("=")[2]))
+
+
+def _share_directory(directory: Path) -> None:
+    from mlx_lm.utils import MODEL_REMAPPING, load_config, load_tokenizer
 
     from courier.grammar.compiler import build_tokenizer
+    from courier.model.vision.model_dir import is_vision_model
 
-    for directory in _model_directories(server_args):
-        with contextlib.suppress(Exception):  # the child loads it (and reports what is wrong) itself
-            config = json.loads((directory / "config.json").read_text())
-            eos_token_ids = config.get("eos_token_id")
-            if _tokenizer_key(directory, None, eos_token_ids=eos_token_ids) in _tokenizers:
-                continue
-            tokenizer = load_tokenizer(directory, None, eos_token_ids=eos_token_ids)
-            width = config.get("vocab_size")
-            vocab_size = max(len(tokenizer.get_vocab()), width if isinstance(width, int) else 0)
-            build_tokenizer(tokenizer._tokenizer, vocab_size, tokenizer.eos_token_ids)
+    if not directory.is_dir():
+        return  # a hub id, a GGUF file
+    config = load_config(directory)  # as mlx_lm.load reads it (generation_config.json's eos ids first)
+    model_type = str(config.get("model_type"))
+    if (
+        is_vision_model(config)
+        or importlib.util.find_spec(f"mlx_lm.models.{MODEL_REMAPPING.get(model_type, model_type)}") is None
+    ):
+        return  # mlx-vlm and mlx-embeddings load these, with other arguments
+    tokenizer = load_tokenizer(directory, None, eos_token_ids=config.get("eos_token_id"))
+    width = config.get("vocab_size")
+    vocab_size = max(len(tokenizer.get_vocab()), width if isinstance(width, int) else 0)
+    build_tokenizer(tokenizer._tokenizer, vocab_size, tokenizer.eos_token_ids)
 
 
 def _remembering(
     load: Callable[..., Any], loaded: dict[tuple[Any, ...], Any], key_of: Callable[..., tuple[Any, ...] | None]
 ) -> Callable[..., Any]:
     def remembered(*args: Any, **kwargs: Any) -> Any:
-        key = key_of(*args, **kwargs)
+        try:
+            key = key_of(*args, **kwargs)
+        except (OSError, TypeError):  # an unreadable file, an argument this version does not know: no sharing
+            key = None
         if key is None:
             return load(*args, **kwargs)
         value = loaded.pop(key) if key in loaded else load(*args, **kwargs)
@@ -96,10 +110,3 @@ def _grammar_tokenizer_key(serialized: Any, *args: Any, **kwargs: Any) -> tuple[
     if not isinstance(serialized, str):
         return None
     return (serialized, repr(args), repr(sorted(kwargs.items())))
-
-
-def _model_directories(server_args: Sequence[str]) -> Iterator[Path]:
-    """The local directories among the `--model` values (`DIR`, `ID=DIR`, `ID,ALIAS=DIR`)."""
-    for flag, value in itertools.pairwise(server_args):
-        if flag == "--model" and (directory := Path(value.rpartition("=")[2])).is_dir():
-            yield directory
