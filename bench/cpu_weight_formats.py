@@ -20,7 +20,7 @@ CONFIGS: tuple[tuple[str, str, str, str], ...] = (
     ("4-bit, OpenBLAS", "native", "auto", "off"),
     ("float32, bundled BLAS", "float32", "none", "off"),
     ("float32, OpenBLAS, every product on sgemm (--no-blas-gemv)", "auto", "auto", "off"),
-    ("Courier auto on CPU (float32, OpenBLAS, one-row products on gemv)", "auto", "auto", "on"),
+    ("Courier auto on CPU (float32, OpenBLAS, products of 1-3 rows on gemv)", "auto", "auto", "on"),
 )
 
 WORKER = r"""

@@ -50,7 +50,7 @@ class BlasReport:
     detail: str
     kernels: str | None = None  # OpenBLAS's core name, e.g. "Cooperlake"
     kernel_choice: str | None = None  # why those kernels: the library's own pick or OPENBLAS_CORETYPE
-    gemv: str | None = None  # whether one-row products go to cblas_sgemv (gemv_forward.py), or why not
+    gemv: str | None = None  # whether products of up to 3 rows go to cblas_sgemv (gemv_forward.py), or why not
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -73,7 +73,7 @@ def load_optimized_blas(choice: str = AUTO, *, forward_gemv: bool = True) -> Bla
 
     `choice` is `auto` (search the usual places), `none` (keep MLX's own BLAS), or
     a path to a shared library exporting the standard `cblas_*` symbols. With
-    `forward_gemv`, one-row products go to OpenBLAS's gemv (`gemv_forward.py`).
+    `forward_gemv`, products of up to three rows go to OpenBLAS's gemv (`gemv_forward.py`).
     """
     global _loaded
     if _loaded is not None:
@@ -85,7 +85,7 @@ def load_optimized_blas(choice: str = AUTO, *, forward_gemv: bool = True) -> Bla
 
 
 def gemv_forwarding() -> GemvForwarding | None:
-    """This process's forwarding of one-row products, where OpenBLAS was loaded."""
+    """This process's forwarding of few-row products to gemv, where OpenBLAS was loaded."""
     return _gemv
 
 

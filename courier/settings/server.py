@@ -116,7 +116,7 @@ class Settings:
     blas_gemv: bool = setting(
         True,
         parse_bool,
-        "send MLX's one-row CPU matmuls (decode steps) to OpenBLAS's gemv, through a shim built with the C compiler",
+        "send MLX's CPU matmuls of 1-3 rows (decode steps) to OpenBLAS's gemv, through a shim built with a C compiler",
         flag=True,
     )
     warmup: bool = setting(True, parse_bool, "run one short forward pass before reporting ready", flag=True)

@@ -50,7 +50,7 @@ def test_health_reports_device_blas_and_weight_format(server: RunningServer) -> 
     assert body["weight_format"] == "float32 (from 4-bit affine, group size 32)"
     assert body["blas"]["library"] in ("OpenBLAS", "reference")
     if body["blas"]["library"] == "OpenBLAS" and shutil.which("cc"):
-        assert body["blas"]["gemv"].startswith("one-row products through cblas_sgemv"), body["blas"]
+        assert body["blas"]["gemv"].startswith("products of up to 3 rows through cblas_sgemv"), body["blas"]
     assert body["model_info"]["prompt_cache_trimmable"] is True
     memory = body["memory"]
     assert memory["cache_limit_bytes"] == MLX_CACHE_LIMIT

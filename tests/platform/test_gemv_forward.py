@@ -1,5 +1,6 @@
-"""One-row products through OpenBLAS's gemv (`courier/platform/gemv_forward.py`), each case in a fresh process:
-a BLAS, once loaded, stays loaded. The products MLX computes are checked against numpy's, one-row and not."""
+"""Products of up to three rows through OpenBLAS's gemv (`courier/platform/gemv_forward.py`), each case in a fresh
+process: a BLAS, once loaded, stays loaded. The products MLX computes are checked against numpy's, forwarded and
+not."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.skipif(
     reason="no OpenBLAS on this machine (./dev installs it on Debian as root)",
 )
 
-# Loads the BLAS as the server does, then multiplies one-row and many-row products of every shape MLX hands to
+# Loads the BLAS as the server does, then multiplies few-row and many-row products of every shape MLX hands to
 # sgemm: a transposed weight, a stored one, with a bias through addmm, a column read as a row, and a batch of
 # one-row products with weights of their own, as a decode step's attention scores are. It prints each product's
 # largest difference from numpy's, and how many products went to gemv.
@@ -38,7 +39,7 @@ def check(name, got, expected):
     before = forwarding.forwarded()
     value = np.array(got)  # evaluates the product
     cases[name] = {"error": float(np.abs(value - expected).max()), "forwarded": forwarding.forwarded() - before}
-for rows in (1, 8):
+for rows in (1, 2, 3, 4, 8):
     x = mx.random.normal((rows, 70)); mx.eval(x)
     check(f"x @ w.T {rows}", x @ weights.T, reference(x))
     check(f"x @ stored {rows}", x @ stored, reference(x))
@@ -59,22 +60,23 @@ def products(forward: str, environment: dict[str, str]) -> dict[str, object]:
 
 
 def assert_products_are_right(cases: object) -> None:
-    assert isinstance(cases, dict) and len(cases) == 8
+    assert isinstance(cases, dict) and len(cases) == 17
     for name, case in cases.items():
         assert case["error"] < 1e-3, (name, case)
 
 
-def test_one_row_products_go_to_gemv_and_every_product_is_right(tmp_path: Path) -> None:
+def test_products_of_up_to_three_rows_go_to_gemv_and_every_product_is_right(tmp_path: Path) -> None:
     outcome = products("on", {"XDG_CACHE_HOME": str(tmp_path)})
-    assert str(outcome["gemv"]).startswith("one-row products through cblas_sgemv")
+    assert str(outcome["gemv"]).startswith("products of up to 3 rows through cblas_sgemv")
     assert str(tmp_path / "courier" / "native") in str(outcome["gemv"])
     cases = outcome["cases"]
     assert_products_are_right(cases)
     assert isinstance(cases, dict)
-    one_row = ["x @ w.T 1", "x @ stored 1", "addmm 1", "column.T @ w.T"]
-    assert all(cases[name]["forwarded"] == 1 for name in one_row), cases
+    few_rows = [f"{product} {rows}" for product in ("x @ w.T", "x @ stored", "addmm") for rows in (1, 2, 3)]
+    assert all(cases[name]["forwarded"] == 1 for name in [*few_rows, "column.T @ w.T"]), cases
     assert cases["batch @ per-batch weights"]["forwarded"] == 4, cases
-    assert all(cases[name]["forwarded"] == 0 for name in ("x @ w.T 8", "x @ stored 8", "addmm 8")), cases
+    many_rows = [f"{product} {rows}" for product in ("x @ w.T", "x @ stored", "addmm") for rows in (4, 8)]
+    assert all(cases[name]["forwarded"] == 0 for name in many_rows), cases
 
 
 def test_the_library_built_once_serves_a_process_without_a_compiler(tmp_path: Path) -> None:
@@ -82,7 +84,7 @@ def test_the_library_built_once_serves_a_process_without_a_compiler(tmp_path: Pa
     (built,) = (tmp_path / "courier" / "native").glob("libcourier_gemv_forward-*.so")
     modified = built.stat().st_mtime_ns
     outcome = products("on", {"XDG_CACHE_HOME": str(tmp_path), "CC": str(tmp_path / "no-such-compiler")})
-    assert str(outcome["gemv"]).startswith("one-row products through cblas_sgemv"), outcome
+    assert str(outcome["gemv"]).startswith("products of up to 3 rows through cblas_sgemv"), outcome
     assert built.stat().st_mtime_ns == modified
 
 
@@ -101,9 +103,9 @@ def test_switched_off_it_builds_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "courier").exists()
 
 
-# The shim's cblas_sgemm called directly on numpy arrays, as any caller in the process may: every transpose
-# combination, leading dimensions wider than the rows they hold, and a C full of NaN under beta 0 (which must read
-# as "ignore C", as sgemm does) and under beta 0.5.
+# The shim's cblas_sgemm called directly on numpy arrays, as any caller in the process may: one row and three, every
+# transpose combination, leading dimensions wider than the rows they hold (C's too), and a C full of NaN under beta 0
+# (which must read as "ignore C", as sgemm does) and under beta 0.5.
 DIRECT = """
 import ctypes, json
 import numpy as np
@@ -116,20 +118,22 @@ sgemm.argtypes = [I, I, I, I, I, I, F, P, I, P, I, F, P, I]
 rng = np.random.default_rng(0)
 k, n, pad = 37, 23, 5
 errors = {}
-for trans_a in (111, 112):
+for m in (1, 3):
+  for trans_a in (111, 112):
     for trans_b in (111, 112):
         for beta, fill in ((0.0, np.nan), (0.5, 1.5)):
-            a = rng.standard_normal((1, k + pad) if trans_a == 111 else (k, 1 + pad)).astype(np.float32)
+            a = rng.standard_normal((m, k + pad) if trans_a == 111 else (k, m + pad)).astype(np.float32)
             b = rng.standard_normal((k, n + pad) if trans_b == 111 else (n, k + pad)).astype(np.float32)
-            c = np.full((1, n), fill, np.float32)
-            row = a[0, :k] if trans_a == 111 else a[:k, 0]
+            c = np.full((m, n + pad), fill, np.float32)
+            rows = a[:, :k] if trans_a == 111 else a[:k, :m].T
             op_b = b[:k, :n] if trans_b == 111 else b[:n, :k].T
-            expected = 2.0 * row @ op_b + (beta * c[0] if beta else 0)
-            before = forwarding.forwarded()
-            sgemm(101, trans_a, trans_b, 1, n, k, 2.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1],
-                  beta, c.ctypes.data, n)
-            name = f"{trans_a}/{trans_b}/beta {beta}"
-            errors[name] = [float(np.abs(c[0] - expected).max()), forwarding.forwarded() - before]
+            expected = 2.0 * rows @ op_b + (beta * c[:, :n] if beta else 0)
+            padding, before = c[:, n:].copy(), forwarding.forwarded()
+            sgemm(101, trans_a, trans_b, m, n, k, 2.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1],
+                  beta, c.ctypes.data, n + pad)
+            name = f"{m} rows {trans_a}/{trans_b}/beta {beta}"
+            errors[name] = [float(np.abs(c[:, :n] - expected).max()), forwarding.forwarded() - before]
+            errors[name + ", C's padding kept"] = [0.0 if np.array_equal(c[:, n:], padding, equal_nan=True) else 1.0, 1]
 print(json.dumps(errors))
 """
 
@@ -140,6 +144,6 @@ def test_the_shim_answers_every_transpose_and_stride_as_sgemm_would(tmp_path: Pa
         [sys.executable, "-c", DIRECT], capture_output=True, text=True, timeout=120, check=True, env=env
     )
     errors = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(errors) == 8
+    assert len(errors) == 32
     for name, (error, forwarded) in errors.items():
         assert error < 1e-4 and forwarded == 1, (name, error, forwarded)
