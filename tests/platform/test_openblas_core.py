@@ -15,6 +15,14 @@ from courier.platform.openblas_core import ENV_VAR, choose_core, cpu_flags, supp
 AVX512 = frozenset({"avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512cd", "avx2", "fma"})
 
 
+def unset_for_the_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENV_VAR absent while the test runs, and absent again after it, whatever `choose_core` set meanwhile: a
+    variable left behind reaches every later subprocess of this worker, whose numpy OpenBLAS would then run kernels
+    this CPU may not have (SIGILL). (`delenv` of an absent variable records nothing to undo; `setenv` does.)"""
+    monkeypatch.setenv(ENV_VAR, "")
+    monkeypatch.delenv(ENV_VAR)
+
+
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
@@ -42,7 +50,7 @@ def test_cpu_flags_reads_the_first_flags_line(tmp_path: Path) -> None:
     [("Prescott", "Cooperlake"), ("Haswell", "Cooperlake"), ("Cooperlake", None), ("SapphireRapids", None)],
 )
 def test_only_weaker_kernels_are_overridden(monkeypatch: pytest.MonkeyPatch, detected: str, chosen: str | None) -> None:
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    unset_for_the_test(monkeypatch)
     monkeypatch.setattr(openblas_core, "probe_corename", lambda library: detected)
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     choice = choose_core("libopenblas.so.0", flags=AVX512 | {"avx512_bf16"})
@@ -51,7 +59,7 @@ def test_only_weaker_kernels_are_overridden(monkeypatch: pytest.MonkeyPatch, det
 
 
 def test_kernels_unknown_to_courier_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV_VAR, raising=False)
+    unset_for_the_test(monkeypatch)
     monkeypatch.setattr(openblas_core, "probe_corename", lambda library: "NeoverseV2")
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     assert choose_core("libopenblas.so.0", flags=AVX512).chosen is None

@@ -29,6 +29,7 @@ _TOKENIZER_FILES = ("*.json", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken
 CAPACITY = 4
 _tokenizers: dict[tuple[Any, ...], Any] = {}  # mlx-lm TokenizerWrappers, least recently used first
 _grammar_tokenizers: dict[tuple[Any, ...], Any] = {}  # llguidance LLTokenizers, least recently used first
+_grammar_key_of: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # a shared tokenizer's key -> its LLTokenizer's
 
 
 def install() -> None:
@@ -66,10 +67,21 @@ def _share_directory(directory: Path) -> None:
         or importlib.util.find_spec(f"mlx_lm.models.{MODEL_REMAPPING.get(model_type, model_type)}") is None
     ):
         return  # mlx-vlm and mlx-embeddings load these, with other arguments
-    tokenizer = load_tokenizer(directory, None, eos_token_ids=config.get("eos_token_id"))
+    eos_token_ids = config.get("eos_token_id")
+    key = _tokenizer_key(directory, None, eos_token_ids=eos_token_ids)
+    if key in _tokenizers:  # loaded: now the most recently used, with its LLTokenizer (~1 ms, not a rebuild's ~80)
+        _tokenizers[key] = _tokenizers.pop(key)
+        if (grammar_key := _grammar_key_of.get(key)) in _grammar_tokenizers:
+            _grammar_tokenizers[grammar_key] = _grammar_tokenizers.pop(grammar_key)
+            return
+    tokenizer = load_tokenizer(directory, None, eos_token_ids=eos_token_ids)
     width = config.get("vocab_size")
     vocab_size = max(len(tokenizer.get_vocab()), width if isinstance(width, int) else 0)
     build_tokenizer(tokenizer._tokenizer, vocab_size, tokenizer.eos_token_ids)
+    if key is not None and _grammar_tokenizers:
+        _grammar_key_of[key] = next(reversed(_grammar_tokenizers))  # the one just built or used
+        for stale in _grammar_key_of.keys() - _tokenizers.keys():
+            del _grammar_key_of[stale]
 
 
 def _remembering(
