@@ -207,7 +207,8 @@ case "$command" in
         tests_status=0
         workers=${COURIER_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
         OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} PYTHONDONTWRITEBYTECODE= \
-            COURIER_TEST_AGENTS_INSTALLED=$agents_installed "$VENV/bin/pytest" -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@" ||
+            COURIER_TEST_AGENTS_INSTALLED=$agents_installed \
+            "$VENV/bin/pytest" -n "$workers" --dist loadfile --no-loadscope-reorder --durations=20 "$@" ||
             tests_status=$?
         wait "$npm_job" || log "WARNING: not every agent installed; the end-to-end tests of those missing were skipped"
         cat "$log_dir/npm.log" >&2

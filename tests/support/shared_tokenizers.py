@@ -69,16 +69,15 @@ def _share_directory(directory: Path) -> None:
         return  # mlx-vlm and mlx-embeddings load these, with other arguments
     eos_token_ids = config.get("eos_token_id")
     key = _tokenizer_key(directory, None, eos_token_ids=eos_token_ids)
-    if key in _tokenizers:  # loaded: now the most recently used, with its LLTokenizer (~1 ms, not a rebuild's ~80)
-        _tokenizers[key] = _tokenizers.pop(key)
-        if (grammar_key := _grammar_key_of.get(key)) in _grammar_tokenizers:
-            _grammar_tokenizers[grammar_key] = _grammar_tokenizers.pop(grammar_key)
-            return
+    if key is None:
+        return  # nothing the child could be given
+    if _touch(_tokenizers, key) and _touch(_grammar_tokenizers, _grammar_key_of.get(key)):
+        return  # loaded: now the most recently used, with its LLTokenizer (~1 ms, not a rebuild's ~80)
     tokenizer = load_tokenizer(directory, None, eos_token_ids=eos_token_ids)
     width = config.get("vocab_size")
     vocab_size = max(len(tokenizer.get_vocab()), width if isinstance(width, int) else 0)
     build_tokenizer(tokenizer._tokenizer, vocab_size, tokenizer.eos_token_ids)
-    if key is not None and _grammar_tokenizers:
+    if _grammar_tokenizers:
         _grammar_key_of[key] = next(reversed(_grammar_tokenizers))  # the one just built or used
         for stale in _grammar_key_of.keys() - _tokenizers.keys():
             del _grammar_key_of[stale]
@@ -94,13 +93,21 @@ def _remembering(
             key = None
         if key is None:
             return load(*args, **kwargs)
-        value = loaded.pop(key) if key in loaded else load(*args, **kwargs)
-        loaded[key] = value
-        while len(loaded) > CAPACITY:
-            del loaded[next(iter(loaded))]
-        return value
+        if not _touch(loaded, key):
+            loaded[key] = load(*args, **kwargs)
+            while len(loaded) > CAPACITY:
+                del loaded[next(iter(loaded))]
+        return loaded[key]
 
     return remembered
+
+
+def _touch(loaded: dict[tuple[Any, ...], Any], key: tuple[Any, ...] | None) -> bool:
+    """Make `key` the most recently used of `loaded`; False where it is not there."""
+    if key not in loaded:
+        return False
+    loaded[key] = loaded.pop(key)
+    return True
 
 
 def _tokenizer_key(
