@@ -26,7 +26,7 @@ def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
         assert running.stop() == 0
 
 
-def test_no_blas_gemv_leaves_one_row_products_on_sgemm(tiny_llama_dir: Path, cache_dir: Path) -> None:
+def test_no_blas_gemv_leaves_every_product_on_sgemm(tiny_llama_dir: Path, cache_dir: Path) -> None:
     args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--no-blas-gemv"]
     with running_server(args, env={"COURIER_SERVED_MODEL_NAME": "tiny"}) as running:
         with running.http() as http:
