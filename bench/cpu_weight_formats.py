@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from bench.harness import cli
 from bench.harness.report import table
 
-CONFIGS: tuple[tuple[str, str, str, str], ...] = (
-    # label, --weight-format, --blas, --blas-gemv
-    ("peer: mlx-lm default (4-bit, bundled BLAS)", "native", "none", "off"),
-    ("4-bit, OpenBLAS", "native", "auto", "off"),
-    ("float32, bundled BLAS", "float32", "none", "off"),
-    ("float32, OpenBLAS, every product on sgemm (--no-blas-gemv)", "auto", "auto", "off"),
-    ("Courier auto on CPU (float32, OpenBLAS, products of 1-3 rows on gemv)", "auto", "auto", "on"),
+CONFIGS: tuple[tuple[str, str, str, str, str], ...] = (
+    # label, --weight-format, --blas, --blas-gemv, --cpu-attention
+    ("peer: mlx-lm default (4-bit, bundled BLAS)", "native", "none", "off", "off"),
+    ("4-bit, OpenBLAS", "native", "auto", "off", "off"),
+    ("float32, bundled BLAS", "float32", "none", "off", "off"),
+    ("float32, OpenBLAS, every product on sgemm (--no-blas-gemv)", "auto", "auto", "off", "off"),
+    ("float32, OpenBLAS, gemv, MLX's softmax (--no-cpu-attention)", "auto", "auto", "on", "off"),
+    ("Courier auto on CPU (float32, OpenBLAS, gemv, polynomial-exp attention)", "auto", "auto", "on", "on"),
 )
 
 WORKER = r"""
@@ -28,6 +29,8 @@ import json, sys, time
 from pathlib import Path
 from courier.platform.blas import load_optimized_blas
 blas = load_optimized_blas(sys.argv[2], forward_gemv=sys.argv[7] == "on")
+from courier.platform import cpu_attention
+cpu_attention.install(sys.argv[8] == "on")
 from mlx_lm import stream_generate
 from courier.model.loader import load_model
 from courier.model.source import resolve_model_source
@@ -61,10 +64,10 @@ class Result:
     peak_gb: float
 
 
-def measure(config: tuple[str, str, str, str], cache_dir: str, args: argparse.Namespace) -> Result:
-    label, weight_format, blas, gemv = config
+def measure(config: tuple[str, str, str, str, str], cache_dir: str, args: argparse.Namespace) -> Result:
+    label, weight_format, blas, gemv, attention = config
     sizes = (args.prompt_tokens, args.decode_tokens, args.repeats)
-    command = [sys.executable, "-c", WORKER, weight_format, blas, cache_dir, *map(str, sizes), gemv]
+    command = [sys.executable, "-c", WORKER, weight_format, blas, cache_dir, *map(str, sizes), gemv, attention]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     data = json.loads(output.strip().splitlines()[-1])
     runs = data["runs"]
@@ -84,11 +87,14 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512, help="tokens of the prompt prefilled (512)")
     parser.add_argument("--decode-tokens", type=int, default=64, help="tokens decoded (64)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration, the table shows medians (3)")
+    parser.add_argument("--rows", default="", help="only these rows, by number from 1; the first is the peer (all)")
     args = parser.parse_args()
+    rows = [CONFIGS[int(number) - 1] for number in args.rows.split(",")] if args.rows else list(CONFIGS)
     with tempfile.TemporaryDirectory() as cache_dir:
-        results = [measure(config, cache_dir, args) for config in CONFIGS]
+        results = [measure(config, cache_dir, args) for config in rows]
     peer = results[0]
     print(f"SmolLM2-135M, prompt {args.prompt_tokens} tokens, decode {args.decode_tokens}, median of {args.repeats}")
+    print(f"peer (the first row): {peer.label}")
     table(
         "configuration | BLAS | weights | load s | prefill tok/s | decode tok/s | vs peer prefill | vs peer decode "
         "| peak GB",

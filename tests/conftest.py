@@ -15,6 +15,10 @@ from courier.platform.blas import load_optimized_blas
 # Before anything imports mlx.core: tests then run on the same fast CPU path as the server.
 load_optimized_blas()
 
+from courier.platform import cpu_attention  # noqa: E402
+
+cpu_attention.install()  # the attention `courier serve` runs on the CPU
+
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 

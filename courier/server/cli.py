@@ -83,6 +83,10 @@ def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> in
             "Install OpenBLAS (Debian: apt-get install libopenblas0-pthread) or set COURIER_BLAS to its path",
             blas.detail,
         )
+    from courier.platform import cpu_attention  # imports mlx.core: after the BLAS
+
+    attention = cpu_attention.install(settings.cpu_attention)
+    logger.info("CPU attention: %s", attention.detail)
     try:
         catalog = build_catalog(
             settings.model, served_model_name=settings.served_model_name, models_dir=settings.models_dir
@@ -98,7 +102,7 @@ def _serve(settings: settings_module.Settings, environ: Mapping[str, str]) -> in
     from courier.server.supervisor import Supervisor
 
     try:
-        anyio.run(Supervisor(settings, catalog, blas, environ).run)
+        anyio.run(Supervisor(settings, catalog, blas, environ, cpu_attention=attention).run)
     except ServerFailed as error:
         logger.error("server stopped: %s", error)
         return EXIT_FAILED

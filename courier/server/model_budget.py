@@ -73,6 +73,7 @@ def model_statuses(
         else:
             state = ServiceState(
                 blas=server.blas,
+                cpu_attention=server.cpu_attention,
                 model_id=model.model_id,
                 scheduler=SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue),
                 faults=server.faults,

@@ -46,6 +46,7 @@ from courier.messages.model_registry import LoadModel, LoadResult, ModelRegistry
 from courier.messages.storage import StorageMessage
 from courier.model.catalog import ModelCatalog
 from courier.platform.blas import BlasReport
+from courier.platform.cpu_attention import CpuAttention
 from courier.platform.mlx_memory import limit_cache
 from courier.runtime.actor import Actor
 from courier.runtime.message import Message, ReplyStream
@@ -82,7 +83,15 @@ ERROR_FLUSH_S = 2.0
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, catalog: ModelCatalog, blas: BlasReport, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        catalog: ModelCatalog,
+        blas: BlasReport,
+        environ: Mapping[str, str],
+        *,
+        cpu_attention: CpuAttention | None = None,
+    ) -> None:
         self._settings = settings
         self._catalog = catalog
         self._environ = environ
@@ -100,6 +109,7 @@ class Supervisor:
         stats = SchedulerStats(max_batch=settings.max_batch, max_queue=settings.max_queue)
         self._state = ServiceState(
             blas=blas,
+            cpu_attention=cpu_attention,
             model_id=catalog.default.model_id,
             scheduler=stats,
             connections=ConnectionStats(limit=cap_for_open_files(settings.max_connections)),

@@ -17,6 +17,7 @@ from courier.core.tools.calls import ToolCallFormat
 from courier.grammar.compiler import GrammarCompiler
 from courier.model.info import ModelInfo
 from courier.platform.blas import BlasReport
+from courier.platform.cpu_attention import CpuAttention
 from courier.runtime.faults import FaultCounter
 from courier.status.connections import ConnectionStats
 from courier.status.http_requests import HttpRequestCounts
@@ -34,6 +35,7 @@ class Phase(Enum):
 @dataclass(slots=True, kw_only=True)
 class ServiceState:
     blas: BlasReport
+    cpu_attention: CpuAttention | None = None  # None: not installed by this process (an app built in a test)
     model_id: str
     scheduler: SchedulerStats
     admission: AdmissionStats = field(default_factory=AdmissionStats)

@@ -26,14 +26,21 @@ def server(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
         assert running.stop() == 0
 
 
-def test_no_blas_gemv_leaves_every_product_on_sgemm(tiny_llama_dir: Path, cache_dir: Path) -> None:
+def test_no_blas_gemv_and_no_cpu_attention_leave_products_on_sgemm_and_softmax_to_mlx(
+    tiny_llama_dir: Path, cache_dir: Path
+) -> None:
     args = ["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--no-blas-gemv"]
-    with running_server(args, env={"COURIER_SERVED_MODEL_NAME": "tiny"}) as running:
+    env = {"COURIER_SERVED_MODEL_NAME": "tiny", "COURIER_CPU_ATTENTION": "false"}
+    with running_server(args, env=env) as running:
         with running.http() as http:
-            blas = http.get("/health").json()["blas"]
-            reply = http.post("/v1/completions", json={"model": "tiny", "prompt": "one two", "max_tokens": 2})
+            health = http.get("/health").json()
+            prompt = " ".join(["one two three"] * 12)  # more queries than a decode step: prefill attention
+            reply = http.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
         assert running.stop() == 0
     assert reply.status_code == 200, reply.text
+    assert health["cpu_attention"] == {"active": False, "detail": "off by configuration; MLX's own softmax"}
+    assert "CPU attention: off by configuration" in running.log()
+    blas = health["blas"]
     if blas["library"] == "OpenBLAS":  # on MLX's reference BLAS there is nothing to forward to
         assert blas["gemv"] == "off by configuration"
         assert "gemv: off by configuration" in running.log()
@@ -51,6 +58,8 @@ def test_health_reports_device_blas_and_weight_format(server: RunningServer) -> 
     assert body["blas"]["library"] in ("OpenBLAS", "reference")
     if body["blas"]["library"] == "OpenBLAS" and shutil.which("cc"):
         assert body["blas"]["gemv"].startswith("products of up to 3 rows through cblas_sgemv"), body["blas"]
+    if shutil.which("g++"):
+        assert body["cpu_attention"]["active"] is True, body["cpu_attention"]
     assert body["model_info"]["prompt_cache_trimmable"] is True
     memory = body["memory"]
     assert memory["cache_limit_bytes"] == MLX_CACHE_LIMIT

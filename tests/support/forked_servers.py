@@ -196,7 +196,11 @@ _LOADED_ON_FIRST_USE = (
 
 
 def _import_the_server() -> None:
-    """What `courier serve` does before it parses its settings: choose the BLAS, then import MLX and the server."""
+    """What `courier serve` does before it parses its settings: choose the BLAS, then import MLX and the server.
+
+    Nothing here may evaluate an MLX array: that starts MLX's CPU stream thread, which a forked child does not have,
+    and the child's first evaluation then waits for it forever (so the CPU attention is installed by each child).
+    """
     from courier.platform.blas import load_optimized_blas
 
     load_optimized_blas()

@@ -25,6 +25,7 @@ def blueprint(context: AppContext) -> Blueprint:
             "model": state.model_id,
             "device": model.device if model else None,
             "blas": state.blas.as_dict(),
+            "cpu_attention": state.cpu_attention.as_dict() if state.cpu_attention else None,
             "weight_format": model.weight_format if model else None,
             "model_info": model.as_dict() if model else None,
             "capabilities": state.capabilities() if model else None,
