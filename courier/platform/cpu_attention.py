@@ -157,9 +157,12 @@ def attention(
         stop = min(query_length, start + rows)
         block_mask = mask
         block_keys, block_values = keys, values
-        if isinstance(mask, str):  # causal: the block's last query sees keys up to stop + (keys - queries)
-            visible = stop + key_length - query_length
-            block_keys, block_values = keys[:, :, :visible], values[:, :, :visible]
+        if isinstance(mask, str):  # causal: query i sees keys up to i + (keys - queries)
+            first, last = start + key_length - query_length, stop + key_length - query_length
+            if first >= 0:  # every query sees a key: those past the last query's are masked for all, and skipped
+                block_keys, block_values = keys[:, :, :last], values[:, :, :last]
+            else:  # a query that sees no key averages all the values, as in MLX's: all the keys, the mask explicit
+                block_mask = mx.arange(first, last)[:, None] >= mx.arange(key_length)[None, :]
         elif mask is not None and mask.ndim >= 2 and mask.shape[-2] == query_length:
             block_mask = mask[..., start:stop, :]
         blocks.append(_attention_block(queries[:, :, start:stop], block_keys, block_values, scale, block_mask))
@@ -194,7 +197,9 @@ def _attention_block(
         if mask.dtype == mx.bool_:
             scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
         else:
-            scores = scores + mask.astype(scores.dtype) * LOG2E
+            # In base 2 too, kept finite: a mask of finfo.min times log2(e) would be -inf, and a row of them NaN.
+            lowest = mx.array(mx.finfo(scores.dtype).min, scores.dtype)
+            scores = scores + mx.maximum(mask.astype(scores.dtype) * LOG2E, lowest)
     weights = cast("mx.array", exp2_shifted(scores, mx.stop_gradient(mx.max(scores, axis=-1, keepdims=True))))
     out = (weights @ v) / mx.sum(weights, axis=-1, keepdims=True)
     if repeats > 1:
@@ -231,8 +236,8 @@ def _install(enabled: bool) -> CpuAttention:
     try:
         with _kernel_build_lock():
             error = _probe(mlx_attention)
-    except (RuntimeError, ValueError) as failure:  # MLX raises RuntimeError where the kernel build fails
-        return CpuAttention(False, f"the probe failed ({failure}); MLX's own softmax")
+    except (RuntimeError, ValueError, OSError) as failure:  # RuntimeError: a kernel build; OSError: the lock's file
+        return CpuAttention(False, f"the probe could not run ({failure}); MLX's own softmax")
     if error > PROBE_TOLERANCE:
         return CpuAttention(False, f"the probe differed from MLX's by {error:.1e}; MLX's own softmax")
     return CpuAttention(True, "float32 CPU attention with a compiled polynomial exp (cpu_attention.py)")
@@ -260,10 +265,12 @@ def _dispatching(mlx_attention: Callable[..., mx.array]) -> Callable[..., mx.arr
         mask: mx.array | str | None = None,
         sinks: mx.array | None = None,
         stream: Any = None,
+        **options: Any,  # what a later MLX adds (0.32.4: force_fused) goes to MLX's own
     ) -> mx.array:
         if (
             sinks is None
             and stream is None
+            and not options
             and queries.shape[2] >= MIN_QUERIES
             and queries.dtype == mx.float32
             and keys.dtype == mx.float32
@@ -271,7 +278,7 @@ def _dispatching(mlx_attention: Callable[..., mx.array]) -> Callable[..., mx.arr
             and mx.default_device().type == mx.DeviceType.cpu
         ):
             return attention(queries, keys, values, scale=scale, mask=mask)
-        return mlx_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream)
+        return mlx_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks, stream=stream, **options)
 
     scaled_dot_product_attention.__doc__ = mlx_attention.__doc__
     return scaled_dot_product_attention

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from courier.core.reasoning import ReasoningFormat
 from courier.core.sampling_defaults import OPENAI, SamplingDefaults
@@ -17,13 +17,15 @@ from courier.core.tools.calls import ToolCallFormat
 from courier.grammar.compiler import GrammarCompiler
 from courier.model.info import ModelInfo
 from courier.platform.blas import BlasReport
-from courier.platform.cpu_attention import CpuAttention
 from courier.runtime.faults import FaultCounter
 from courier.status.connections import ConnectionStats
 from courier.status.http_requests import HttpRequestCounts
 from courier.status.scheduler_stats import AdmissionStats, SchedulerStats
 from courier.status.tokenizer_stats import TokenizerStats
 from courier.storage.faults import StorageFaults
+
+if TYPE_CHECKING:  # it imports mlx.core, which must come after the BLAS (platform/blas.py)
+    from courier.platform.cpu_attention import CpuAttention
 
 
 class Phase(Enum):

@@ -11,7 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -103,6 +105,46 @@ def test_blocks_agree_inside_mx_compile(monkeypatch: pytest.MonkeyPatch) -> None
     compiled = mx.compile(lambda q, k, v: cpu_attention.attention(q, k, v, scale=0.125, mask="causal"))
     eager = cpu_attention.attention(q, k, v, scale=0.125, mask="causal")
     assert mx.allclose(compiled(q, k, v), eager, atol=1e-6).item()
+
+
+@pytest.mark.parametrize("blocks", ["one block", "blocks of 16 queries"])
+@pytest.mark.parametrize("queries", [40, 56])  # 56 queries over 40 keys: the first 16 see no key
+def test_causal_with_more_queries_than_keys_agrees_with_mlx(
+    blocks: str, queries: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if blocks != "one block":
+        monkeypatch.setattr(cpu_attention, "BLOCK_SCORES", 1)
+    q, k, v = random_inputs(1, 6, 2, queries=queries, keys=40)
+    served = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    expected = mlx_attention()(q, k, v, scale=0.125, mask="causal")  # a query that sees no key: the values' mean
+    assert mx.allclose(served, expected, atol=TOLERANCE).item()
+
+
+def test_an_additive_mask_of_the_lowest_float_agrees_with_mlx() -> None:
+    q, k, v = random_inputs(1, 4, 4, queries=24, keys=24)
+    lowest = float(mx.finfo(mx.float32).min)
+    mask = mx.where(mx.arange(24)[:, None] < 3, lowest, mx.zeros((24, 24)))  # the first 3 rows masked everywhere
+    served = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+    assert not mx.any(mx.isnan(served)).item()
+    assert mx.allclose(served, mlx_attention()(q, k, v, scale=0.125, mask=mask), atol=TOLERANCE).item()
+
+
+def test_an_argument_it_does_not_know_goes_to_mlx() -> None:
+    q, k, v = random_inputs(1, 4, 4, queries=24, keys=24)
+    served = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal", force_fused=False)
+    assert mx.array_equal(served, mlx_attention()(q, k, v, scale=0.125, mask="causal")).item()
+
+
+def test_an_unwritable_kernel_cache_turns_it_off_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    version = str(getattr(mx, "__version__", "unknown"))
+    (tmp_path / "mlx" / version).mkdir(parents=True)
+    (tmp_path / "mlx" / version / "cpu").write_text("not a directory")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    report = cpu_attention._install(True)
+    assert not report.active
+    assert report.detail.startswith("the probe could not run ("), report.detail
 
 
 def test_decode_steps_and_other_dtypes_stay_on_mlx() -> None:
