@@ -162,7 +162,7 @@ def attention(
             if first >= 0:  # every query sees a key: those past the last query's are masked for all, and skipped
                 block_keys, block_values = keys[:, :, :last], values[:, :, :last]
             else:  # a query that sees no key averages all the values, as in MLX's: all the keys, the mask explicit
-                block_mask = mx.arange(first, last)[:, None] >= mx.arange(key_length)[None, :]
+                block_mask = _causal_mask(first, stop - start, key_length)
         elif mask is not None and mask.ndim >= 2 and mask.shape[-2] == query_length:
             block_mask = mask[..., start:stop, :]
         blocks.append(_attention_block(queries[:, :, start:stop], block_keys, block_values, scale, block_mask))
@@ -185,26 +185,28 @@ def _attention_block(
         v = mx.expand_dims(v, 2)
     scores = q @ k.swapaxes(-1, -2)
     if isinstance(mask, str):  # "causal": query i sees keys up to i + (keys - queries)
-        key_length = k.shape[-2]
-        offset = key_length - query_length
-        mask = mx.arange(offset, query_length + offset)[:, None] >= mx.arange(key_length)[None, :]
+        mask = _causal_mask(k.shape[-2] - query_length, query_length, k.shape[-2])
     if mask is not None:
         if repeats > 1 and mask.ndim >= 3:
             if mask.shape[-3] == 1:
                 mask = mx.expand_dims(mask, -3)
             else:
                 mask = mask.reshape(*mask.shape[:-3], kv_heads, repeats, *mask.shape[-2:])
+        lowest = mx.array(mx.finfo(scores.dtype).min, scores.dtype)
         if mask.dtype == mx.bool_:
-            scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
-        else:
-            # In base 2 too, kept finite: a mask of finfo.min times log2(e) would be -inf, and a row of them NaN.
-            lowest = mx.array(mx.finfo(scores.dtype).min, scores.dtype)
+            scores = mx.where(mask, scores, lowest)
+        else:  # in base 2 too, kept finite: finfo.min times log2(e) would be -inf, and a row of them NaN
             scores = scores + mx.maximum(mask.astype(scores.dtype) * LOG2E, lowest)
     weights = cast("mx.array", exp2_shifted(scores, mx.stop_gradient(mx.max(scores, axis=-1, keepdims=True))))
     out = (weights @ v) / mx.sum(weights, axis=-1, keepdims=True)
     if repeats > 1:
         out = out.reshape(batch, query_heads, query_length, out.shape[-1])
     return out
+
+
+def _causal_mask(first_key: int, query_length: int, key_length: int) -> mx.array:
+    """Query i (from 0) sees the keys up to `first_key` + i."""
+    return mx.arange(first_key, first_key + query_length)[:, None] >= mx.arange(key_length)[None, :]
 
 
 _installed: CpuAttention | None = None
@@ -303,7 +305,8 @@ def _kernel_build_lock() -> Iterator[None]:
 
 
 def _probe(mlx_attention: Callable[..., mx.array]) -> float:
-    """The largest difference from MLX's attention over a causal, a boolean-masked and an additive-masked input."""
+    """The largest difference from MLX's attention over a causal, a boolean-masked, an additive-masked and an
+    unmasked input."""
     with mx.stream(mx.cpu):
         key = mx.random.key(0)
         q, k, v = (mx.random.normal((1, 4, 6, 8), key=part) for part in mx.random.split(key, 3))
