@@ -19,6 +19,12 @@ def test_it_prints_the_configuration_for_the_replicas(capsys: pytest.CaptureFixt
     assert "tune.bufsize 1115136" in text  # 1 MiB + 64 KiB of headers + 1 KiB kept for rewrites
 
 
+def test_route_body_bytes_sets_how_much_of_a_body_the_front_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["cluster", "haproxy-config", "--replica", "10.0.0.1:8000", "--route-body-bytes", "256KiB"]
+    assert main(argv, {}) == 0
+    assert "tune.bufsize 328704" in capsys.readouterr().out  # 256 KiB + 64 KiB + 1 KiB
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -26,6 +32,7 @@ def test_it_prints_the_configuration_for_the_replicas(capsys: pytest.CaptureFixt
         ["--replica", "Bad=h:1"],
         ["--replica", "h:1", "--replica", "h:1"],
         ["--replica", "h:1", "--balance-factor", "90"],
+        ["--replica", "h:1", "--route-body-bytes", "0"],
     ],
 )
 def test_flags_that_describe_no_front_are_a_usage_error(argv: list[str], caplog: pytest.LogCaptureFixture) -> None:

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from courier.cluster.front_process import unavailable_reason
-from courier.cluster.haproxy_config import BACKEND, COURIER_DEFAULTS, KEY_FIELDS, FrontOptions, haproxy_config
+from courier.cluster.haproxy_config import (
+    BACKEND,
+    COURIER_DEFAULTS,
+    DEFAULT_ROUTE_BODY_BYTES,
+    KEY_FIELDS,
+    FrontOptions,
+    haproxy_config,
+)
 from courier.cluster.replicas import ReplicaError, parse_replicas, with_models
 from tests.support.haproxy import check_config
 
@@ -26,13 +33,36 @@ def value(text: str, directive: str) -> str:
     return found
 
 
-def test_the_buffer_holds_the_largest_body_and_its_headers() -> None:
+def buffer_bytes(text: str) -> int:
+    return int(value(text, "tune.bufsize"))
+
+
+ROOM = 64 * 1024 + 1024  # the request line and headers, and the part HAProxy keeps back for rewrites
+
+
+def test_the_buffer_holds_the_headers_and_the_body_bytes_routing_reads() -> None:
     text = haproxy_config(REPLICAS, FrontOptions())
-    assert int(value(text, "tune.bufsize")) >= COURIER_DEFAULTS.max_body_bytes + 64 * 1024 + 1024
-    small = haproxy_config(REPLICAS, FrontOptions(max_body_bytes=1024**2))
-    assert 1024**2 + 64 * 1024 < int(value(small, "tune.bufsize")) < 2 * 1024**2
-    assert int(value(small, "tune.bufsize")) % 16 == 0
     assert "option http-buffer-request" in lines(text)
+    # Every replica serves every model: the first 2 MiB, whatever the body limit (each request pays for the size).
+    assert buffer_bytes(text) == DEFAULT_ROUTE_BODY_BYTES + ROOM < COURIER_DEFAULTS.max_body_bytes
+    assert buffer_bytes(haproxy_config(REPLICAS, FrontOptions(max_body_bytes=1024**2))) == 1024**2 + ROOM
+    chosen = haproxy_config(REPLICAS, FrontOptions(route_body_bytes=100_000))
+    assert buffer_bytes(chosen) % 16 == 0 and 100_000 + ROOM <= buffer_bytes(chosen) < 100_000 + ROOM + 16
+    capped = FrontOptions(max_body_bytes=1024**2, route_body_bytes=8 * 1024**2)
+    assert buffer_bytes(haproxy_config(REPLICAS, capped)) == 1024**2 + ROOM
+    # Replicas serve different models: the model decides who can answer, so by default the whole body is read.
+    assert buffer_bytes(haproxy_config(WITH_MODELS, FrontOptions())) >= COURIER_DEFAULTS.max_body_bytes + ROOM
+    fewer = haproxy_config(WITH_MODELS, FrontOptions(route_body_bytes=1024**2))
+    assert buffer_bytes(fewer) == 1024**2 + ROOM
+    with pytest.raises(ValueError, match="positive number of body bytes"):
+        FrontOptions(route_body_bytes=0)
+
+
+def test_each_log_line_says_how_much_of_the_body_routing_read() -> None:
+    text = haproxy_config(REPLICAS, FrontOptions())
+    assert "http-request set-var(txn.courier_body_read) req.body_len" in lines(text)
+    assert "http-request set-var(txn.courier_body_size) req.body_size" in lines(text)
+    assert value(text, "log-format").endswith(' body=%[var(txn.courier_body_read)]/%[var(txn.courier_body_size)]"')
 
 
 def test_keys_are_hashed_on_a_consistent_ring_with_bounded_load() -> None:

@@ -29,6 +29,7 @@ NAMES = ("a", "b", "c")
 MODELS = ("a=qwen,embed", "b=llama,claude-*")
 KEYS = tuple(f"conversation-{index}" for index in range(20))
 CHECK_INTERVAL_S = 0.3
+MAX_BODY = 1024**2
 SERVED_BY = {"qwen": {"a", "c"}, "embed": {"a", "c"}, "llama": {"b", "c"}, "claude-sonnet-4": {"b", "c"}}
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
@@ -62,7 +63,13 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     port, socket_path = free_port(), directory / "admin.sock"
     with named_backends(*NAMES) as backends:
         replicas = with_models(parse_replicas([f"{name}=127.0.0.1:{backends[name].port}" for name in NAMES]), MODELS)
-        options = FrontOptions(bind="127.0.0.1", port=port, check_interval_s=CHECK_INTERVAL_S, stats_socket=socket_path)
+        options = FrontOptions(
+            bind="127.0.0.1",
+            port=port,
+            max_body_bytes=MAX_BODY,  # the front reads whole bodies to find their model: each request pays for it
+            check_interval_s=CHECK_INTERVAL_S,
+            stats_socket=socket_path,
+        )
         with running_haproxy(haproxy_config(replicas, options), directory, port, socket_path) as haproxy:
             haproxy.wait_for(BACKEND, lambda states: all(state.startswith("UP") for state in states.values()))
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from courier.cluster.replicas import parse_replicas
 from courier.conversation.ids import new_response_id
 from tests.support.haproxy import RunningHaproxy, running_haproxy
 from tests.support.named_backends import NamedBackend, named_backends
+from tests.support.polling import attempts
 from tests.support.ports import free_port
 
 NAMES = ("a", "b", "c")
@@ -133,6 +135,26 @@ def test_a_key_after_a_large_body_still_routes(front: Front, owners: dict[str, s
         answer = front.answer("POST", "/v1/responses", {"input": "x" * filler, "prompt_cache_key": key})
         assert answer["backend"] == owners[key], key
         assert answer["body_bytes"] > filler
+
+
+def test_a_key_past_the_bytes_routing_reads_goes_round_robin_and_the_log_says_so(front: Front) -> None:
+    """The front reads the first MAX_BODY bytes of a body (`route_body_bytes` defaults to at most --max-body-bytes):
+    a key after them is not seen. Such a request is still answered, by the replicas in turn, and its log line says
+    how much of the body routing read (`body=READ/SIZE`)."""
+    body = {"input": "x" * (MAX_BODY + 100_000), "prompt_cache_key": KEYS[0]}
+    size = len(json.dumps(body).encode())
+    assert len({front.route(body) for _ in range(6)}) >= 2
+    small = {"prompt_cache_key": KEYS[0], "input": "a small body"}
+    front.route(small)
+    small_size = len(json.dumps(small).encode())
+    read: list[str] = []
+    for _ in attempts():
+        log = front.haproxy.log.read_text()
+        read = re.findall(rf" body=(\d+)/{size}\b", log)
+        if len(read) == 6 and f" body={small_size}/{small_size}" in log:
+            break
+    assert len(read) == 6 and all(int(count) < size for count in read), read
+    assert f" body={small_size}/{small_size}" in front.haproxy.log.read_text()
 
 
 @pytest.mark.parametrize("name", NAMES)
