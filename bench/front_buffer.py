@@ -34,6 +34,7 @@ WINDOWS = {
     "32MiB (the whole body)": 32 * MiB,
 }
 DIRECT = "direct to a backend (no front)"
+START_TIMEOUT_S = 10.0
 
 
 class Answer(BaseHTTPRequestHandler):
@@ -89,18 +90,31 @@ def front(ports: list[int], route_body_bytes: int, directory: Path) -> Iterator[
     config.write_text(haproxy_config(replicas, options))
     binary = find_haproxy()
     assert binary is not None
-    process = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = directory / f"front-{route_body_bytes}.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=output, stderr=subprocess.STDOUT)
     try:
-        for _ in range(200):
-            try:
-                http.client.HTTPConnection("127.0.0.1", port, timeout=1).connect()
-                break
-            except OSError:
-                time.sleep(0.05)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not listening(port):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"HAProxy did not start ({process.poll()}):\n{log.read_text()}")
+            time.sleep(0.05)
         yield port, process.pid
     finally:
         process.terminate()
-        process.wait(10)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def listening(port: int) -> bool:
+    try:
+        http.client.HTTPConnection("127.0.0.1", port, timeout=1).connect()
+    except OSError:
+        return False
+    return True
 
 
 def cpu_seconds(pid: int) -> float:

@@ -26,8 +26,8 @@ allocation, so each request maps and faults in a fresh buffer (bench/front_buffe
 default the front reads the first 2 MiB (DEFAULT_ROUTE_BODY_BYTES), more than agents' text bodies at a local
 model's context: a key it does not see costs that request its replica's cache, not its answer. Where replicas
 serve different models, the model decides which replica can answer at all, and the front reads the whole body (up
-to --max-body-bytes) by default. Each log line says how much of the body routing read, of its size
-(`body=READ/SIZE`).
+to --max-body-bytes) by default. Each log line says how much of the body routing read, of its Content-Length
+(`body=READ/SIZE`; SIZE is - for a chunked body).
 """
 
 from __future__ import annotations
@@ -124,9 +124,10 @@ def haproxy_config(replicas: Sequence[Replica], options: FrontOptions) -> str:
             "    http-request set-header X-Request-Id %[unique-id]",
             "    http-after-response set-header x-request-id %[unique-id] unless { res.hdr(x-request-id) -m found }",
             "    http-after-response set-header request-id %[unique-id] unless { res.hdr(request-id) -m found }",
-            "    # How much of the body routing read, and its size, for the log line (body=READ/SIZE).",
+            "    # How much of the body routing read, and its declared size, for the log line (body=READ/SIZE; SIZE is",
+            "    # the Content-Length, - for a chunked body).",
             "    http-request set-var(txn.courier_body_read) req.body_len",
-            "    http-request set-var(txn.courier_body_size) req.body_size",
+            "    http-request set-var(txn.courier_body_size) req.hdr(content-length)",
             *_model_rules(routes),
             f"    default_backend {BACKEND}",
         ],
@@ -138,12 +139,12 @@ def haproxy_config(replicas: Sequence[Replica], options: FrontOptions) -> str:
 
 def _global(options: FrontOptions, *, per_model: bool) -> list[str]:
     routed = options.routed_body_bytes(per_model)
-    whole = "the whole body" if routed == options.max_body_bytes else "a field past them is not seen"
+    whole = "--max-body-bytes: all of it" if routed == options.max_body_bytes else "a field past them is not seen"
     lines = [
         "global",
         "    log stdout format raw local0 info",
-        f"    # Routing reads JSON fields in the first {routed} bytes of a body ({whole}; --max-body-bytes",
-        f"    # {options.max_body_bytes}); the buffer holds them and the headers. Each request pays for its size.",
+        f"    # Routing reads JSON fields in a body's first {routed} bytes ({whole}),",
+        "    # held with the headers in one buffer, whose size every request pays for.",
         f"    tune.bufsize {options.bufsize(per_model)}",
         f"    tune.maxrewrite {REWRITE_ROOM_BYTES}",
     ]

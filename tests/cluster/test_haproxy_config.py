@@ -61,7 +61,7 @@ def test_the_buffer_holds_the_headers_and_the_body_bytes_routing_reads() -> None
 def test_each_log_line_says_how_much_of_the_body_routing_read() -> None:
     text = haproxy_config(REPLICAS, FrontOptions())
     assert "http-request set-var(txn.courier_body_read) req.body_len" in lines(text)
-    assert "http-request set-var(txn.courier_body_size) req.body_size" in lines(text)
+    assert "http-request set-var(txn.courier_body_size) req.hdr(content-length)" in lines(text)
     assert value(text, "log-format").endswith(' body=%[var(txn.courier_body_read)]/%[var(txn.courier_body_size)]"')
 
 

@@ -33,6 +33,7 @@ from tests.support.ports import free_port
 
 NAMES = ("a", "b", "c")
 MAX_BODY = 1024**2
+ROUTED_BYTES = 512 * 1024  # what the front reads of a body to route it: less than a body may be
 KEYS = tuple(f"conversation-{index}" for index in range(20))
 CHECK_INTERVAL_S = 0.3  # a stopped or unready backend is marked down within about two of these
 
@@ -90,6 +91,7 @@ def front_for(
         bind="127.0.0.1",
         port=port,
         max_body_bytes=MAX_BODY,
+        route_body_bytes=ROUTED_BYTES,
         check_interval_s=check_interval_s,
         balance_factor=balance_factor,
         stats_socket=socket_path,
@@ -129,7 +131,7 @@ def test_conversation_and_user_are_keys_too_after_prompt_cache_key(front: Front,
     assert front.route({"user": other, "conversation": key}) == owners[key]
 
 
-@pytest.mark.parametrize("filler", [200_000, MAX_BODY - 4096], ids=["200KB", "max-body"])
+@pytest.mark.parametrize("filler", [200_000, ROUTED_BYTES - 4096], ids=["200KB", "routed-bytes"])
 def test_a_key_after_a_large_body_still_routes(front: Front, owners: dict[str, str], filler: int) -> None:
     for key in KEYS[:6]:
         answer = front.answer("POST", "/v1/responses", {"input": "x" * filler, "prompt_cache_key": key})
@@ -138,11 +140,12 @@ def test_a_key_after_a_large_body_still_routes(front: Front, owners: dict[str, s
 
 
 def test_a_key_past_the_bytes_routing_reads_goes_round_robin_and_the_log_says_so(front: Front) -> None:
-    """The front reads the first MAX_BODY bytes of a body (`route_body_bytes` defaults to at most --max-body-bytes):
-    a key after them is not seen. Such a request is still answered, by the replicas in turn, and its log line says
-    how much of the body routing read (`body=READ/SIZE`)."""
-    body = {"input": "x" * (MAX_BODY + 100_000), "prompt_cache_key": KEYS[0]}
+    """The front reads the first ROUTED_BYTES of a body: a key after them is not seen. Such a request is still
+    answered, by the replicas in turn, and its log line says how much of the body routing read (`body=READ/SIZE`,
+    SIZE its Content-Length)."""
+    body = {"input": "x" * (ROUTED_BYTES + 100_000), "prompt_cache_key": KEYS[0]}
     size = len(json.dumps(body).encode())
+    assert size < MAX_BODY
     assert len({front.route(body) for _ in range(6)}) >= 2
     small = {"prompt_cache_key": KEYS[0], "input": "a small body"}
     front.route(small)
