@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from courier.server.errors import ServerFailed
 from courier.server.keys import load_api_keys
 from courier.settings import Settings
-from tests.support.server import server_command
+from tests.support.server import run_to_exit
 
 
 @pytest.mark.parametrize(
@@ -44,8 +43,6 @@ def test_the_server_refuses_to_start_with_an_empty_key_file(tmp_path: Path) -> N
     """Through `courier serve` itself: it exits 1 with the reason, before loading any model."""
     empty = tmp_path / "keys"
     empty.write_text("")
-    result = subprocess.run(
-        server_command(["--api-key-file", str(empty)]), capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_to_exit(["--api-key-file", str(empty)])
     assert result.returncode == 1, result.stderr
     assert f"--api-key-file {empty} names no key" in result.stderr

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
-import subprocess
 from pathlib import Path
 
-from tests.support.server import running_server, server_command
+from tests.support.server import run_to_exit, running_server
 
+OFFLINE = {"HF_HUB_OFFLINE": "1"}
 # Greedy on the tiny model this runs the full 2000 tokens (checked): sampling could end it early at an
 # end-of-sequence token, and a stream that finishes by itself would not be in flight when the signal lands.
 GO_ON_FOREVER = {
@@ -38,22 +37,14 @@ def test_sigint_while_loading_exits_promptly(tiny_llama_dir: Path, cache_dir: Pa
 
 
 def test_unknown_model_is_a_usage_error() -> None:
-    result = subprocess.run(
-        server_command(["--model", "/no/such/dir"]), capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_to_exit(["--model", "/no/such/dir"])
     assert result.returncode == 2
     assert "not an existing directory" in result.stderr
 
 
 def test_model_that_fails_to_load_exits_nonzero_with_the_reason(tmp_path: Path, cache_dir: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
-    result = subprocess.run(
-        server_command(["--model", str(tmp_path), "--cache-dir", str(cache_dir)]),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_to_exit(["--model", str(tmp_path), "--cache-dir", str(cache_dir)])
     assert result.returncode == 1
     assert "cannot load model" in result.stderr
 
@@ -64,9 +55,7 @@ def test_port_in_use_is_reported(tiny_llama_dir: Path, cache_dir: Path) -> None:
     holder.listen()
     port = holder.getsockname()[1]
     try:
-        command = server_command(["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir)])
-        command[command.index("--port") + 1] = str(port)
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        result = run_to_exit(["--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--port", str(port)])
     finally:
         holder.close()
     assert result.returncode == 1
@@ -74,9 +63,8 @@ def test_port_in_use_is_reported(tiny_llama_dir: Path, cache_dir: Path) -> None:
 
 
 def test_hub_model_without_network_fails_with_the_reason(cache_dir: Path) -> None:
-    command = server_command(["--model", "mlx-community/no-such-model-4bit", "--cache-dir", str(cache_dir)])
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, env=environment)
+    # huggingface_hub reads HF_HUB_OFFLINE as it is imported: this start gets a fresh interpreter.
+    result = run_to_exit(["--model", "mlx-community/no-such-model-4bit", "--cache-dir", str(cache_dir)], env=OFFLINE)
     assert result.returncode == 1
     assert "cannot load model from mlx-community/no-such-model-4bit" in result.stderr
 
@@ -84,8 +72,7 @@ def test_hub_model_without_network_fails_with_the_reason(cache_dir: Path) -> Non
 def test_a_gguf_that_cannot_be_converted_exits_nonzero_with_the_reason(tmp_path: Path) -> None:
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a gguf")
-    command = server_command(["--model", str(broken), "--cache-dir", str(tmp_path / "cache")])
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    result = run_to_exit(["--model", str(broken), "--cache-dir", str(tmp_path / "cache")])
     assert result.returncode == 1
     assert "cannot convert" in result.stderr
     assert "Traceback" not in result.stderr

@@ -17,6 +17,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -182,6 +183,37 @@ def running_server(
         for directory in (data_dir, prompt_cache_dir):
             if directory is not None:
                 directory.cleanup()
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    returncode: int
+    stderr: str
+
+
+def run_to_exit(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout_s: float = 120.0) -> Exited:
+    """`courier serve <args>` run until it exits by itself (a start-up that fails): its exit code and standard
+    error. Forked where `running_server` would fork it (the failures come after the imports), else a fresh
+    interpreter."""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("COURIER_", "OTEL_"))}
+    environment.update(env or {})
+    command = server_command(args)
+    root = Path(__file__).resolve().parents[2]
+    serve_args = command[command.index("serve") + 1 :]
+    if (forks := forkable(serve_args, env or {}, root)) is None:
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, check=False, env=environment, cwd=root
+        )
+        return Exited(result.returncode, result.stderr)
+    process = forks.start(serve_args, environment, root)
+    try:
+        stderr = process.stderr.read()
+        return Exited(process.wait(timeout_s), stderr)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
 
 
 @contextmanager
