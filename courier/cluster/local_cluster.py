@@ -33,7 +33,7 @@ from courier import settings as settings_module
 from courier.cluster.front_process import FrontProcess
 from courier.cluster.haproxy_config import FrontOptions, haproxy_config
 from courier.cluster.local_postgres import LocalPostgres
-from courier.cluster.replica_process import ReplicaProcess
+from courier.cluster.replica_process import ReplicaProcess, ReplicaStarter, new_interpreter
 from courier.cluster.replicas import Replica, default_replica_id
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,16 @@ def serve_settings(serve_args: Sequence[str], environ: Mapping[str, str]) -> set
 class LocalCluster:
     """The processes of one plan, their files under `directory`. Use `with`, or `start()` and then `stop()`."""
 
-    def __init__(self, plan: ClusterPlan, directory: Path, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        plan: ClusterPlan,
+        directory: Path,
+        environ: Mapping[str, str] | None = None,
+        starter: ReplicaStarter = new_interpreter,
+    ) -> None:
+        """`starter` starts each replica's `courier serve` (a fresh interpreter; the tests fork theirs)."""
         self.plan = plan
+        self._starter = starter
         self.directory = directory
         environ = dict(os.environ if environ is None else environ)
         environ.pop(STORAGE_VARIABLE, None)
@@ -147,6 +155,7 @@ class LocalCluster:
                 serve_args=self.plan.serve_args,
                 environ=environ,
                 api_prefix=self.settings.api_prefix,
+                starter=self._starter,
             )
         for replica in self.replicas.values():
             replica.start()

@@ -15,9 +15,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Protocol
 
 HEALTH_POLL_S = 0.2
 HEALTH_TIMEOUT_S = 2.0
@@ -30,6 +31,38 @@ class ReplicaExited(RuntimeError):
     """The replica's process ended while it was awaited; the message holds the end of its log."""
 
 
+class ChildProcess(Protocol):
+    """What a replica needs of its process: `subprocess.Popen`'s, or another starter's with the same meaning."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...  # subprocess.TimeoutExpired past `timeout`
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+# Starts `courier serve <serve_args>` with `environ`, its output appended to `log`.
+ReplicaStarter = Callable[[Sequence[str], IO[bytes], Mapping[str, str]], ChildProcess]
+
+
+def new_interpreter(serve_args: Sequence[str], log: IO[bytes], environ: Mapping[str, str]) -> ChildProcess:
+    """The replica in a Python interpreter of its own, in a session of its own (a Ctrl-C at the terminal reaches
+    `courier cluster up`, which stops the replicas itself)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "courier", "serve", *serve_args],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(environ),
+        start_new_session=True,
+    )
+
+
 @dataclass(slots=True)
 class ReplicaProcess:
     name: str  # its --replica-id, and its server's name in the front
@@ -38,8 +71,9 @@ class ReplicaProcess:
     serve_args: Sequence[str]  # `courier serve` flags besides those the cluster sets
     environ: Mapping[str, str]
     api_prefix: str = ""
+    starter: ReplicaStarter = new_interpreter
     starts: int = 0
-    _process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _process: ChildProcess | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -53,24 +87,18 @@ class ReplicaProcess:
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
 
-    def command(self) -> list[str]:
+    def arguments(self) -> list[str]:
+        """Its `courier serve` flags."""
         cache = self.directory / "prompt-cache"
         own = ["--host", "127.0.0.1", "--port", str(self.port), "--replica-id", self.name]
-        return [sys.executable, "-m", "courier", "serve", *own, "--prompt-cache-dir", str(cache), *self.serve_args]
+        return [*own, "--prompt-cache-dir", str(cache), *self.serve_args]
 
     def start(self) -> None:
         """Start the process (not waiting for it to be ready); its output is appended to `log_path`."""
         assert not self.is_running(), f"replica {self.name} is already running"
         self.directory.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(self.environ),
-                start_new_session=True,
-            )
+            self._process = self.starter(self.arguments(), log, self.environ)
         self.starts += 1
 
     def is_running(self) -> bool:

@@ -30,6 +30,7 @@ from courier.cluster.local_cluster import ClusterPlan, LocalCluster
 from courier.cluster.replica_process import ReplicaProcess
 from courier.conversation.ids import replica_of
 from tests.support.polling import attempts
+from tests.support.server import forked_replica
 
 pytestmark = pytest.mark.skipif(
     bool(reason := local_postgres.unavailable_reason() or front_process.unavailable_reason()), reason=reason or ""
@@ -52,7 +53,7 @@ def cluster(tiny_llama_dir: Path, cache_dir: Path, tmp_path_factory: pytest.Temp
     environ["COURIER_DATA_DIR"] = str(tmp_path_factory.mktemp("cluster-data"))
     serve = ("--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL)
     plan = ClusterPlan(replicas=REPLICAS, port=0, serve_args=serve)
-    with LocalCluster(plan, tmp_path_factory.mktemp("cluster"), environ) as running:
+    with LocalCluster(plan, tmp_path_factory.mktemp("cluster"), environ, starter=forked_replica) as running:
         yield running
 
 

@@ -60,7 +60,7 @@ class ForkedServer:
     """The part of `subprocess.Popen` the tests use, for a server the launcher forked: its exit code comes over the
     connection rather than from `waitpid` (the launcher is its parent)."""
 
-    def __init__(self, connection: socket.socket, stderr: IO[str]) -> None:
+    def __init__(self, connection: socket.socket, stderr: IO[str] | None) -> None:
         self._connection = connection
         self.stderr = stderr
         self.returncode: int | None = None
@@ -125,21 +125,37 @@ class Launcher:
     def start(self, args: Sequence[str], environment: Mapping[str, str], cwd: Path) -> ForkedServer:
         """`courier serve <args>` with stdin and stdout on /dev/null and stderr on a pipe, as `running_server`."""
         read_end, write_end = os.pipe()
-        with open(os.devnull, "rb") as null_in, open(os.devnull, "wb") as null_out:
-            connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(os.devnull, "wb") as null_out:
             try:
-                connection.connect(self.address)
-                request = {"args": list(args), "environment": dict(environment), "cwd": str(cwd)}
-                socket.send_fds(
-                    connection, [json.dumps(request).encode()], [null_in.fileno(), null_out.fileno(), write_end]
-                )
+                connection = self._send(args, environment, cwd, [null_out.fileno(), write_end])
             except BaseException:
-                connection.close()
                 os.close(read_end)
                 raise
             finally:
                 os.close(write_end)
         return ForkedServer(connection, open(read_end, encoding="utf-8", errors="replace"))
+
+    def start_logged(
+        self, args: Sequence[str], environment: Mapping[str, str], cwd: Path, log: IO[bytes]
+    ) -> ForkedServer:
+        """`courier serve <args>` with stdin on /dev/null and stdout and stderr appended to `log`, as a cluster's
+        replica (`courier.cluster.replica_process`)."""
+        return ForkedServer(self._send(args, environment, cwd, [log.fileno(), log.fileno()]), None)
+
+    def _send(
+        self, args: Sequence[str], environment: Mapping[str, str], cwd: Path, outputs: list[int]
+    ) -> socket.socket:
+        """Ask for a child; `outputs`: its stdout and stderr. The connection its pid and exit code come on."""
+        with open(os.devnull, "rb") as null_in:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                connection.connect(self.address)
+                request = {"args": list(args), "environment": dict(environment), "cwd": str(cwd)}
+                socket.send_fds(connection, [json.dumps(request).encode()], [null_in.fileno(), *outputs])
+            except BaseException:
+                connection.close()
+                raise
+        return connection
 
     def close(self) -> None:
         assert self.process.stdin is not None

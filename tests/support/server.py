@@ -24,6 +24,7 @@ from typing import IO, Protocol
 import httpx
 import openai
 
+from courier.cluster.replica_process import ChildProcess, new_interpreter
 from tests.support.forked_servers import forkable
 from tests.support.polling import attempts
 
@@ -206,6 +207,7 @@ def run_to_exit(args: Sequence[str], *, env: Mapping[str, str] | None = None, ti
         )
         return Exited(result.returncode, result.stderr)
     process = forks.start(serve_args, environment, root)
+    assert process.stderr is not None
     try:
         stderr = process.stderr.read()
         return Exited(process.wait(timeout_s), stderr)
@@ -214,6 +216,19 @@ def run_to_exit(args: Sequence[str], *, env: Mapping[str, str] | None = None, ti
             process.kill()
             process.wait()
         process.stderr.close()
+
+
+def forked_replica(serve_args: Sequence[str], log: IO[bytes], environ: Mapping[str, str]) -> ChildProcess:
+    """A cluster's replica (`LocalCluster(..., starter=forked_replica)`) forked by the launcher, as test servers
+    are; in a fresh interpreter where a variable the imports read differs from this process's."""
+    root = Path(__file__).resolve().parents[2]
+    # What the cluster set, or changed since it copied this environment; pytest renames the running test as it goes.
+    changed = {
+        key: value for key, value in environ.items() if os.environ.get(key) != value and key != "PYTEST_CURRENT_TEST"
+    }
+    if (forks := forkable(serve_args, changed, root)) is None:
+        return new_interpreter(serve_args, log, environ)
+    return forks.start_logged(serve_args, environ, root, log)
 
 
 @contextmanager
