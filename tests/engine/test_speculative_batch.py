@@ -345,7 +345,9 @@ def test_smollm2_json_echoing_its_input_drafts_values_and_forces_keys(smollm2: t
     grammars = GrammarCompiler(build_tokenizer(tokenizer._tokenizer, VOCAB_SIZE, tokenizer.eos_token_ids))
     prompt = tuple(tokenizer.apply_chat_template([{"role": "user", "content": ORDER}], add_generation_prompt=True))
     constraint = json_schema(ORDER_SCHEMA, name="order", param="response_format")
-    requests = [request("order", prompt, max_tokens=90, constraint=constraint, logprobs=True)]
+    # 40 tokens: the address is copied by token 24, then the "items" key is forced and the items copy it again
+    # (measured: 8 forced, 17 drafted tokens kept, 15 steps). Each token decoded costs ~85 ms on a CPU.
+    requests = [request("order", prompt, max_tokens=40, constraint=constraint, logprobs=True)]
     plain, _ = run(model, tokenizer, PLAIN, requests, grammars)
     speculative, engine = run(model, tokenizer, SPECULATIVE, requests, grammars)
     assert_same(plain, speculative)

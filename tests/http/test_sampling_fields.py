@@ -202,6 +202,12 @@ def test_a_tiny_temperature_writes_the_greedy_reply_plain_seeded_and_speculative
     greedy = chat_text(http, temperature=0)
     assert chat_text(http, temperature=temperature) == greedy
     assert chat_text(http, temperature=temperature, seed=11) == greedy
+
+
+def test_a_vanishing_top_p_and_a_full_min_p_write_the_greedy_reply(
+    http: httpx.Client,
+) -> None:
+    greedy = chat_text(http, temperature=0)
     assert chat_text(http, temperature=1.0, top_p=1e-300) == greedy
     assert chat_text(http, temperature=1.0, top_p=SMALLEST, seed=3) == greedy
     assert chat_text(http, temperature=2.0, min_p=1.0) == greedy
