@@ -16,24 +16,21 @@ import json
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from agents import (
-    Agent,
-    ModelSettings,
-    OpenAIChatCompletionsModel,
-    OpenAIResponsesModel,
-    RunConfig,
-    Runner,
-    function_tool,
-)
 from openai import AsyncOpenAI
 
 from tests.support.agent_model import CONTEXT_LENGTH, build_agent_model
+from tests.support.lazy_modules import lazily
 from tests.support.npm_agents import agent_binary
 from tests.support.server import RunningServer, serving
+
+if TYPE_CHECKING:
+    import agents
+else:
+    agents = lazily("agents")  # the Agents SDK: imported by the worker that runs these tests, not at collection
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "qwen3-coder"  # any id: opencode and the SDK name the one their configuration gives
@@ -48,11 +45,10 @@ OPENCODE_OFFLINE = {
     "OPENCODE_DISABLE_SHARE": "1",
     "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
 }
-NO_TRACING = RunConfig(tracing_disabled=True)  # the SDK would export traces to OpenAI
 # Room for the model to end its reply: the SDK raises on a Responses turn cut by its limit (`response.incomplete`).
 # Seeded: unseeded, about one reply in four is empty (the model's first token is its end), and the SDK streams no
 # message item for an empty chat reply. Seed 0 starts both APIs' replies with text.
-BRIEF = ModelSettings(max_tokens=200, extra_body={"seed": 0})
+BRIEF = {"max_tokens": 200, "extra_body": {"seed": 0}}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +106,6 @@ def test_opencode_runs_against_the_server(server: RunningServer, tmp_path: Path)
     assert completed(server) >= before + 2  # the session's title and the answer, both answered here
 
 
-@function_tool  # type: ignore[untyped-decorator]
 def get_weather(city: str) -> str:
     """Get the current weather in a city."""
     return f"It is sunny in {city}."
@@ -122,32 +117,43 @@ async def openai_client(server: RunningServer) -> AsyncIterator[AsyncOpenAI]:
         yield client
 
 
-MODELS = {"responses": OpenAIResponsesModel, "chat": OpenAIChatCompletionsModel}
+MODELS = {"responses": "OpenAIResponsesModel", "chat": "OpenAIChatCompletionsModel"}  # the SDK's model classes
+
+
+def no_tracing() -> agents.RunConfig:
+    return agents.RunConfig(tracing_disabled=True)  # the SDK would export traces to OpenAI
+
+
+def brief_agent(api: str, client: AsyncOpenAI) -> agents.Agent:
+    model = getattr(agents, MODELS[api])(MODEL, client)
+    settings = agents.ModelSettings(**BRIEF)
+    return agents.Agent(name="brief", instructions="Answer in one word.", model=model, model_settings=settings)
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("api", list(MODELS))
 async def test_the_agents_sdk_runs_a_turn_a_tool_and_a_second_turn(openai_client: AsyncOpenAI, api: str) -> None:
-    model = MODELS[api](MODEL, openai_client)
-    brief = Agent(name="brief", instructions="Answer in one word.", model=model, model_settings=BRIEF)
-    first = await Runner.run(brief, "Say hello.", run_config=NO_TRACING)
+    brief = brief_agent(api, openai_client)
+    first = await agents.Runner.run(brief, "Say hello.", run_config=no_tracing())
     assert isinstance(first.final_output, str)
-    second = await Runner.run(
-        brief, [*first.to_input_list(), {"role": "user", "content": "Again."}], run_config=NO_TRACING
+    second = await agents.Runner.run(
+        brief, [*first.to_input_list(), {"role": "user", "content": "Again."}], run_config=no_tracing()
     )
     assert isinstance(second.final_output, str)
     if api == "responses":  # stored by default: the next turn may name the last response instead
-        chained = await Runner.run(brief, "Again.", previous_response_id=first.last_response_id, run_config=NO_TRACING)
+        chained = await agents.Runner.run(
+            brief, "Again.", previous_response_id=first.last_response_id, run_config=no_tracing()
+        )
         assert isinstance(chained.final_output, str)
-    weather = Agent(
+    weather = agents.Agent(
         name="weather",
         instructions="Use the tool.",
-        model=model,
-        tools=[get_weather],
-        model_settings=ModelSettings(tool_choice="required", max_tokens=64),
+        model=brief.model,
+        tools=[agents.function_tool(get_weather)],
+        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=64),
         tool_use_behavior="stop_on_first_tool",  # the tool's result is the answer: no loop on a random model
     )
-    called = await Runner.run(weather, "What is the weather in Paris?", run_config=NO_TRACING)
+    called = await agents.Runner.run(weather, "What is the weather in Paris?", run_config=no_tracing())
     assert str(called.final_output).startswith("It is sunny in ")
     assert [item.type for item in called.new_items] == ["tool_call_item", "tool_call_output_item"]
 
@@ -155,9 +161,7 @@ async def test_the_agents_sdk_runs_a_turn_a_tool_and_a_second_turn(openai_client
 @pytest.mark.anyio
 @pytest.mark.parametrize("api", list(MODELS))
 async def test_the_agents_sdk_streams_a_run(openai_client: AsyncOpenAI, api: str) -> None:
-    model = MODELS[api](MODEL, openai_client)
-    brief = Agent(name="brief", instructions="Answer in one word.", model=model, model_settings=BRIEF)
-    streamed = Runner.run_streamed(brief, "Say hello.", run_config=NO_TRACING)
+    streamed = agents.Runner.run_streamed(brief_agent(api, openai_client), "Say hello.", run_config=no_tracing())
     kinds = {event.type async for event in streamed.stream_events()}
     assert {"raw_response_event", "run_item_stream_event"} <= kinds
     assert isinstance(streamed.final_output, str)

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import anthropic
 import httpx
 import pytest
 
 from tests.support.agent_model import build_agent_model
 from tests.support.agent_recorder import API_KEY, BEARER_KEY, NAMED_MODEL
+from tests.support.lazy_modules import lazily
 from tests.support.server import RunningServer, serving
+
+if TYPE_CHECKING:
+    import anthropic
+else:
+    anthropic = lazily("anthropic")  # tests/support/lazy_modules.py: not at collection
 
 MODEL = NAMED_MODEL  # the id Claude Code names with ANTHROPIC_MODEL in the recorded bearer run
 ALIAS = "courier-alias"

@@ -9,15 +9,20 @@ import base64
 import io
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import pytest
 from PIL import Image
 
+from tests.support.lazy_modules import lazily
 from tests.support.media_server import MediaServer, media_server
 from tests.support.server import RunningServer, serving
 from tests.support.tiny_vision_model import IMAGE_SEQ_LEN
+
+if TYPE_CHECKING:
+    import anthropic
+else:
+    anthropic = lazily("anthropic")  # tests/support/lazy_modules.py: not at collection
 
 MODEL = "tiny-vision"
 TOKENS_PER_IMAGE = IMAGE_SEQ_LEN + 3  # <fake_token_around_image><global-img> + the image tokens + <fake_...>

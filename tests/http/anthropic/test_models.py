@@ -5,9 +5,8 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -15,7 +14,13 @@ import pytest
 from tests.http.anthropic.conftest import ALIAS, MODEL
 from tests.support.agent_model import CONTEXT_LENGTH
 from tests.support.agent_recorder import API_KEY
+from tests.support.lazy_modules import lazily
 from tests.support.server import RunningServer
+
+if TYPE_CHECKING:
+    import anthropic
+else:
+    anthropic = lazily("anthropic")  # tests/support/lazy_modules.py: not at collection
 
 
 def openai_models(server: RunningServer) -> list[Any]:

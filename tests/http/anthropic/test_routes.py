@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import httpx
 import orjson
 import pytest
@@ -20,7 +19,13 @@ import pytest
 from tests.http.anthropic.conftest import ALIAS, MODEL
 from tests.http.anthropic.sse import check_order, read_events
 from tests.support.agent_recorder import API_KEY, BEARER_KEY
+from tests.support.lazy_modules import lazily
 from tests.support.server import RunningServer
+
+if TYPE_CHECKING:
+    import anthropic
+else:
+    anthropic = lazily("anthropic")  # tests/support/lazy_modules.py: not at collection
 
 WEATHER: Any = {
     "name": "get_weather",

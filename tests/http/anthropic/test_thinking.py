@@ -9,16 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import httpx
 import pytest
 
 from tests.http.anthropic.sse import check_order, read_events
 from tests.support import think_model
+from tests.support.lazy_modules import lazily
 from tests.support.server import RunningServer, serving
 from tests.support.think_model import ANSWER, QUESTION, REASONING
+
+if TYPE_CHECKING:
+    import anthropic
+else:
+    anthropic = lazily("anthropic")  # tests/support/lazy_modules.py: not at collection
 
 MODEL = "think-model"
 ASK: Any = [{"role": "user", "content": QUESTION}]

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import pytest
 
 from tests.support import tool_model
+from tests.support.lazy_modules import lazily
 from tests.support.server import RunningServer, serving
+
+if TYPE_CHECKING:
+    import anthropic
+else:
+    anthropic = lazily("anthropic")  # tests/support/lazy_modules.py: not at collection
 
 MODEL = "tool-model"
 TOOL: Any = {
