@@ -9,20 +9,29 @@ Every request LangChain sends is recorded, and a failure shows the last one with
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import jsonschema
 import pytest
-from langchain_core.language_models import LanguageModelInput
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
-from langchain_core.runnables import Runnable
-from langchain_core.tools import BaseTool, tool
-from langchain_core.utils.function_calling import convert_to_openai_tool
-from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, SecretStr
 
+from tests.support.lazy_modules import lazily
 from tests.support.server import RunningServer
+
+# LangChain (langchain-core, langsmith, langchain-openai: ~1.3 s of CPU) is imported by the worker that runs these
+# tests, not by every worker as it collects them (tests/support/lazy_modules.py).
+if TYPE_CHECKING:
+    import langchain_openai
+    from langchain_core import messages, tools
+    from langchain_core.language_models import LanguageModelInput
+    from langchain_core.runnables import Runnable
+    from langchain_core.utils import function_calling
+else:
+    langchain_openai = lazily("langchain_openai")
+    messages = lazily("langchain_core.messages")
+    tools = lazily("langchain_core.tools")
+    function_calling = lazily("langchain_core.utils.function_calling")
 
 pytestmark = pytest.mark.real_model
 
@@ -47,13 +56,11 @@ CITY_SCHEMA: dict[str, Any] = {
 }
 
 
-@tool
 def get_weather(city: str) -> str:
     """Get the current weather in a city."""
     return f"It is sunny and 22 degrees Celsius in {city}."
 
 
-@tool
 def get_time(timezone: str) -> str:
     """Get the current local time in a timezone."""
     return f"It is 10:00 in {timezone}."
@@ -80,9 +87,19 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture(scope="module")
-def chat(server: RunningServer, recorder: Recorder) -> Iterator[ChatOpenAI]:
+def weather() -> tools.BaseTool:
+    return tools.tool(get_weather)
+
+
+@pytest.fixture(scope="module")
+def clock() -> tools.BaseTool:
+    return tools.tool(get_time)
+
+
+@pytest.fixture(scope="module")
+def chat(server: RunningServer, recorder: Recorder) -> Iterator[langchain_openai.ChatOpenAI]:
     with httpx.Client(timeout=120, event_hooks={"request": [recorder]}) as http_client:
-        yield ChatOpenAI(
+        yield langchain_openai.ChatOpenAI(
             base_url=f"{server.base_url}/v1",
             api_key=SecretStr("unused"),
             model=MODEL,
@@ -117,7 +134,9 @@ def last_body(recorder: Recorder) -> str:
     return recorder.bodies[-1]
 
 
-def test_structured_output_json_schema(chat: ChatOpenAI, server: RunningServer, recorder: Recorder) -> None:
+def test_structured_output_json_schema(
+    chat: langchain_openai.ChatOpenAI, server: RunningServer, recorder: Recorder
+) -> None:
     structured = chat.with_structured_output(City, method="json_schema")
     city = call(structured, "Name a large city in Italy and its country.", server, recorder)
     assert isinstance(city, City), f"{city!r}{evidence(server, recorder)}"
@@ -125,11 +144,13 @@ def test_structured_output_json_schema(chat: ChatOpenAI, server: RunningServer, 
     assert '"json_schema"' in last_body(recorder)
 
 
-def test_structured_output_json_mode(chat: ChatOpenAI, server: RunningServer, recorder: Recorder) -> None:
+def test_structured_output_json_mode(
+    chat: langchain_openai.ChatOpenAI, server: RunningServer, recorder: Recorder
+) -> None:
     structured = chat.with_structured_output(CITY_SCHEMA, method="json_mode")
-    prompt: list[BaseMessage] = [
-        SystemMessage('Reply only with a JSON object of the form {"name": "<city>", "country": "<country>"}.'),
-        HumanMessage("Name a large city in Italy and its country, as JSON with the keys name and country."),
+    prompt: list[messages.BaseMessage] = [
+        messages.SystemMessage('Reply only with a JSON object of the form {"name": "<city>", "country": "<country>"}.'),
+        messages.HumanMessage("Name a large city in Italy and its country, as JSON with the keys name and country."),
     ]
     city = call(structured, prompt, server, recorder)
     assert isinstance(city, dict), f"{city!r}{evidence(server, recorder)}"
@@ -140,7 +161,7 @@ def test_structured_output_json_mode(chat: ChatOpenAI, server: RunningServer, re
 
 @pytest.mark.parametrize("strict", [None, True], ids=["default", "strict"])
 def test_structured_output_function_calling(
-    chat: ChatOpenAI, server: RunningServer, recorder: Recorder, strict: bool | None
+    chat: langchain_openai.ChatOpenAI, server: RunningServer, recorder: Recorder, strict: bool | None
 ) -> None:
     # LangChain forces the schema's function by name, one call; `strict` is only sent when set.
     structured = chat.with_structured_output(City, method="function_calling", strict=strict)
@@ -152,13 +173,15 @@ def test_structured_output_function_calling(
     assert '"parallel_tool_calls":false' in sent
 
 
-def assert_calls(message: AIMessage, tool_: BaseTool, server: RunningServer, recorder: Recorder) -> None:
+def assert_calls(message: messages.AIMessage, tool_: tools.BaseTool, server: RunningServer, recorder: Recorder) -> None:
     """At least one call, each to `tool_` with arguments valid for its schema."""
     shown = f"{message!r}{evidence(server, recorder)}"
-    assert isinstance(message, AIMessage), shown
+    assert isinstance(message, messages.AIMessage), shown
     assert message.tool_calls and not message.invalid_tool_calls, shown
     assert message.response_metadata.get("finish_reason") == "tool_calls", shown
-    validator = jsonschema.Draft202012Validator(convert_to_openai_tool(tool_)["function"]["parameters"])
+    validator = jsonschema.Draft202012Validator(
+        function_calling.convert_to_openai_tool(tool_)["function"]["parameters"]
+    )
     for tool_call in message.tool_calls:
         assert tool_call["name"] == tool_.name, shown
         assert tool_call["id"], shown
@@ -167,27 +190,31 @@ def assert_calls(message: AIMessage, tool_: BaseTool, server: RunningServer, rec
 
 
 def test_bind_tools_any_forces_a_call_and_the_loop_completes(
-    chat: ChatOpenAI, server: RunningServer, recorder: Recorder
+    chat: langchain_openai.ChatOpenAI, server: RunningServer, recorder: Recorder, weather: tools.BaseTool
 ) -> None:
-    question = HumanMessage("What is the weather like in Paris today?")
-    forced = chat.bind_tools([get_weather], tool_choice="any", parallel_tool_calls=False)
+    question = messages.HumanMessage("What is the weather like in Paris today?")
+    forced = chat.bind_tools([weather], tool_choice="any", parallel_tool_calls=False)
     message = call(forced, [question], server, recorder)
     assert '"tool_choice":"required"' in last_body(recorder).replace(" ", "")
-    assert_calls(message, get_weather, server, recorder)
+    assert_calls(message, weather, server, recorder)
     assert len(message.tool_calls) == 1, f"{message!r}{evidence(server, recorder)}"
 
     (tool_call,) = message.tool_calls
-    result = get_weather.invoke(tool_call["args"])
+    result = weather.invoke(tool_call["args"])
     assert isinstance(result, str)
-    history: list[BaseMessage] = [question, message, ToolMessage(result, tool_call_id=tool_call["id"])]
+    history: list[messages.BaseMessage] = [
+        question,
+        message,
+        messages.ToolMessage(result, tool_call_id=tool_call["id"]),
+    ]
     # The answer is cut a few tokens in (`length` passes): its free tokens cost the server most, and prove nothing more.
-    answering = chat.bind_tools([get_weather], max_completion_tokens=ANSWER_TOKENS)
+    answering = chat.bind_tools([weather], max_completion_tokens=ANSWER_TOKENS)
     answer = call(answering, history, server, recorder)
     sent = last_body(recorder).replace(" ", "")
     assert f'"max_completion_tokens":{ANSWER_TOKENS}' in sent, sent
     assert '"tool_calls":[{' in sent and '"role":"tool"' in sent and '"content":null' in sent, sent
     shown = f"{answer!r}{evidence(server, recorder)}"
-    assert isinstance(answer, AIMessage), shown
+    assert isinstance(answer, messages.AIMessage), shown
     assert isinstance(answer.content, str) and answer.content.strip(), shown
     assert not answer.tool_calls and not answer.invalid_tool_calls, shown
     assert answer.response_metadata.get("finish_reason") in ("stop", "length"), shown
@@ -195,10 +222,15 @@ def test_bind_tools_any_forces_a_call_and_the_loop_completes(
 
 @pytest.mark.parametrize("strict", [None, True], ids=["default", "strict"])
 def test_bind_tools_named_tool_is_forced(
-    chat: ChatOpenAI, server: RunningServer, recorder: Recorder, strict: bool | None
+    chat: langchain_openai.ChatOpenAI,
+    server: RunningServer,
+    recorder: Recorder,
+    weather: tools.BaseTool,
+    clock: tools.BaseTool,
+    strict: bool | None,
 ) -> None:
     # The question is about the time: only the forcing makes it a call to get_weather.
-    forced = chat.bind_tools([get_time, get_weather], tool_choice="get_weather", strict=strict)
-    message = call(forced, [HumanMessage("What time is it in Tokyo?")], server, recorder)
+    forced = chat.bind_tools([clock, weather], tool_choice="get_weather", strict=strict)
+    message = call(forced, [messages.HumanMessage("What time is it in Tokyo?")], server, recorder)
     assert '"tool_choice":{"type":"function","function":{"name":"get_weather"}}' in last_body(recorder).replace(" ", "")
-    assert_calls(message, get_weather, server, recorder)
+    assert_calls(message, weather, server, recorder)

@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 import pytest
-from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
+from tests.support.lazy_modules import lazily
 from tests.support.server import RunningServer
+
+if TYPE_CHECKING:
+    import smolagents
+else:
+    smolagents = lazily("smolagents")  # imported by the worker that runs these tests (tests/support/lazy_modules.py)
 
 pytestmark = pytest.mark.real_model
 
@@ -40,7 +45,8 @@ def get_weather(city: str) -> str:
     return f"It is sunny in {city}."
 
 
-WEATHER = tool(get_weather)  # smolagents reads its name, docstring and type hints
+def weather_tool() -> Any:
+    return smolagents.tool(get_weather)  # smolagents reads its name, docstring and type hints
 
 
 class Exchanges:
@@ -78,8 +84,8 @@ def recorded(exchanges: Exchanges) -> Iterator[openai.DefaultHttpxClient]:
         yield client
 
 
-def model(server: RunningServer, http: openai.DefaultHttpxClient, max_tokens: int) -> OpenAIServerModel:
-    return OpenAIServerModel(
+def model(server: RunningServer, http: openai.DefaultHttpxClient, max_tokens: int) -> smolagents.OpenAIServerModel:
+    return smolagents.OpenAIServerModel(
         model_id=MODEL,
         api_base=f"{server.base_url}/v1",
         api_key="unused",
@@ -101,7 +107,9 @@ def first_step(server: RunningServer) -> tuple[dict[str, Any], int]:
     one call, less its end of sequence token)."""
     exchanges = Exchanges()
     with openai.DefaultHttpxClient(timeout=120, event_hooks=exchanges.hooks()) as http:
-        ToolCallingAgent(tools=[WEATHER], model=model(server, http, 2), max_steps=1, verbosity_level=-1).run(TASK)
+        smolagents.ToolCallingAgent(
+            tools=[weather_tool()], model=model(server, http, 2), max_steps=1, verbosity_level=-1
+        ).run(TASK)
     sent = exchanges.sent[0]
     assert sent["tool_choice"] == "required" and sent["stop"] == ["Observation:", "Calling tools:"]
     with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0) as client:
@@ -117,7 +125,7 @@ def test_a_step_cut_inside_a_further_call_keeps_its_calls_and_no_marker_text(
     first_step: tuple[dict[str, Any], int],
 ) -> None:
     sent, one_call = first_step
-    tools = list(ToolCallingAgent(tools=[WEATHER], model=model(server, recorded, 8)).tools.values())
+    tools = list(smolagents.ToolCallingAgent(tools=[weather_tool()], model=model(server, recorded, 8)).tools.values())
     for max_tokens in range(one_call + 1, one_call + 5):  # the separator, then the second call's marker
         answered = len(exchanges.answered)
         message = model(server, recorded, max_tokens).generate(
@@ -137,8 +145,8 @@ def test_the_agent_runs_the_complete_call_of_a_cut_step(
     first_step: tuple[dict[str, Any], int],
 ) -> None:
     _, one_call = first_step
-    agent = ToolCallingAgent(
-        tools=[WEATHER], model=model(server, recorded, one_call + 3), max_steps=1, verbosity_level=-1
+    agent = smolagents.ToolCallingAgent(
+        tools=[weather_tool()], model=model(server, recorded, one_call + 3), max_steps=1, verbosity_level=-1
     )
     agent.run(TASK)
     step = agent.memory.steps[1]
