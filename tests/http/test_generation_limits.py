@@ -166,7 +166,10 @@ def test_a_storm_of_clients_that_leave_right_after_sending_costs_no_generation(
             if told == STORM and idle:
                 break
         else:
-            raise AssertionError(after)
+            # Seen once (2026-12-06, a fresh clone's full run): 59 of 60 told, 44 connections still open. The access
+            # log's lines say what became of each request.
+            access = [line for line in server.lines if "courier.access" in line and "/v1/chat/completions" in line]
+            raise AssertionError(f"{after}\n{len(access)} access lines:\n{''.join(access)}")
         generated = after["scheduler"]["generated_tokens"] - before["scheduler"]["generated_tokens"]
         assert generated <= STORM  # at most a step's token each, against 64 each before
         assert after["scheduler"]["completed"] == before["scheduler"]["completed"]
