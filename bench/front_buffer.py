@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import subprocess
 import tempfile
 import threading
 import time
@@ -21,7 +20,7 @@ from bench.harness import cli
 from bench.harness.report import progress, table, write_json
 from bench.harness.servers import free_port
 from bench.harness.stats import percentile
-from courier.cluster.front_process import find_haproxy, unavailable_reason
+from courier.cluster.front_process import FrontProcess, unavailable_reason
 from courier.cluster.haproxy_config import FrontOptions, haproxy_config
 from courier.cluster.replicas import parse_replicas
 
@@ -34,7 +33,6 @@ WINDOWS = {
     "32MiB (the whole body)": 32 * MiB,
 }
 DIRECT = "direct to a backend (no front)"
-START_TIMEOUT_S = 10.0
 
 
 class Answer(BaseHTTPRequestHandler):
@@ -81,40 +79,24 @@ def backends(count: int) -> Iterator[list[int]]:
 
 
 @contextmanager
-def front(ports: list[int], route_body_bytes: int, directory: Path) -> Iterator[tuple[int, int]]:
-    """HAProxy in front of `ports`: its port and pid."""
+def front(ports: list[int], route_body_bytes: int, directory: Path) -> Iterator[FrontProcess]:
+    """HAProxy in front of `ports`, as `courier cluster up` runs it, reading `route_body_bytes` of each body."""
     replicas = parse_replicas([f"r{index}=127.0.0.1:{port}" for index, port in enumerate(ports, start=1)])
-    port = free_port()
-    options = FrontOptions(bind="127.0.0.1", port=port, route_body_bytes=route_body_bytes, check_interval_s=2)
-    config = directory / f"front-{route_body_bytes}.cfg"
-    config.write_text(haproxy_config(replicas, options))
-    binary = find_haproxy()
-    assert binary is not None
-    log = directory / f"front-{route_body_bytes}.log"
-    with log.open("wb") as output:
-        process = subprocess.Popen([binary, "-db", "-f", str(config)], stdout=output, stderr=subprocess.STDOUT)
+    port, socket_path = free_port(), directory / f"front-{route_body_bytes}.sock"
+    options = FrontOptions(
+        bind="127.0.0.1", port=port, route_body_bytes=route_body_bytes, check_interval_s=2, stats_socket=socket_path
+    )
+    process = FrontProcess(
+        config_text=haproxy_config(replicas, options),
+        port=port,
+        directory=directory / f"front-{route_body_bytes}",
+        stats_socket=socket_path,
+    )
+    process.start()
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not listening(port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"HAProxy did not start ({process.poll()}):\n{log.read_text()}")
-            time.sleep(0.05)
-        yield port, process.pid
+        yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def listening(port: int) -> bool:
-    try:
-        http.client.HTTPConnection("127.0.0.1", port, timeout=1).connect()
-    except OSError:
-        return False
-    return True
+        process.stop()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -150,11 +132,12 @@ def main() -> None:
             send(ports[0], args.requests, arms[DIRECT])
             for name, window in WINDOWS.items():
                 progress(f"round {round_ + 1}: {name}")
-                with front(ports, window, Path(directory)) as (port, pid):
-                    send(port, 10, Arm(name))  # warm: the first requests and checks allocate the pools
-                    before = cpu_seconds(pid)
-                    send(port, args.requests, arms[name])
-                    arms[name].front_cpu_ms.append((cpu_seconds(pid) - before) * 1000 / args.requests)
+                with front(ports, window, Path(directory)) as haproxy:
+                    assert haproxy.pid is not None
+                    send(haproxy.port, 10, Arm(name))  # warm: the first requests and checks allocate the pools
+                    before = cpu_seconds(haproxy.pid)
+                    send(haproxy.port, args.requests, arms[name])
+                    arms[name].front_cpu_ms.append((cpu_seconds(haproxy.pid) - before) * 1000 / args.requests)
     table(
         "route body bytes | request ms p50 | p95 | HAProxy CPU ms per request (per round)",
         (

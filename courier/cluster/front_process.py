@@ -50,6 +50,10 @@ class FrontProcess:
         return self.directory / "haproxy.cfg"
 
     @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
     def log_path(self) -> Path:
         return self.directory / "haproxy.log"
 

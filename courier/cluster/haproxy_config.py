@@ -90,11 +90,6 @@ class FrontOptions:
             return min(self.route_body_bytes, self.max_body_bytes)
         return self.max_body_bytes if per_model else min(DEFAULT_ROUTE_BODY_BYTES, self.max_body_bytes)
 
-    def bufsize(self, per_model: bool) -> int:
-        """A buffer for a request's headers and its routed body bytes, rounded up to HAProxy's 16-byte unit."""
-        size = self.routed_body_bytes(per_model) + HEADER_ROOM_BYTES + REWRITE_ROOM_BYTES
-        return -(-size // 16) * 16
-
 
 # HAProxy's own id of a request: client and front address and port, accept time, request counter, pid, in hex.
 UNIQUE_ID_FORMAT = "%{+X}o%ci:%cp_%fi:%fp_%Ts_%rt:%pid"
@@ -145,12 +140,18 @@ def _global(options: FrontOptions, *, per_model: bool) -> list[str]:
         "    log stdout format raw local0 info",
         f"    # Routing reads JSON fields in a body's first {routed} bytes ({whole}),",
         "    # held with the headers in one buffer, whose size every request pays for.",
-        f"    tune.bufsize {options.bufsize(per_model)}",
+        f"    tune.bufsize {_buffer_bytes(routed)}",
         f"    tune.maxrewrite {REWRITE_ROOM_BYTES}",
     ]
     if options.stats_socket is not None:
         lines.append(f"    stats socket {options.stats_socket} mode 600 level admin")
     return lines
+
+
+def _buffer_bytes(routed_body_bytes: int) -> int:
+    """A buffer for a request's headers and its routed body bytes, rounded up to HAProxy's 16-byte unit."""
+    size = routed_body_bytes + HEADER_ROOM_BYTES + REWRITE_ROOM_BYTES
+    return -(-size // 16) * 16
 
 
 def _defaults(options: FrontOptions) -> list[str]:

@@ -8,7 +8,6 @@ it, so the next test finds the cluster whole.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -30,7 +29,7 @@ from courier.cluster.local_cluster import ClusterPlan, LocalCluster
 from courier.cluster.replica_process import ReplicaProcess
 from courier.conversation.ids import replica_of
 from tests.support.polling import attempts
-from tests.support.server import forked_replica
+from tests.support.server import forked_replica, server_environment
 
 pytestmark = pytest.mark.skipif(
     bool(reason := local_postgres.unavailable_reason() or front_process.unavailable_reason()), reason=reason or ""
@@ -49,8 +48,7 @@ FRONT_REQUEST_ID = re.compile(r"[0-9A-F]+:[0-9A-F]+_[0-9A-F]+:[0-9A-F]+_[0-9A-F]
 
 @pytest.fixture(scope="module")
 def cluster(tiny_llama_dir: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    environ = {key: value for key, value in os.environ.items() if not key.startswith(("COURIER_", "OTEL_"))}
-    environ["COURIER_DATA_DIR"] = str(tmp_path_factory.mktemp("cluster-data"))
+    environ = server_environment({"COURIER_DATA_DIR": str(tmp_path_factory.mktemp("cluster-data"))})
     serve = ("--model", str(tiny_llama_dir), "--cache-dir", str(cache_dir), "--served-model-name", MODEL)
     plan = ClusterPlan(replicas=REPLICAS, port=0, serve_args=serve)
     with LocalCluster(plan, tmp_path_factory.mktemp("cluster"), environ, starter=forked_replica) as running:

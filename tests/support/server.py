@@ -17,7 +17,6 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -128,6 +127,16 @@ def error_lines(server: RunningServer) -> list[str]:
     return [line for line in server.lines if ERROR_LINE.search(line)]
 
 
+ROOT = Path(__file__).resolve().parents[2]  # where `courier serve` runs: the checkout
+
+
+def server_environment(env: Mapping[str, str] | None) -> dict[str, str]:
+    """This process's environment without its Courier and OpenTelemetry settings, then the test's `env`."""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith(("COURIER_", "OTEL_"))}
+    environment.update(env or {})
+    return environment
+
+
 def server_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "courier", "serve", "--port", "0", *args]
 
@@ -141,8 +150,7 @@ def running_server(
     launcher: Callable[[list[str]], list[str]] | None = None,
 ) -> Iterator[RunningServer]:
     """`launcher`: turns the server's command line into the one to run (e.g. inside a mount namespace)."""
-    environment = {key: value for key, value in os.environ.items() if not key.startswith(("COURIER_", "OTEL_"))}
-    environment.update(env or {})
+    environment = server_environment(env)
     # Stored responses and the prompt cache's disk tier go to fresh directories unless the test chose them: a
     # server never starts warm from another test's snapshots.
     data_dir = None
@@ -154,11 +162,10 @@ def running_server(
         prompt_cache_dir = tempfile.TemporaryDirectory(prefix="courier-prompt-cache-")
         environment["COURIER_PROMPT_CACHE_DIR"] = prompt_cache_dir.name
     command = server_command(args)
-    root = Path(__file__).resolve().parents[2]
     process: ServerProcess
     serve_args = command[command.index("serve") + 1 :]
-    if launcher is None and (forks := forkable(serve_args, env or {}, root)) is not None:
-        process = forks.start(serve_args, environment, root)  # the same `courier serve`, its imports done once
+    if launcher is None and (forks := forkable(serve_args, env or {}, ROOT)) is not None:
+        process = forks.start(serve_args, environment, ROOT)  # the same `courier serve`, its imports done once
     else:
         process = subprocess.Popen(
             launcher(command) if launcher else command,
@@ -167,7 +174,7 @@ def running_server(
             stderr=subprocess.PIPE,
             text=True,
             env=environment,
-            cwd=root,
+            cwd=ROOT,
         )
     server = RunningServer(process)
     try:
@@ -186,31 +193,24 @@ def running_server(
                 directory.cleanup()
 
 
-@dataclass(frozen=True, slots=True)
-class Exited:
-    returncode: int
-    stderr: str
-
-
-def run_to_exit(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout_s: float = 120.0) -> Exited:
+def run_to_exit(
+    args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
     """`courier serve <args>` run until it exits by itself (a start-up that fails): its exit code and standard
     error. Forked where `running_server` would fork it (the failures come after the imports), else a fresh
     interpreter."""
-    environment = {key: value for key, value in os.environ.items() if not key.startswith(("COURIER_", "OTEL_"))}
-    environment.update(env or {})
+    environment = server_environment(env)
     command = server_command(args)
-    root = Path(__file__).resolve().parents[2]
     serve_args = command[command.index("serve") + 1 :]
-    if (forks := forkable(serve_args, env or {}, root)) is None:
-        result = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, check=False, env=environment, cwd=root
+    if (forks := forkable(serve_args, env or {}, ROOT)) is None:
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, check=False, env=environment, cwd=ROOT
         )
-        return Exited(result.returncode, result.stderr)
-    process = forks.start(serve_args, environment, root)
+    process = forks.start(serve_args, environment, ROOT)
     assert process.stderr is not None
     try:
         stderr = process.stderr.read()
-        return Exited(process.wait(timeout_s), stderr)
+        return subprocess.CompletedProcess(command, process.wait(timeout_s), "", stderr)
     finally:
         if process.poll() is None:
             process.kill()
@@ -221,14 +221,13 @@ def run_to_exit(args: Sequence[str], *, env: Mapping[str, str] | None = None, ti
 def forked_replica(serve_args: Sequence[str], log: IO[bytes], environ: Mapping[str, str]) -> ChildProcess:
     """A cluster's replica (`LocalCluster(..., starter=forked_replica)`) forked by the launcher, as test servers
     are; in a fresh interpreter where a variable the imports read differs from this process's."""
-    root = Path(__file__).resolve().parents[2]
     # What the cluster set, or changed since it copied this environment; pytest renames the running test as it goes.
     changed = {
         key: value for key, value in environ.items() if os.environ.get(key) != value and key != "PYTEST_CURRENT_TEST"
     }
-    if (forks := forkable(serve_args, changed, root)) is None:
+    if (forks := forkable(serve_args, changed, ROOT)) is None:
         return new_interpreter(serve_args, log, environ)
-    return forks.start_logged(serve_args, environ, root, log)
+    return forks.start_logged(serve_args, environ, ROOT, log)
 
 
 @contextmanager
