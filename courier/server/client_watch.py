@@ -9,6 +9,12 @@ end of it (EOF or a reset) sets an event. `ClientGoneMiddleware` answers the app
 reports a disconnect; the handler's cancellation closes the generation's event stream, which takes it out of the
 queue or the batch at the scheduler's next step. A client that half-closes its side and still waits for the answer
 (rare; uvicorn treats it alike) is taken as gone too.
+
+Hypercorn also kept a connection its client had closed while it was idle (between requests): its idle timer holds
+the connection until `--keep-alive-timeout`, so each such connection counted against `--max-connections` and held
+a file descriptor for that long. `ConnectionContext` gives each connection its own view of Hypercorn's worker
+context, whose `terminated` is set when the worker's is or when the client has gone: the idle timer then closes the
+connection at once, and a connection whose client has gone is closed after its answer instead of kept for another.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from hypercorn.asyncio.worker_context import WorkerContext
+from hypercorn.typing import Event, SingleTask
 
 from courier.http.asgi import Receive, Scope, Send
 from courier.status.connections import ConnectionStats
@@ -65,6 +74,55 @@ class ConnectionWatch:
     def ended(self, client: Any) -> asyncio.Event | None:
         peer = _peer(client)
         return self._ended.get(peer) if peer is not None else None
+
+
+class ConnectionContext:
+    """Hypercorn's worker context (`hypercorn.typing.WorkerContext`) as one connection sees it: terminated when the
+    worker is, or once the connection's client has closed or reset it."""
+
+    def __init__(self, worker: WorkerContext, ended: asyncio.Event) -> None:
+        self._worker = worker
+        self.event_class: type[Event] = worker.event_class
+        self.single_task_class: type[SingleTask] = worker.single_task_class
+        self.terminate = worker.terminate
+        self.terminated = EndedOrTerminated(worker.terminated, ended)
+
+    async def mark_request(self) -> None:
+        await self._worker.mark_request()
+
+    async def sleep(self, wait: float) -> None:
+        await self._worker.sleep(wait)
+
+    def time(self) -> float:
+        return self._worker.time()
+
+
+class EndedOrTerminated:
+    """A `hypercorn.typing.Event` set while the worker is terminated or the connection has ended (setting or
+    clearing it touches only the connection's own end, never the worker's)."""
+
+    def __init__(self, terminated: Event, ended: asyncio.Event) -> None:
+        self._terminated = terminated
+        self._ended = ended
+
+    def is_set(self) -> bool:
+        return self._ended.is_set() or self._terminated.is_set()
+
+    async def wait(self) -> None:
+        if self.is_set():
+            return
+        waits = {asyncio.ensure_future(self._terminated.wait()), asyncio.ensure_future(self._ended.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+
+    async def set(self) -> None:
+        self._ended.set()
+
+    async def clear(self) -> None:
+        self._ended.clear()
 
 
 class ClientGoneMiddleware:

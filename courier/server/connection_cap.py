@@ -24,10 +24,11 @@ from typing import Any
 
 import hypercorn.asyncio.run as hypercorn_run
 import orjson
+from hypercorn.asyncio.worker_context import WorkerContext
 
 from courier.core.failure_codes import FailureCode
 from courier.http.request_id import mint
-from courier.server.client_watch import ConnectionWatch
+from courier.server.client_watch import ConnectionContext, ConnectionWatch
 from courier.status.connections import ConnectionStats
 
 logger = logging.getLogger(__name__)
@@ -120,8 +121,9 @@ def install_connection_cap(
                 return
             stats.open += 1
             peer = watch.watch(reader, writer) if watch is not None else None
+            ended = watch.ended(peer) if watch is not None else None
             try:
-                await serve_connection(*self._arguments)
+                await serve_connection(*_connection_arguments(self._arguments, ended))
             finally:
                 stats.open -= 1
                 if watch is not None:
@@ -129,6 +131,16 @@ def install_connection_cap(
 
     setattr(hypercorn_run, _CONNECTION_SERVER, GatedTCPServer)
     return lambda: setattr(hypercorn_run, _CONNECTION_SERVER, serve_connection)
+
+
+def _connection_arguments(arguments: tuple[Any, ...], ended: asyncio.Event | None) -> tuple[Any, ...]:
+    """Hypercorn's arguments for one connection, its worker context seen through the connection's end."""
+    if ended is None:
+        return arguments
+    return tuple(
+        ConnectionContext(argument, ended) if isinstance(argument, WorkerContext) else argument
+        for argument in arguments
+    )
 
 
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> bytes:

@@ -160,6 +160,7 @@ class Supervisor:
         # Hypercorn waits a little longer than the drain deadline, so requests failed at the deadline can still
         # send their error to the client.
         config.graceful_timeout = self._settings.shutdown_timeout + ERROR_FLUSH_S
+        config.keep_alive_timeout = self._settings.keep_alive_timeout
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
         logger.info("listening on http://%s:%d (model %s loading)", _url_host(host), port, self._state.model_id)

@@ -144,6 +144,13 @@ class Settings:
         "seconds a client gets to send a whole request body (408 beyond), however slowly it trickles",
         metavar="SECONDS",
     )
+    keep_alive_timeout: float = setting(
+        30.0,
+        parse_positive_float,
+        "seconds an idle connection is kept for its client's next request; longer than the 5 s for which httpx "
+        "(the openai and anthropic SDKs) keeps one, so a client never sends on a connection the server is closing",
+        metavar="SECONDS",
+    )
     max_connections: int = setting(
         1024,
         parse_positive_int,

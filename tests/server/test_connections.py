@@ -1,4 +1,5 @@
-"""Slow and many connections: a body must arrive within --body-timeout, and open connections are capped.
+"""Slow, idle and many connections: a body must arrive within --body-timeout, an idle connection is kept for
+--keep-alive-timeout (and no longer than its client keeps it), and open connections are capped.
 
 Raw sockets, because the point is what a client that misbehaves at the connection
 level gets: a trickled body is cut with a 408 however steadily it trickles, and a
@@ -11,28 +12,36 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
+from openai._constants import DEFAULT_CONNECTION_LIMITS as OPENAI_POOL
 
+from courier.settings import Settings
+from tests.support.polling import attempts
 from tests.support.server import RunningServer, serving
 
 MODEL = "tiny-llama"
 MAX_CONNECTIONS = 3
 TIMEOUT_S = 30.0
+KEEP_ALIVE_S = 1.0
 
 
 @pytest.fixture
 def capped(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    with serving(tiny_llama_dir, cache_dir, MODEL, "--max-connections", str(MAX_CONNECTIONS)) as running:
+    # Idle connections are kept far longer than the test waits, so only the client's close can free a slot.
+    arguments = ("--max-connections", str(MAX_CONNECTIONS), "--keep-alive-timeout", "600")
+    with serving(tiny_llama_dir, cache_dir, MODEL, *arguments) as running:
         yield running
 
 
 @pytest.fixture
 def impatient(tiny_llama_dir: Path, cache_dir: Path) -> Iterator[RunningServer]:
-    with serving(tiny_llama_dir, cache_dir, MODEL, "--body-timeout", "1") as running:
+    arguments = ("--body-timeout", "1", "--keep-alive-timeout", str(KEEP_ALIVE_S))
+    with serving(tiny_llama_dir, cache_dir, MODEL, *arguments) as running:
         yield running
 
 
@@ -47,6 +56,11 @@ def get_health(connection: socket.socket) -> tuple[bytes, dict[str, object]]:
     connection.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\n\r\n")
     head, body = read_response(connection)
     return head.split(b"\r\n", 1)[0], orjson.loads(body)
+
+
+def counted(*, open_: int, refused: int) -> dict[str, int]:
+    """`/health`'s `connections` with `open_` connections open and `refused` refused (no client gone)."""
+    return {"limit": MAX_CONNECTIONS, "open": open_, "refused": refused, "client_gone": 0}
 
 
 def read_response(connection: socket.socket) -> tuple[bytes, bytes]:
@@ -69,61 +83,52 @@ def read_response(connection: socket.socket) -> tuple[bytes, bytes]:
     return head, body
 
 
-def test_connections_past_the_cap_hear_503_and_a_freed_slot_is_taken_again(capped: RunningServer) -> None:
-    server = capped
-    held = [connect(server) for _ in range(MAX_CONNECTIONS)]
+@pytest.fixture
+def held(capped: RunningServer) -> Iterator[list[socket.socket]]:
+    """As many keep-alive connections to `capped` as its cap, each answered once and idle."""
+    connections = [connect(capped) for _ in range(MAX_CONNECTIONS)]
     try:
-        for connection in held:
+        for connection in connections:
             status, health = get_health(connection)
             assert status.startswith(b"HTTP/1.1 200")
-        assert health["connections"] == {
-            "limit": MAX_CONNECTIONS,
-            "open": MAX_CONNECTIONS,
-            "refused": 0,
-            "client_gone": 0,
-        }
-        with connect(server) as extra:
-            extra.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\n\r\n")
-            head, body = read_response(extra)
-            assert head.startswith(b"HTTP/1.1 503")
-            assert b"connection: close" in head.lower() and b"retry-after" in head.lower()
-            assert orjson.loads(body)["error"]["code"] == "overloaded"
-            assert extra.recv(1) == b""  # and it is closed
-        # Refused before the application saw it, and still one line in the access log.
-        refused = server.logged(re.compile(r"courier\.access: (method=GET path=/health status=503 .*)")).group(1)
-        assert f" bytes={len(body)} " in refused and " error=overloaded " in refused, refused
-        [request_id] = [
-            line.split(b":", 1)[1].strip() for line in head.split(b"\r\n") if line.startswith(b"x-request-id")
-        ]
-        assert f" id={request_id.decode()} " in refused, refused  # the id the refused client was told
-        # One connection ends (the server closes it after answering `Connection: close`): its slot is free again.
-        leaving = held.pop()
-        leaving.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\nConnection: close\r\n\r\n")
-        read_response(leaving)
-        assert leaving.recv(1) == b""
-        leaving.close()
-        watcher = held[0]
-        for _ in range(100):  # the server counts the connection out as it finishes closing it: a request or two
-            _, health = get_health(watcher)
-            if health["connections"] == {
-                "limit": MAX_CONNECTIONS,
-                "open": MAX_CONNECTIONS - 1,
-                "refused": 1,
-                "client_gone": 0,
-            }:
-                break
-        assert health["connections"] == {
-            "limit": MAX_CONNECTIONS,
-            "open": MAX_CONNECTIONS - 1,
-            "refused": 1,
-            "client_gone": 0,
-        }
-        with connect(server) as again:
-            status, _ = get_health(again)
-            assert status.startswith(b"HTTP/1.1 200")
+        assert health["connections"] == counted(open_=MAX_CONNECTIONS, refused=0)
+        yield connections
     finally:
-        for connection in held:
+        for connection in connections:
             connection.close()
+
+
+def test_connections_past_the_cap_hear_503_and_a_freed_slot_is_taken_again(
+    capped: RunningServer, held: list[socket.socket]
+) -> None:
+    server = capped
+    with connect(server) as extra:
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\n\r\n")
+        head, body = read_response(extra)
+        assert head.startswith(b"HTTP/1.1 503")
+        assert b"connection: close" in head.lower() and b"retry-after" in head.lower()
+        assert orjson.loads(body)["error"]["code"] == "overloaded"
+        assert extra.recv(1) == b""  # and it is closed
+    # Refused before the application saw it, and still one line in the access log.
+    refused = server.logged(re.compile(r"courier\.access: (method=GET path=/health status=503 .*)")).group(1)
+    assert f" bytes={len(body)} " in refused and " error=overloaded " in refused, refused
+    [request_id] = [line.split(b":", 1)[1].strip() for line in head.split(b"\r\n") if line.startswith(b"x-request-id")]
+    assert f" id={request_id.decode()} " in refused, refused  # the id the refused client was told
+    # One connection ends (the server closes it after answering `Connection: close`): its slot is free again.
+    leaving = held.pop()
+    leaving.sendall(b"GET /health HTTP/1.1\r\nHost: courier\r\nConnection: close\r\n\r\n")
+    read_response(leaving)
+    assert leaving.recv(1) == b""
+    leaving.close()
+    watcher = held[0]
+    for _ in range(100):  # the server counts the connection out as it finishes closing it: a request or two
+        _, health = get_health(watcher)
+        if health["connections"] == counted(open_=MAX_CONNECTIONS - 1, refused=1):
+            break
+    assert health["connections"] == counted(open_=MAX_CONNECTIONS - 1, refused=1)
+    with connect(server) as again:
+        status, _ = get_health(again)
+        assert status.startswith(b"HTTP/1.1 200")
 
 
 def test_a_trickled_body_is_cut_at_the_body_timeout(impatient: RunningServer) -> None:
@@ -155,3 +160,38 @@ def test_a_trickled_body_is_cut_at_the_body_timeout(impatient: RunningServer) ->
     error = orjson.loads(body)["error"]
     assert error["code"] == "body_timeout"
     assert "--body-timeout" in error["message"]
+
+
+def test_a_connection_its_client_closed_between_requests_frees_its_slot_at_once(
+    capped: RunningServer, held: list[socket.socket]
+) -> None:
+    """Hypercorn alone held such a connection until its keep-alive timer ran out, counted against the cap."""
+    held.pop().close()  # idle, between requests: the server hears only the close
+    watcher = held[0]
+    for _ in attempts(TIMEOUT_S):
+        _, health = get_health(watcher)
+        if health["connections"] == counted(open_=MAX_CONNECTIONS - 1, refused=0):
+            break
+    else:
+        raise AssertionError(f"the closed connection is still counted: {health}")
+    with connect(capped) as again:  # its slot is taken again
+        status, _ = get_health(again)
+        assert status.startswith(b"HTTP/1.1 200")
+
+
+def test_an_idle_connection_is_closed_at_the_keep_alive_timeout(impatient: RunningServer) -> None:
+    with connect(impatient) as idle:
+        status, _ = get_health(idle)
+        assert status.startswith(b"HTTP/1.1 200")
+        answered = time.monotonic()
+        assert idle.recv(1) == b""  # the server closed it (the socket's own timeout is TIMEOUT_S)
+        assert time.monotonic() - answered >= KEEP_ALIVE_S * 0.9
+
+
+def test_the_keep_alive_timeout_outlasts_the_sdks_connection_pools() -> None:
+    """A client that sends on a pooled connection just as the server closes it gets a reset, which the SDKs raise
+    when retries are off; a server that keeps idle connections longer than the client pools them never races."""
+    from anthropic._constants import DEFAULT_CONNECTION_LIMITS as ANTHROPIC_POOL  # imported by the tests that use it
+
+    pools = (OPENAI_POOL.keepalive_expiry, ANTHROPIC_POOL.keepalive_expiry)
+    assert all(expiry is not None and Settings().keep_alive_timeout > expiry for expiry in pools)
