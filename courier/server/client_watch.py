@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from hypercorn.asyncio.worker_context import WorkerContext
@@ -34,6 +35,12 @@ Peer = tuple[str, int]
 DISCONNECT = {"type": "http.disconnect"}
 
 
+@dataclass(frozen=True, slots=True)
+class WatchedConnection:
+    peer: Peer
+    ended: asyncio.Event  # set when its client has closed or reset it
+
+
 class ConnectionWatch:
     """Each open connection's end, as an event, by the client's address (the ASGI scope's `client`)."""
 
@@ -43,7 +50,7 @@ class ConnectionWatch:
     def __len__(self) -> int:
         return len(self._ended)
 
-    def watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Peer | None:
+    def watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> WatchedConnection | None:
         """Start watching a connection (None: its peer has no address to find it by, as a Unix socket's)."""
         peer = _peer(writer.get_extra_info("peername"))
         if peer is None:
@@ -62,14 +69,18 @@ class ConnectionWatch:
         # The transport's protocol calls these on the reader when the peer closes or resets the connection.
         setattr(reader, "feed_eof", eof)  # noqa: B010
         setattr(reader, "set_exception", failed)  # noqa: B010
-        if reader.at_eof() or reader.exception() is not None:
+        # Under load the client's request and its close can both arrive before Hypercorn's task for the connection
+        # runs: the EOF is then fed already, with the request still buffered, which `at_eof()` does not report.
+        if getattr(reader, "_eof", False) or reader.at_eof() or reader.exception() is not None:
             ended.set()
         self._ended[peer] = ended
-        return peer
+        return WatchedConnection(peer, ended)
 
-    def forget(self, peer: Peer | None) -> None:
-        if peer is not None:
-            self._ended.pop(peer, None)
+    def forget(self, connection: WatchedConnection) -> None:
+        """Stop watching `connection`. On loopback a client's port is reused at once, so a new connection from the
+        same address may be watched already, before the old one's task ends: its entry stays."""
+        if self._ended.get(connection.peer) is connection.ended:
+            del self._ended[connection.peer]
 
     def ended(self, client: Any) -> asyncio.Event | None:
         peer = _peer(client)
@@ -151,6 +162,7 @@ class ClientGoneMiddleware:
 
         async def receive_or_gone() -> MutableMapping[str, Any]:
             nonlocal told
+            message: MutableMapping[str, Any] | None = None
             if not ended.is_set():
                 receiving = asyncio.ensure_future(receive())
                 ending = asyncio.ensure_future(ended.wait())
@@ -159,12 +171,17 @@ class ClientGoneMiddleware:
                 finally:
                     ending.cancel()
                 if receiving.done():
-                    return receiving.result()
-                receiving.cancel()
-            if not (told or answered):
+                    message = receiving.result()
+                else:
+                    receiving.cancel()
+            if message is None:
+                message = dict(DISCONNECT)
+            # Hypercorn may say so first: it closes a connection whose client has gone once it is idle (before the
+            # request is read, the request still buffered), and the request's stream with it.
+            if message.get("type") == "http.disconnect" and not (told or answered):
                 told = True
                 self._stats.client_gone += 1
-            return dict(DISCONNECT)
+            return message
 
         await self._app(scope, receive_or_gone, sending)
 

@@ -28,7 +28,7 @@ from hypercorn.asyncio.worker_context import WorkerContext
 
 from courier.core.failure_codes import FailureCode
 from courier.http.request_id import mint
-from courier.server.client_watch import ConnectionContext, ConnectionWatch
+from courier.server.client_watch import ConnectionContext, ConnectionWatch, WatchedConnection
 from courier.status.connections import ConnectionStats
 
 logger = logging.getLogger(__name__)
@@ -120,25 +120,24 @@ def install_connection_cap(
                     on_refused(head, answer, request_id, time.monotonic() - started)
                 return
             stats.open += 1
-            peer = watch.watch(reader, writer) if watch is not None else None
-            ended = watch.ended(peer) if watch is not None else None
+            watched = watch.watch(reader, writer) if watch is not None else None
             try:
-                await serve_connection(*_connection_arguments(self._arguments, ended))
+                await serve_connection(*_connection_arguments(self._arguments, watched))
             finally:
                 stats.open -= 1
-                if watch is not None:
-                    watch.forget(peer)
+                if watch is not None and watched is not None:
+                    watch.forget(watched)
 
     setattr(hypercorn_run, _CONNECTION_SERVER, GatedTCPServer)
     return lambda: setattr(hypercorn_run, _CONNECTION_SERVER, serve_connection)
 
 
-def _connection_arguments(arguments: tuple[Any, ...], ended: asyncio.Event | None) -> tuple[Any, ...]:
+def _connection_arguments(arguments: tuple[Any, ...], watched: WatchedConnection | None) -> tuple[Any, ...]:
     """Hypercorn's arguments for one connection, its worker context seen through the connection's end."""
-    if ended is None:
+    if watched is None:
         return arguments
     return tuple(
-        ConnectionContext(argument, ended) if isinstance(argument, WorkerContext) else argument
+        ConnectionContext(argument, watched.ended) if isinstance(argument, WorkerContext) else argument
         for argument in arguments
     )
 

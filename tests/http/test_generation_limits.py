@@ -145,7 +145,7 @@ def test_a_storm_of_clients_that_leave_right_after_sending_costs_no_generation(
 ) -> None:
     """Each client sends a whole request and closes its connection. Hypercorn reads nothing while it answers, so
     before, every one of them ran to its max_tokens for nobody; now each is told its client has gone and its
-    generation leaves the queue (or the batch, within a step)."""
+    generation leaves the queue (or the batch, within a step), and its connection is closed and counted out."""
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 64, "logit_bias": {"0": -100, "2": -100}}
     payload = json.dumps(body).encode()
     for server in serve(tiny_llama_dir, cache_dir, "--max-batch", "4", "--max-queue", "256"):
@@ -163,11 +163,12 @@ def test_a_storm_of_clients_that_leave_right_after_sending_costs_no_generation(
             after = health(server)
             told = after["connections"]["client_gone"] - before["connections"]["client_gone"]
             idle = (after["scheduler"]["running"], after["scheduler"]["waiting"]) == (0, 0)
-            if told == STORM and idle:
+            closed = after["connections"]["open"] == before["connections"]["open"]  # this poll's own, in both
+            if told == STORM and idle and closed:
                 break
         else:
-            # Seen once (2026-12-06, a fresh clone's full run): 59 of 60 told, 44 connections still open. The access
-            # log's lines say what became of each request.
+            # Seen under load before c00fcc6 and its follow-up: one request in ~200 told by Hypercorn, not counted;
+            # and connections held open for good. The access log's lines say what became of each request.
             access = [line for line in server.lines if "courier.access" in line and "/v1/chat/completions" in line]
             raise AssertionError(f"{after}\n{len(access)} access lines:\n{''.join(access)}")
         generated = after["scheduler"]["generated_tokens"] - before["scheduler"]["generated_tokens"]
