@@ -17,6 +17,7 @@ from bench.harness.servers import Launcher
 from bench.reliability.common import PARTS, REPO_ROOT, SERVED, PartResult, Setup
 from bench.reliability.kill import run_kill
 from bench.reliability.soak import run_soak
+from bench.reliability.storm import run_storm
 from bench.reliability.streams import run_disconnects, run_load, run_shutdown
 from courier.platform.blas import load_optimized_blas
 
@@ -26,6 +27,7 @@ RUNNERS: dict[str, Callable[[Setup], PartResult]] = {
     "soak": run_soak,
     "kill": run_kill,
     "shutdown": run_shutdown,
+    "storm": run_storm,
 }
 
 
@@ -90,6 +92,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--kill-after", type=float, default=10.0, help="kill: seconds of traffic before SIGKILL (10)")
     add("--shutdown-timeout", type=float, default=5.0, help="shutdown: the server's --shutdown-timeout (5)")
     add("--exit-slack", type=float, default=5.0, help="shutdown: seconds allowed past the timeout to exit (5)")
+    add("--storm-rounds", type=int, default=8, help="storm: rounds of clients that send and leave (8)")
+    add("--storm-clients", type=int, default=200, help="storm: clients a round, sent from 4 threads (200)")
+    add("--storm-max-tokens", type=int, default=64, help="storm: max_tokens per request (64)")
+    add("--storm-burners", type=int, default=3, help="storm: CPU-bound processes run beside the server (3)")
     add("--log-dir", type=Path, default=None, help="server logs (default: CACHE/bench-logs)")
     cli.add_results(parser)
     return parser.parse_args(argv)

@@ -19,7 +19,7 @@ from bench.harness.report import ms
 from bench.harness.servers import COURIER, Launcher, Server, ServerSpec
 from bench.harness.stats import percentile_or_none
 
-PARTS = ("load", "disconnects", "soak", "kill", "shutdown")
+PARTS = ("load", "disconnects", "soak", "kill", "shutdown", "storm")
 SERVED = "tiny-llama"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HTTP_TIMEOUT_S = 30.0

@@ -8,7 +8,8 @@ end of it (EOF or a reset) sets an event. `ClientGoneMiddleware` answers the app
 `http.disconnect` as soon as that event is set, so Quart cancels the request's handler, as it does when Hypercorn
 reports a disconnect; the handler's cancellation closes the generation's event stream, which takes it out of the
 queue or the batch at the scheduler's next step. A client that half-closes its side and still waits for the answer
-(rare; uvicorn treats it alike) is taken as gone too.
+(rare; uvicorn treats it alike) is taken as gone too, and gets no answer: Hypercorn itself ends the request's stream
+when it reads the client's EOF.
 
 Hypercorn also kept a connection its client had closed while it was idle (between requests): its idle timer holds
 the connection until `--keep-alive-timeout`, so each such connection counted against `--max-connections` and held
@@ -89,32 +90,33 @@ class ConnectionWatch:
 
 class ConnectionContext:
     """Hypercorn's worker context (`hypercorn.typing.WorkerContext`) as one connection sees it: terminated when the
-    worker is, or once the connection's client has closed or reset it."""
+    worker is, or once the connection's client has gone."""
 
-    def __init__(self, worker: WorkerContext, ended: asyncio.Event) -> None:
+    def __init__(self, worker: WorkerContext, connection: WatchedConnection) -> None:
         self._worker = worker
         self.event_class: type[Event] = worker.event_class
         self.single_task_class: type[SingleTask] = worker.single_task_class
-        self.terminate = worker.terminate
-        self.terminated = EndedOrTerminated(worker.terminated, ended)
+        self.terminate: Event = worker.terminate
+        self.terminated: Event = GoneOrTerminated(worker.terminated, connection)
 
     async def mark_request(self) -> None:
         await self._worker.mark_request()
 
-    async def sleep(self, wait: float) -> None:
-        await self._worker.sleep(wait)
+    @staticmethod
+    async def sleep(wait: float) -> None:
+        await WorkerContext.sleep(wait)
 
-    def time(self) -> float:
-        return self._worker.time()
+    @staticmethod
+    def time() -> float:
+        return WorkerContext.time()
 
 
-class EndedOrTerminated:
-    """A `hypercorn.typing.Event` set while the worker is terminated or the connection has ended (setting or
-    clearing it touches only the connection's own end, never the worker's)."""
+class GoneOrTerminated:
+    """A `hypercorn.typing.Event` set while the worker is terminated or the connection's client has gone."""
 
-    def __init__(self, terminated: Event, ended: asyncio.Event) -> None:
+    def __init__(self, terminated: Event, connection: WatchedConnection) -> None:
         self._terminated = terminated
-        self._ended = ended
+        self._ended = connection.ended
 
     def is_set(self) -> bool:
         return self._ended.is_set() or self._terminated.is_set()
@@ -130,10 +132,11 @@ class EndedOrTerminated:
                 waiting.cancel()
 
     async def set(self) -> None:
-        self._ended.set()
+        """Hypercorn sets and clears only the worker's own event; a connection's end comes from its client."""
+        raise RuntimeError("a connection's view of the worker's terminated event is read-only")
 
     async def clear(self) -> None:
-        self._ended.clear()
+        raise RuntimeError("a connection's view of the worker's terminated event is read-only")
 
 
 class ClientGoneMiddleware:

@@ -25,6 +25,7 @@ from typing import Any
 import hypercorn.asyncio.run as hypercorn_run
 import orjson
 from hypercorn.asyncio.worker_context import WorkerContext
+from hypercorn.typing import WorkerContext as HypercornContext
 
 from courier.core.failure_codes import FailureCode
 from courier.http.request_id import mint
@@ -137,9 +138,13 @@ def _connection_arguments(arguments: tuple[Any, ...], watched: WatchedConnection
     if watched is None:
         return arguments
     return tuple(
-        ConnectionContext(argument, watched.ended) if isinstance(argument, WorkerContext) else argument
+        _connection_context(argument, watched) if isinstance(argument, WorkerContext) else argument
         for argument in arguments
     )
+
+
+def _connection_context(worker: WorkerContext, watched: WatchedConnection) -> HypercornContext:
+    return ConnectionContext(worker, watched)  # typed as Hypercorn's protocol, so mypy checks it is one
 
 
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> bytes:

@@ -147,8 +147,9 @@ class Settings:
     keep_alive_timeout: float = setting(
         30.0,
         parse_positive_float,
-        "seconds an idle connection is kept for its client's next request; longer than the 5 s for which httpx "
-        "(the openai and anthropic SDKs) keeps one, so a client never sends on a connection the server is closing",
+        "seconds an idle connection is kept for its client's next request (and a connection has to send a "
+        "request's head); longer than the 5 s for which httpx (the openai and anthropic SDKs) pools one, so those "
+        "clients never send on a connection the server is closing",
         metavar="SECONDS",
     )
     max_connections: int = setting(

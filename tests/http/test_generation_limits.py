@@ -148,7 +148,10 @@ def test_a_storm_of_clients_that_leave_right_after_sending_costs_no_generation(
     generation leaves the queue (or the batch, within a step), and its connection is closed and counted out."""
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 64, "logit_bias": {"0": -100, "2": -100}}
     payload = json.dumps(body).encode()
-    for server in serve(tiny_llama_dir, cache_dir, "--max-batch", "4", "--max-queue", "256"):
+    # Idle connections are kept longer than the test waits: only the clients' closes can count theirs out.
+    for server in serve(
+        tiny_llama_dir, cache_dir, "--max-batch", "4", "--max-queue", "256", "--keep-alive-timeout", "600"
+    ):
         address = httpx.URL(server.base_url)
         assert address.host is not None and address.port is not None
         head = (

@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 from hypercorn.asyncio.worker_context import WorkerContext
 
-from courier.server.client_watch import ClientGoneMiddleware, ConnectionContext, ConnectionWatch
+from courier.server.client_watch import ClientGoneMiddleware, ConnectionContext, ConnectionWatch, WatchedConnection
 from courier.status.connections import ConnectionStats
 
 PEER = ("127.0.0.1", 40000)
@@ -24,11 +24,12 @@ class Peer:
         return PEER if name == "peername" else None
 
 
-def watched(watch: ConnectionWatch) -> tuple[asyncio.StreamReader, asyncio.Event]:
+def watched(watch: ConnectionWatch | None = None) -> tuple[asyncio.StreamReader, WatchedConnection]:
+    """A new connection's reader, watched by `watch` (a watch of its own by default)."""
     reader = asyncio.StreamReader()
-    connection = watch.watch(reader, cast(asyncio.StreamWriter, Peer()))
+    connection = (ConnectionWatch() if watch is None else watch).watch(reader, cast(asyncio.StreamWriter, Peer()))
     assert connection is not None
-    return reader, connection.ended
+    return reader, connection
 
 
 async def run_app(
@@ -54,7 +55,7 @@ async def run_app(
     async def send(message: MutableMapping[str, Any]) -> None:
         return None
 
-    await ClientGoneMiddleware(app, watch, stats)(SCOPE, receive, send)
+    await asyncio.wait_for(ClientGoneMiddleware(app, watch, stats)(SCOPE, receive, send), 5)
     return heard
 
 
@@ -76,10 +77,10 @@ async def test_a_disconnect_hypercorn_tells_first_is_counted_as_the_client_gone(
 @pytest.mark.anyio
 async def test_the_watch_tells_of_a_close_hypercorn_has_not_reported() -> None:
     watch, stats = ConnectionWatch(), ConnectionStats(limit=8)
-    reader, ended = watched(watch)
+    reader, connection = watched(watch)
     reader.feed_data(b"GET / HTTP/1.1\r\n\r\n")
     reader.feed_eof()  # the client closed; Hypercorn, answering, reads nothing yet
-    assert ended.is_set()
+    assert connection.ended.is_set()
     heard = await run_app(watch, stats, [], answer_first=False)
     assert [message["type"] for message in heard] == ["http.disconnect"]
     assert stats.client_gone == 1
@@ -123,15 +124,26 @@ async def test_an_old_connection_forgotten_late_leaves_the_new_one_from_its_addr
 async def test_a_connection_sees_the_worker_terminated_once_its_client_has_gone() -> None:
     """So Hypercorn's idle timer closes it at once and it is not kept for another request."""
     worker = WorkerContext(None)
-    ended = asyncio.Event()
-    context = ConnectionContext(worker, ended)
+    reader, connection = watched()
+    context = ConnectionContext(worker, connection)
     waiting = asyncio.ensure_future(context.terminated.wait())
     await asyncio.sleep(0)
     assert not context.terminated.is_set() and not waiting.done()
-    ended.set()
+    reader.feed_eof()
     await asyncio.wait_for(waiting, 5)
     assert context.terminated.is_set() and not worker.terminated.is_set()
-    other = ConnectionContext(worker, asyncio.Event())
+    other = ConnectionContext(worker, watched()[1])
     await worker.terminated.set()  # the server is stopping: every connection sees it
     assert other.terminated.is_set()
     await asyncio.wait_for(other.terminated.wait(), 5)
+
+
+@pytest.mark.anyio
+async def test_a_wait_cancelled_by_hypercorn_leaves_no_task_behind() -> None:
+    """Hypercorn's idle timer waits with a timeout, and a new request cancels it."""
+    terminated = ConnectionContext(WorkerContext(None), watched()[1]).terminated
+    before = asyncio.all_tasks()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(terminated.wait(), 0.01)
+    await asyncio.sleep(0)  # the cancelled waiters finish
+    assert asyncio.all_tasks() == before

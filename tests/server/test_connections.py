@@ -181,11 +181,12 @@ def test_a_connection_its_client_closed_between_requests_frees_its_slot_at_once(
 
 def test_an_idle_connection_is_closed_at_the_keep_alive_timeout(impatient: RunningServer) -> None:
     with connect(impatient) as idle:
+        asked = time.monotonic()  # the server's timer starts after this, once it has answered
         status, _ = get_health(idle)
         assert status.startswith(b"HTTP/1.1 200")
-        answered = time.monotonic()
         assert idle.recv(1) == b""  # the server closed it (the socket's own timeout is TIMEOUT_S)
-        assert time.monotonic() - answered >= KEEP_ALIVE_S * 0.9
+        # Hypercorn's own default is 5 s: well past the bound, so the flag is what closed it.
+        assert KEEP_ALIVE_S <= time.monotonic() - asked < 4.5
 
 
 def test_the_keep_alive_timeout_outlasts_the_sdks_connection_pools() -> None:
