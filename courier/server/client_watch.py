@@ -92,12 +92,12 @@ class ConnectionContext:
     """Hypercorn's worker context (`hypercorn.typing.WorkerContext`) as one connection sees it: terminated when the
     worker is, or once the connection's client has gone."""
 
-    def __init__(self, worker: WorkerContext, connection: WatchedConnection) -> None:
+    def __init__(self, worker: WorkerContext, ended: asyncio.Event) -> None:
         self._worker = worker
         self.event_class: type[Event] = worker.event_class
         self.single_task_class: type[SingleTask] = worker.single_task_class
         self.terminate: Event = worker.terminate
-        self.terminated: Event = GoneOrTerminated(worker.terminated, connection)
+        self.terminated: Event = GoneOrTerminated(worker.terminated, ended)
 
     async def mark_request(self) -> None:
         await self._worker.mark_request()
@@ -114,9 +114,9 @@ class ConnectionContext:
 class GoneOrTerminated:
     """A `hypercorn.typing.Event` set while the worker is terminated or the connection's client has gone."""
 
-    def __init__(self, terminated: Event, connection: WatchedConnection) -> None:
+    def __init__(self, terminated: Event, ended: asyncio.Event) -> None:
         self._terminated = terminated
-        self._ended = connection.ended
+        self._ended = ended
 
     def is_set(self) -> bool:
         return self._ended.is_set() or self._terminated.is_set()

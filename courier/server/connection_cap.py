@@ -138,13 +138,13 @@ def _connection_arguments(arguments: tuple[Any, ...], watched: WatchedConnection
     if watched is None:
         return arguments
     return tuple(
-        _connection_context(argument, watched) if isinstance(argument, WorkerContext) else argument
+        _connection_context(argument, watched.ended) if isinstance(argument, WorkerContext) else argument
         for argument in arguments
     )
 
 
-def _connection_context(worker: WorkerContext, watched: WatchedConnection) -> HypercornContext:
-    return ConnectionContext(worker, watched)  # typed as Hypercorn's protocol, so mypy checks it is one
+def _connection_context(worker: WorkerContext, ended: asyncio.Event) -> HypercornContext:
+    return ConnectionContext(worker, ended)  # typed as Hypercorn's protocol, so mypy checks it is one
 
 
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> bytes:

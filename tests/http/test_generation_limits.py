@@ -170,8 +170,8 @@ def test_a_storm_of_clients_that_leave_right_after_sending_costs_no_generation(
             if told == STORM and idle and closed:
                 break
         else:
-            # Seen under load before c00fcc6 and its follow-up: one request in ~200 told by Hypercorn, not counted;
-            # and connections held open for good. The access log's lines say what became of each request.
+            # Seen under load before bd1d0fb: one request in ~200 told by Hypercorn itself, not counted. The access
+            # log's lines say what became of each request.
             access = [line for line in server.lines if "courier.access" in line and "/v1/chat/completions" in line]
             raise AssertionError(f"{after}\n{len(access)} access lines:\n{''.join(access)}")
         generated = after["scheduler"]["generated_tokens"] - before["scheduler"]["generated_tokens"]

@@ -125,14 +125,14 @@ async def test_a_connection_sees_the_worker_terminated_once_its_client_has_gone(
     """So Hypercorn's idle timer closes it at once and it is not kept for another request."""
     worker = WorkerContext(None)
     reader, connection = watched()
-    context = ConnectionContext(worker, connection)
+    context = ConnectionContext(worker, connection.ended)
     waiting = asyncio.ensure_future(context.terminated.wait())
     await asyncio.sleep(0)
     assert not context.terminated.is_set() and not waiting.done()
     reader.feed_eof()
     await asyncio.wait_for(waiting, 5)
     assert context.terminated.is_set() and not worker.terminated.is_set()
-    other = ConnectionContext(worker, watched()[1])
+    other = ConnectionContext(worker, watched()[1].ended)
     await worker.terminated.set()  # the server is stopping: every connection sees it
     assert other.terminated.is_set()
     await asyncio.wait_for(other.terminated.wait(), 5)
@@ -141,7 +141,7 @@ async def test_a_connection_sees_the_worker_terminated_once_its_client_has_gone(
 @pytest.mark.anyio
 async def test_a_wait_cancelled_by_hypercorn_leaves_no_task_behind() -> None:
     """Hypercorn's idle timer waits with a timeout, and a new request cancels it."""
-    terminated = ConnectionContext(WorkerContext(None), watched()[1]).terminated
+    terminated = ConnectionContext(WorkerContext(None), watched()[1].ended).terminated
     before = asyncio.all_tasks()
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(terminated.wait(), 0.01)
