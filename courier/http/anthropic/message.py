@@ -1,8 +1,12 @@
 """The Messages API's reply shapes: the message object, its content blocks, `stop_reason` and `usage`.
 
-Usage splits the prompt as Anthropic's does: `input_tokens` are those neither read from the prompt cache
-(`cache_read_input_tokens`, the snapshot store's `cached_tokens`) nor written to it (`cache_creation_input_tokens`,
-its `cache_write_tokens`), so the three add up to the prompt `count_tokens` reports.
+Usage splits the prompt in two: `cache_read_input_tokens` (what the snapshot store served, its `cached_tokens`) and
+`input_tokens` (the rest, prefilled), which add up to the prompt `count_tokens` reports. `cache_creation_input_tokens`
+is always 0. The snapshot store keeps every prompt by itself (no `cache_control` breakpoint asks for it), and a stream's
+`message_start` is sent before the split is known. Claude Code merges a stream's usage field by field, and a later
+figure replaces an earlier one only when it is above 0. If writes counted as cache creation, `input_tokens` would
+fall to 0 in `message_delta`, and Claude Code would count the prompt twice: once as the start's `input_tokens`, once
+as the delta's cache creation. A prompt's last token is always prefilled, so the delta's `input_tokens` is at least 1.
 """
 
 from __future__ import annotations
@@ -23,15 +27,14 @@ class Usage:
     prompt_tokens: int
     output_tokens: int
     cached_tokens: int = 0
-    cache_write_tokens: int = 0
     thinking_tokens: int = 0
 
     def as_dict(self) -> JsonObject:
-        cached = min(self.cached_tokens, self.prompt_tokens)
-        written = min(self.cache_write_tokens, self.prompt_tokens - cached)
+        # A continuation after a thinking budget reports its own hit, which may cover the whole first prompt.
+        cached = max(0, min(self.cached_tokens, self.prompt_tokens - 1))
         return {
-            "input_tokens": self.prompt_tokens - cached - written,
-            "cache_creation_input_tokens": written,
+            "input_tokens": self.prompt_tokens - cached,
+            "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": cached,
             "output_tokens": self.output_tokens,
             "output_tokens_details": {"thinking_tokens": self.thinking_tokens},

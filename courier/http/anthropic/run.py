@@ -147,7 +147,6 @@ class MessageRun:
             prompt_tokens=first.admitted.prompt_tokens,
             output_tokens=output,
             cached_tokens=finished.cached_tokens if finished is not None else 0,
-            cache_write_tokens=finished.cache_write_tokens if finished is not None and last is first else 0,
             thinking_tokens=self.reply.reasoning_tokens,
         )
 

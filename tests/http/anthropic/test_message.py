@@ -13,17 +13,18 @@ from courier.http.errors import ApiError
 CALL = ToolCall(id="call_7", name="f", arguments='{"a": [1]}')
 
 
-def test_usage_splits_the_prompt_into_read_written_and_the_rest() -> None:
-    usage = Usage(prompt_tokens=100, output_tokens=7, cached_tokens=60, cache_write_tokens=30, thinking_tokens=3)
+def test_usage_splits_the_prompt_into_read_and_the_rest_and_never_reports_creation() -> None:
+    usage = Usage(prompt_tokens=100, output_tokens=7, cached_tokens=60, thinking_tokens=3)
     assert usage.as_dict() == {
-        "input_tokens": 10,
-        "cache_creation_input_tokens": 30,
+        "input_tokens": 40,
+        "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 60,
         "output_tokens": 7,
         "output_tokens_details": {"thinking_tokens": 3},
         "service_tier": "standard",
     }
-    assert Usage(prompt_tokens=5, output_tokens=0, cached_tokens=9, cache_write_tokens=9).as_dict()["input_tokens"] == 0
+    # A continuation's hit may cover the whole first prompt: its last token was prefilled all the same.
+    assert Usage(prompt_tokens=5, output_tokens=0, cached_tokens=9).as_dict()["input_tokens"] == 1
 
 
 @pytest.mark.parametrize(

@@ -75,18 +75,39 @@ def test_aliases_name_the_model_and_the_reply_echoes_the_name(
     assert [model["id"] for model in listed["data"]] == [MODEL, ALIAS]  # a pattern names no one model
 
 
-def test_a_stream_keeps_anthropics_order_and_adds_up(keyed_http: httpx.Client) -> None:
-    body = {"model": MODEL, "max_tokens": 64, "system": fresh(), "messages": ask(), "stream": True}
-    with keyed_http.stream("POST", "/v1/messages?beta=true", json=body) as response:
-        assert response.headers["content-type"].startswith("text/event-stream")
-        events = check_order(read_events(response))
-    counted = keyed_http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
-    started, (_, delta), _ = events[0][1], events[-2], events[-1]
-    assert started["message"]["usage"]["input_tokens"] == counted  # before the cache split is known
-    assert started["message"]["content"] == [] and started["message"]["stop_reason"] is None
-    final = delta["usage"]
-    assert final["input_tokens"] + final["cache_read_input_tokens"] + final["cache_creation_input_tokens"] == counted
-    assert delta["delta"]["stop_reason"] in ("end_turn", "max_tokens")
+PROMPT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+
+def merged_as_claude_code_does(start: dict[str, int], delta: dict[str, int]) -> int:
+    """The prompt a stream's usage adds up to as Claude Code merges it (its `updateUsage`, read from the binary): a
+    field of `message_delta` replaces `message_start`'s only when it is above 0."""
+    return sum(delta[field] if delta.get(field, 0) > 0 else start.get(field, 0) for field in PROMPT_FIELDS)
+
+
+def test_a_stream_keeps_anthropics_order_and_adds_up_however_a_client_merges_its_usage(
+    keyed_http: httpx.Client,
+) -> None:
+    """Two turns of one conversation, the second served from the prompt cache: its usage adds up to the count as the
+    SDKs merge it (`message_delta`'s figures win) and as Claude Code does (only figures above 0 win)."""
+    system, session = fresh(), {"user_id": f"session-{uuid.uuid4().hex}"}
+    history = ask()
+    for turn in range(2):
+        body = {"model": MODEL, "max_tokens": 64, "system": system, "messages": history, "metadata": session}
+        with keyed_http.stream("POST", "/v1/messages?beta=true", json={**body, "stream": True}) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = check_order(read_events(response))
+        counted = keyed_http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+        started, (_, delta), _ = events[0][1], events[-2], events[-1]
+        start = started["message"]["usage"]
+        assert start["input_tokens"] == counted  # before the cache split is known
+        assert started["message"]["content"] == [] and started["message"]["stop_reason"] is None
+        final = delta["usage"]
+        assert sum(final[field] for field in PROMPT_FIELDS) == counted
+        assert merged_as_claude_code_does(start, final) == counted
+        assert (final["cache_read_input_tokens"] > 0) == (turn == 1), final
+        assert delta["delta"]["stop_reason"] in ("end_turn", "max_tokens")
+        text = "".join(data["delta"].get("text", "") for name, data in events if name == "content_block_delta")
+        history = [*history, {"role": "assistant", "content": text or "..."}, *ask("And again?")]
 
 
 def test_the_sdks_stream_helper_gets_the_final_message(messages_client: anthropic.Anthropic) -> None:
