@@ -166,12 +166,13 @@ def _for_the_model(error: ApiError, context: AppContext) -> ApiError:
 
 
 def _envelope() -> Envelope:
-    """Anthropic's error envelope on the Messages API's routes, and on the model routes when an Anthropic client
-    asks (it sends `anthropic-version`); OpenAI's on every other."""
+    """Anthropic's error envelope on the Messages API's routes, and on the model routes and on no route (an unknown
+    path or method: `messages.batches`, say) when an Anthropic client asks (it sends `anthropic-version`); OpenAI's
+    on every other."""
     family = _family()
     if family == anthropic_routes.BLUEPRINT:
         return Envelope.ANTHROPIC
-    if family in MODEL_FAMILIES and anthropic_models.wants_anthropic_shape(request.headers):
+    if (family is None or family in MODEL_FAMILIES) and anthropic_models.wants_anthropic_shape(request.headers):
         return Envelope.ANTHROPIC
     return Envelope.OPENAI
 

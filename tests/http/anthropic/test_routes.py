@@ -302,6 +302,27 @@ def test_errors_answer_in_anthropics_envelope(keyed_http: httpx.Client, server: 
     assert set(openai_route.json()) == {"error"}  # the OpenAI routes keep OpenAI's envelope
 
 
+def test_a_route_or_method_not_served_answers_an_anthropic_client_in_its_envelope(
+    messages_client: anthropic.Anthropic, keyed_http: httpx.Client, server: RunningServer
+) -> None:
+    """No route matched, the client's `anthropic-version` decides: its key is read from x-api-key and the answer is a
+    404 or 405 in Anthropic's envelope, not a 401 that sends its user looking at the key."""
+    with pytest.raises(anthropic.NotFoundError) as batches:
+        messages_client.messages.batches.list()
+    assert (batches.value.body["type"], batches.value.body["error"]["type"]) == ("error", "not_found_error")
+    version = {"anthropic-version": "2023-06-01"}
+    refusals = [
+        (keyed_http.get("/v1/messages", headers=version), 405, "invalid_request_error"),
+        (keyed_http.post("/v1/complete", json={}, headers=version), 404, "not_found_error"),
+        (httpx.get(f"{server.base_url}/v1/messages", headers=version), 401, "authentication_error"),
+    ]
+    for reply, status, kind in refusals:
+        assert reply.status_code == status, reply.text
+        assert (reply.json()["type"], reply.json()["error"]["type"]) == ("error", kind)
+    unknown = keyed_http.post("/v1/complete", json={}, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert set(unknown.json()) == {"error"}  # no anthropic-version: OpenAI's envelope, as before
+
+
 def test_both_headers_carry_the_key(server: RunningServer) -> None:
     request: Any = {"model": MODEL, "max_tokens": 5, "messages": ask()}
     with anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0) as by_api_key:
