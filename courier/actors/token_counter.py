@@ -51,7 +51,7 @@ from courier.messages.token_counter import (
 from courier.model.tokenizer_offsets import WholeTexts, offsets_encoder
 from courier.model.vision.processing import ImageProcessor
 from courier.runtime.actor import Actor
-from courier.runtime.trace_attributes import TOKENS_REUSED
+from courier.runtime.trace_attributes import TEMPLATE_LEFT_OUT, TOKENS_REUSED
 from courier.status.tokenizer_stats import TokenizerStats
 
 T = TypeVar("T")
@@ -209,6 +209,8 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             messages, sources = generic_tools.render_with_sources(messages, tools)  # the template knows no tools
             tools = None
         arguments = options.for_template(self._template_text, thinking)  # TemplateOptionRefused: the request's
+        if left_out := options.left_out(self._template_text):
+            trace.get_current_span().set_attribute(TEMPLATE_LEFT_OUT, list(left_out))
         try:
             rendered = self._tokenizer.apply_chat_template(
                 [self._for_template(item) for item in messages],

@@ -4,6 +4,11 @@
 read changes nothing). A reasoning effort (chat's `reasoning_effort`, Responses' `reasoning.effort`) maps onto the
 template's own switch: `enable_thinking` (Qwen3 and kin: off for "none", on otherwise) and/or a `reasoning_effort`
 variable; a template with neither cannot honour it, and the request is refused rather than silently served.
+
+Anthropic's `output_config.effort` is advisory: whether to think is its `thinking` field's, so the effort reaches only
+a template's `reasoning_effort` variable, and a template without one is served without it, the effort left out where
+a trace shows it (`left_out`). Claude Code sends an effort on every request, and a model that cannot take one must
+still serve Claude Code.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+EFFORT_VARIABLE = "reasoning_effort"  # the template variable an effort sets (gpt-oss's: low, medium, high)
 # Arguments the renderer sets itself: a request may not replace them.
 RESERVED = frozenset(
     {"messages", "tools", "add_generation_prompt", "tokenize", "return_dict", "continue_final_message", "chat_template"}
@@ -31,12 +37,16 @@ class TemplateOptions:
     kwargs: tuple[tuple[str, Any], ...] = ()
     reasoning_effort: str | None = None
     effort_param: str = "reasoning_effort"  # how the request named it (Responses: "reasoning.effort")
+    effort_advisory: bool = False  # Anthropic's: only a `reasoning_effort` variable takes it, and none is no refusal
 
     def for_template(self, template: str, thinking: bool) -> dict[str, Any]:
         """The keyword arguments for `template` (its source text), or `TemplateOptionRefused`."""
         arguments = dict(self.kwargs)
         effort = self.reasoning_effort
-        if effort is not None:
+        if effort is not None and self.effort_advisory:
+            if EFFORT_VARIABLE in template:
+                arguments[EFFORT_VARIABLE] = effort
+        elif effort is not None:
             switches = [name for name in ("enable_thinking", "reasoning_effort") if name in template]
             if not switches:
                 raise TemplateOptionRefused(
@@ -51,6 +61,11 @@ class TemplateOptions:
         if not thinking:  # the server's own renders that must not think (a compaction summary)
             arguments["enable_thinking"] = False
         return arguments
+
+    def left_out(self, template: str) -> tuple[str, ...]:
+        """The request's fields `template` cannot take and that are served without (an advisory effort's)."""
+        advisory = self.reasoning_effort is not None and self.effort_advisory
+        return (self.effort_param,) if advisory and EFFORT_VARIABLE not in template else ()
 
 
 NO_OPTIONS = TemplateOptions()

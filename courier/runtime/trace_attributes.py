@@ -37,3 +37,5 @@ GENERATION_FORCED_TOKENS = "courier.generation.forced_tokens"
 GENERATION_FINISH_REASON = "courier.generation.finish_reason"
 # The tool types a Responses request declared that the model was not offered (hosted tools).
 TOOLS_NOT_OFFERED = "courier.tools.not_offered"
+# The request's fields the chat template could not take and that it was served without (Anthropic's effort).
+TEMPLATE_LEFT_OUT = "courier.template.left_out"

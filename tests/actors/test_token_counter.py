@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from courier.actors.token_counter import TokenCounterActor
 from courier.core.failure_codes import FailureCode
+from courier.core.template_options import NO_OPTIONS, TemplateOptions
 from courier.messages.base import FailureKind, RequestFailed
 from courier.messages.token_counter import (
     Detokenize,
@@ -29,6 +30,7 @@ from courier.messages.token_counter import (
 )
 from courier.runtime.actor import ask
 from courier.runtime.faults import FaultCounter
+from courier.runtime.trace_attributes import TEMPLATE_LEFT_OUT
 from courier.status.tokenizer_stats import TokenizerStats
 
 Outbox = MemoryObjectSendStream[TokenCounterMessage]
@@ -97,6 +99,32 @@ async def test_each_message_is_handled_in_a_named_span(outbox: Outbox, span_expo
     reply: TokenizeReply = await ask(outbox, lambda r: TokenizeText(text="x", add_special_tokens=False, reply=r))
     assert isinstance(reply, TokenizeResult)
     assert "token_counter.TokenizeText" in [span.name for span in span_exporter.get_finished_spans()]
+
+
+@pytest.mark.anyio
+async def test_an_advisory_effort_the_template_cannot_take_is_named_on_the_span(
+    outbox: Outbox, span_exporter: InMemorySpanExporter
+) -> None:
+    """SmolLM2's template reads no `reasoning_effort`: Anthropic's effort is served without, and the span says so."""
+    messages = [{"role": "user", "content": "Hello"}]
+    effort = TemplateOptions(reasoning_effort="high", effort_param="output_config.effort", effort_advisory=True)
+    plain, advised = [
+        await ask(
+            outbox,
+            lambda r, o=options: TokenizeChat(  # type: ignore[misc]
+                messages=messages, tools=None, add_generation_prompt=True, reply=r, options=o
+            ),
+        )
+        for options in (NO_OPTIONS, effort)
+    ]
+    assert isinstance(plain, TokenizeResult) and isinstance(advised, TokenizeResult)
+    assert advised.tokens == plain.tokens
+    left_out = [
+        tuple(span.attributes[TEMPLATE_LEFT_OUT])  # type: ignore[arg-type]
+        for span in span_exporter.get_finished_spans()
+        if span.attributes is not None and TEMPLATE_LEFT_OUT in span.attributes
+    ]
+    assert left_out == [("output_config.effort",)]
 
 
 class CountingTokenizer:

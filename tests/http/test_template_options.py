@@ -18,10 +18,13 @@ import pytest
 from tests.support.server import TINY_MODEL, RunningServer, running_server
 
 MODEL = TINY_MODEL  # both servers serve it under this name
-# Appended to the template's generation prompt: an empty thinking block when thinking is off (as Qwen3's does),
-# and a line when the request's chat_template_kwargs set `persona`.
+# Appended to the template's generation prompt: an empty thinking block when thinking is off (as Qwen3's does), a
+# line naming a `reasoning_effort` other than none (as gpt-oss's writes its effort), and a line when the request's
+# chat_template_kwargs set `persona`.
 SWITCHES = (
     "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- if reasoning_effort is defined and reasoning_effort != 'none' %}{{ 'Effort: ' + reasoning_effort + '\\n' }}"
+    "{%- endif %}"
     "{%- if persona is defined %}{{ 'Speaking as ' + persona + '.\\n' }}{%- endif %}"
 )
 MESSAGES = [{"role": "user", "content": "Hello"}]
@@ -66,6 +69,34 @@ def test_a_reasoning_effort_sets_the_templates_thinking_switch(servers: dict[str
             "/v1/responses/input_tokens", json={"model": MODEL, "input": "Hello", "reasoning": {"effort": "medium"}}
         ).json()
         assert counted["input_tokens"] == thinking["usage"]["input_tokens"]
+
+
+def test_anthropics_effort_reaches_a_template_that_takes_one_and_is_left_out_by_one_that_does_not(
+    servers: dict[str, RunningServer],
+) -> None:
+    """`output_config.effort` sets the template's `reasoning_effort` (xhigh and max as its most, high), never its
+    thinking switch (that is `thinking`'s); a template without the variable serves the request without it, as
+    Claude Code sends an effort on every request."""
+
+    def counted(http: httpx.Client, effort: str | None) -> int:
+        body: dict[str, Any] = {"model": MODEL, "messages": MESSAGES}
+        if effort is not None:
+            body["output_config"] = {"effort": effort}
+        reply = http.post("/v1/messages/count_tokens", json=body)
+        assert reply.status_code == 200, reply.text
+        return int(reply.json()["input_tokens"])
+
+    with servers["switch"].http() as http:
+        without = counted(http, None)
+        assert counted(http, "low") > without  # the template's effort line
+        assert counted(http, "max") == counted(http, "xhigh") == counted(http, "high") > without
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1, "output_config": {"effort": "low"}}
+        usage = http.post("/v1/messages", json=body).json()["usage"]
+        assert usage["input_tokens"] + usage["cache_read_input_tokens"] == counted(http, "low")
+    with servers["plain"].http() as http:
+        assert counted(http, "high") == counted(http, None)
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 1, "output_config": {"effort": "high"}}
+        assert http.post("/v1/messages", json=body).status_code == 200
 
 
 def test_chat_template_kwargs_reach_the_template(servers: dict[str, RunningServer]) -> None:

@@ -2,12 +2,13 @@
 thinking budget, the model name to echo).
 
 The body is first checked against its schema (`schemas/anthropic.py`): types, ranges, and the fields Anthropic defines
-that ask for what Courier cannot do (server tools, MCP servers, a code execution container, clearing tool results),
-each refusal a 400 naming its field; fields that ask nothing beyond what it does anyway (`cache_control`,
-`anthropic-beta` features, `service_tier`, `output_config.effort`) are accepted; unknown fields are ignored, as on the
-other routes. What is left here: a thinking budget within `max_tokens`, a named tool among the tools, the last message
-a user's, and the translation. `max_tokens` is required, as Anthropic requires it, and capped at what the context
-leaves (agents ask for 32,000-128,000 output tokens on every call).
+that ask for what Courier cannot do (server tools, MCP servers, a code execution container, clearing tool results), each
+refusal a 400 naming its field; fields that ask nothing beyond what it does anyway (`cache_control`, `anthropic-beta`
+features, `service_tier`) are accepted; `output_config.effort` reaches a template that takes an effort, and is left out,
+visibly, for one that does not; unknown fields are ignored, as on the other routes. What is left here: a thinking budget
+within `max_tokens`, a named tool among the tools, the last message a user's, and the translation. `max_tokens` is
+required, as Anthropic requires it, and capped at what the context leaves (agents ask for 32,000-128,000 output tokens
+on every call).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from courier.core.sampling_defaults import OPENAI, SamplingDefaults
+from courier.core.template_options import NO_OPTIONS, TemplateOptions
 from courier.engine.generation import SamplingParams
 from courier.grammar import output_spec
 from courier.grammar.output_spec import OutputFormat, ToolChoice
@@ -29,6 +31,9 @@ from courier.http.openai_requests import GenerationRequest
 from courier.http.schemas import anthropic
 from courier.http.schemas.validator import check
 from courier.messages.ingress import ChatPrompt
+
+# Anthropic's efforts in a template's words (gpt-oss's reasoning_effort takes low, medium and high).
+TEMPLATE_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +76,9 @@ def parse_messages_request(
     )
     generation = GenerationRequest(
         model=model,
-        prompt=ChatPrompt(messages=messages, tools=tools, images=images, thinking=thinking.enabled),
+        prompt=ChatPrompt(
+            messages=messages, tools=tools, images=images, thinking=thinking.enabled, options=_effort(body)
+        ),
         sampling=sampling,
         stream=flag(body, "stream", False),
         include_usage=True,
@@ -122,9 +129,19 @@ def _output_format(body: dict[str, Any]) -> OutputFormat:
     return OutputFormat(kind="json_schema", name="output", schema=value["schema"], strict=True, param=f"{param}.schema")
 
 
+def _effort(body: dict[str, Any]) -> TemplateOptions:
+    """`output_config.effort` for a template's `reasoning_effort` variable, in its words (gpt-oss's low, medium,
+    high: `xhigh` and `max` ask for its most); a template without one is served without it (template_options.py)."""
+    effort = (body.get("output_config") or {}).get("effort")
+    if effort is None:
+        return NO_OPTIONS
+    return TemplateOptions(
+        reasoning_effort=TEMPLATE_EFFORTS[effort], effort_param="output_config.effort", effort_advisory=True
+    )
+
+
 def _thinking(value: dict[str, Any] | None, max_tokens: int) -> Thinking:
-    """`enabled` and `adaptive` turn thinking on (`output_config.effort` changes nothing: the model's own length
-    holds); `enabled` bounds it, and the reply needs room after it."""
+    """`enabled` and `adaptive` turn thinking on; `enabled` bounds it, and the reply needs room after it."""
     if value is None or value["type"] == "disabled":
         return Thinking()
     if value["type"] == "adaptive":

@@ -8,8 +8,9 @@ import pytest
 
 from courier.core.sampling_defaults import SamplingDefaults
 from courier.grammar.output_spec import ToolChoice
-from courier.http.anthropic.request import Thinking, parse_messages_request
+from courier.http.anthropic.request import TEMPLATE_EFFORTS, Thinking, parse_messages_request
 from courier.http.errors import ApiError
+from courier.http.schemas.anthropic import EFFORTS
 from courier.messages.ingress import ChatPrompt
 
 USER = [{"role": "user", "content": "Hi"}]
@@ -98,6 +99,20 @@ def test_what_claude_code_sends_beyond_the_basics_is_accepted() -> None:
         mcp_servers=[],
     )
     assert parsed.generation.output.format.kind == "text"
+
+
+@pytest.mark.parametrize("effort", EFFORTS)
+def test_every_effort_is_an_advisory_template_option_in_the_templates_words(effort: str) -> None:
+    prompt = parse(output_config={"effort": effort}).generation.prompt
+    assert isinstance(prompt, ChatPrompt)
+    assert prompt.options.effort_advisory and prompt.options.effort_param == "output_config.effort"
+    assert prompt.options.reasoning_effort == TEMPLATE_EFFORTS[effort] in ("low", "medium", "high")
+    assert prompt.options.for_template("{{ reasoning_effort }}", thinking=True) == {
+        "reasoning_effort": TEMPLATE_EFFORTS[effort]
+    }
+    assert prompt.options.for_template("{{ enable_thinking }}", thinking=True) == {}  # thinking is `thinking`'s
+    assert prompt.options.left_out("{{ enable_thinking }}") == ("output_config.effort",)
+    assert prompt.options.left_out("{{ reasoning_effort }}") == ()
 
 
 def test_output_config_format_is_a_json_schema_answer() -> None:
