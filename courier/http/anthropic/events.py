@@ -1,11 +1,10 @@
-"""A streamed message as Anthropic's server-sent events, in Anthropic's order.
-
-`message_start`, then per content block `content_block_start`, its deltas (`thinking_delta`, `text_delta`,
-`input_json_delta`) and `content_block_stop`, blocks numbered from 0 in the order they open; then `message_delta`
-(`stop_reason`, `stop_sequence`, the final usage) and `message_stop`. `ping` may come anywhere after
-`message_start` (sent while the stream would otherwise be silent); a failure after the first byte is one `error`
-event, and the stream ends there. Whitespace that would open a text block is held until text that is not
-whitespace follows, so a reply of only calls has no empty text block. Pure: bytes in, bytes out.
+"""A streamed message as Anthropic's server-sent events, in Anthropic's order. `message_start`, then per content block
+`content_block_start`, its deltas (`thinking_delta`, `text_delta`, `input_json_delta`; an omitted thinking block's one
+`signature_delta`) and `content_block_stop`, blocks numbered from 0 in the order they open; then `message_delta`
+(`stop_reason`, `stop_sequence`, the final usage) and `message_stop`. `ping` may come anywhere after `message_start`
+(sent while the stream would otherwise be silent); a failure after the first byte is one `error` event, and the stream
+ends there. Whitespace that would open a text block is held until text that is not whitespace follows, so a reply of
+only calls has no empty text block. Pure: bytes in, bytes out.
 """
 
 from __future__ import annotations
@@ -35,7 +34,8 @@ def error_event(error: ApiError) -> bytes:
 class MessageEvents:
     """The events of one message, block by block."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, thinking_shown: bool = True) -> None:
+        self._thinking_shown = thinking_shown  # False (`display: "omitted"`): a thinking block carries no text
         self._index = -1
         self._open: str | None = None  # the type of the block now open
         self._held_space = ""
@@ -46,7 +46,10 @@ class MessageEvents:
     def thinking(self, text: str) -> list[bytes]:
         if not text:
             return []
-        return [*self._open_block("thinking", thinking_block("")), self._delta("thinking_delta", thinking=text)]
+        opened = self._open_block("thinking", thinking_block(""))
+        if not self._thinking_shown:  # the block and its signature, as Anthropic streams an omitted one
+            return [*opened, self._delta("signature_delta", signature="")] if opened else []
+        return [*opened, self._delta("thinking_delta", thinking=text)]
 
     def text(self, text: str) -> list[bytes]:
         if self._open != "text" and not text.strip():

@@ -70,9 +70,12 @@ def tool_use_block(call: ToolCall) -> JsonObject:
     return {"type": "tool_use", "id": call_id, "name": call.name, "input": json_object(call.arguments) or {}}
 
 
-def content_blocks(reasoning: str, text: str, calls: Sequence[ToolCall]) -> list[JsonObject]:
-    """Thinking first, then the text (none when it is only whitespace), then each call."""
-    blocks = [thinking_block(reasoning)] if reasoning else []
+def content_blocks(
+    reasoning: str, text: str, calls: Sequence[ToolCall], *, thinking_shown: bool = True
+) -> list[JsonObject]:
+    """Thinking first (its text empty unless `thinking_shown`), then the text (none when it is only whitespace), then
+    each call."""
+    blocks = [thinking_block(reasoning if thinking_shown else "")] if reasoning else []
     if text.strip():
         blocks.append(text_block(text))
     return [*blocks, *(tool_use_block(call) for call in calls)]

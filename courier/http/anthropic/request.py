@@ -43,6 +43,7 @@ class Thinking:
 
     enabled: bool = False
     budget_tokens: int | None = None
+    shown: bool = True  # `display: "omitted"`: thinking blocks come back with their text empty
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,12 +145,13 @@ def _thinking(value: dict[str, Any] | None, max_tokens: int) -> Thinking:
     """`enabled` and `adaptive` turn thinking on; `enabled` bounds it, and the reply needs room after it."""
     if value is None or value["type"] == "disabled":
         return Thinking()
+    shown = value.get("display") != "omitted"
     if value["type"] == "adaptive":
-        return Thinking(enabled=True)
+        return Thinking(enabled=True, shown=shown)
     budget = int(value["budget_tokens"])
     if max_tokens and budget >= max_tokens:
         raise ApiError.invalid(
             "'thinking.budget_tokens' must be less than max_tokens (the reply needs room after its thinking)",
             param="thinking.budget_tokens",
         )
-    return Thinking(enabled=True, budget_tokens=budget)
+    return Thinking(enabled=True, budget_tokens=budget, shown=shown)

@@ -65,7 +65,9 @@ def blueprint(context: AppContext) -> Blueprint:
         return message_object(
             message_id=new_message_id(),
             model=request.model,
-            content=content_blocks(reply.reasoning, reply.content, outcome.calls),
+            content=content_blocks(
+                reply.reasoning, reply.content, outcome.calls, thinking_shown=request.thinking.shown
+            ),
             stop=outcome.stop_reason,
             stop_sequence=outcome.stop_sequence,
             usage=outcome.usage,
@@ -103,7 +105,7 @@ async def _stream(context: AppContext, request: MessagesRequest, run: MessageRun
     """Anthropic's events; a `ping` whenever the generation is silent for `--stream-keepalive` seconds (queued, or
     prefilling a long prompt), so the client keeps waiting. `message_start` reports the whole prompt as
     `input_tokens`; how much of it the cache served is known at the end, and `message_delta` carries it."""
-    writer = MessageEvents()
+    writer = MessageEvents(thinking_shown=request.thinking.shown)
     started = Usage(prompt_tokens=run.prompt_tokens, output_tokens=0)
     yield writer.start(
         message_object(
@@ -139,7 +141,7 @@ def _warm_up_next_turn(context: AppContext, request: MessagesRequest, run: Messa
         reply.content if reply.content.strip() else "",
         [template_tool_call(block["id"], block["name"], block["input"]) for block in calls],
     )
-    if reply.reasoning:
+    if reply.reasoning and request.thinking.shown:  # an omitted block comes back empty
         message["reasoning_content"] = reply.reasoning
     messages = [*prompt.messages, message]
     warm_up_next_turn(context.outboxes.ingress, request.generation.session, messages, prompt.tools, tenant)

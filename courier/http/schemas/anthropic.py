@@ -107,11 +107,15 @@ TOOL_CHOICE = nullable(
         error=f"must be an object whose type is one of {', '.join(TOOL_CHOICES)}",
     )
 )
+# `summarized` is served as the whole thinking (no model here summarizes it); `omitted` as empty thinking blocks.
+THINKING_DISPLAYS = ("summarized", "omitted")
+_DISPLAY = nullable({"enum": list(THINKING_DISPLAYS)})
 THINKING = nullable(
     union(
-        variant("enabled", "budget_tokens", budget_tokens=integer(1, MAX_TOKEN_COUNT)),  # less than max_tokens
+        # budget_tokens: less than max_tokens
+        variant("enabled", "budget_tokens", budget_tokens=integer(1, MAX_TOKEN_COUNT), display=_DISPLAY),
         variant("disabled"),
-        variant("adaptive"),
+        variant("adaptive", display=_DISPLAY),
         tag="type",
     )
 )

@@ -41,7 +41,12 @@ def check_order(events: list[Event]) -> list[Event]:
             assert data["index"] == len(opened)
             opened[data["index"]] = data["content_block"]["type"]
         elif name == "content_block_delta":
-            kind = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "tool_use"}
+            kind = {
+                "text_delta": "text",
+                "thinking_delta": "thinking",
+                "signature_delta": "thinking",
+                "input_json_delta": "tool_use",
+            }
             assert kind[data["delta"]["type"]] == opened[data["index"]]
         elif name == "content_block_stop":
             assert data["index"] == len(opened) - 1

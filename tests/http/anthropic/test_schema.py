@@ -33,6 +33,11 @@ AGREEMENT: list[tuple[str, dict[str, Any], str | None]] = [
     ("/v1/messages", {"max_tokens": 2, "messages": USER, "tools": [{"name": "f"}]}, "tools[0].input_schema"),
     ("/v1/messages", {"max_tokens": 2, "messages": USER, "thinking": {"type": "adaptive"}}, None),
     ("/v1/messages", {"max_tokens": 2, "messages": USER, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    (
+        "/v1/messages",
+        {"max_tokens": 2, "messages": USER, "thinking": {"type": "adaptive", "display": "brief"}},
+        "thinking.display",
+    ),
     ("/v1/messages", {"max_tokens": 2, "messages": USER, "output_config": {"effort": "loud"}}, "output_config.effort"),
     ("/v1/messages", {"max_tokens": 2, "messages": USER, "mcp_servers": [{"url": "x"}]}, "mcp_servers"),
     (

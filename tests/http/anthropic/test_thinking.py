@@ -84,6 +84,29 @@ def test_a_stream_carries_thinking_deltas_first(think_server: RunningServer) -> 
     assert thought == REASONING
 
 
+@pytest.mark.parametrize("thinking", [{"type": "adaptive"}, {"type": "enabled", "budget_tokens": 1024}])
+def test_an_omitted_display_returns_the_thinking_block_empty(
+    claude: anthropic.Anthropic, think_server: RunningServer, thinking: Any
+) -> None:
+    """`display: "omitted"`: the block is there (to be sent back), its text is not, in a message or a stream (one
+    `signature_delta`, no `thinking_delta`); the thinking is still generated and counted."""
+    omitted = {**thinking, "display": "omitted"}
+    message = create(claude, thinking=omitted, max_tokens=2048)
+    assert [block.type for block in message.content] == ["thinking", "text"]
+    assert (message.content[0].thinking, message.content[1].text) == ("", ANSWER)
+    details = message.usage.output_tokens_details
+    assert details is not None and details.thinking_tokens > 0
+    body = {"model": MODEL, "max_tokens": 2048, "messages": ASK, "thinking": omitted, "stream": True}
+    with httpx.stream("POST", f"{think_server.base_url}/v1/messages", json={**body, "temperature": 0}) as response:
+        events = check_order(read_events(response))
+    deltas = [data["delta"] for name, data in events if name == "content_block_delta"]
+    assert deltas[0] == {"type": "signature_delta", "signature": ""}
+    assert all(delta["type"] != "thinking_delta" for delta in deltas)
+    assert "".join(delta.get("text", "") for delta in deltas) == ANSWER
+    shown = create(claude, thinking={**thinking, "display": "summarized"}, max_tokens=2048)
+    assert shown.content[0].thinking == REASONING  # summarized: the whole thinking, no model here summarizes it
+
+
 def test_the_budget_closes_the_block_and_the_answer_follows(claude: anthropic.Anthropic) -> None:
     """The block's first tokens are `<think>`, a newline and the reasoning's first word: a budget of 3 ends it there."""
     message = create(claude, thinking={"type": "enabled", "budget_tokens": 3})
