@@ -13,6 +13,7 @@ on every call).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -94,18 +95,27 @@ def parse_messages_request(
 
 
 def _tools(value: list[dict[str, Any]] | None) -> tuple[Mapping[str, Any], ...] | None:
-    """Custom tools as chat's function tools (`input_schema` the parameters)."""
+    """Custom tools as chat's function tools (`input_schema` the parameters, `input_examples` written after the
+    description, where every template shows a function to the model)."""
     tools: list[Mapping[str, Any]] = []
     for tool in value or ():
         # In chat's order (name, description, parameters): templates render a tool as JSON, keys in order.
         function: dict[str, Any] = {"name": tool["name"]}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
+        description = _with_examples(tool.get("description"), tool.get("input_examples"))
+        if description is not None:
+            function["description"] = description
         function["parameters"] = tool["input_schema"]
         if tool.get("strict") is not None:
             function["strict"] = tool["strict"]
         tools.append({"type": "function", "function": function})
     return tuple(tools) or None
+
+
+def _with_examples(description: str | None, examples: list[dict[str, Any]] | None) -> str | None:
+    if not examples:
+        return description
+    lines = "\n".join(json.dumps(example, ensure_ascii=False, separators=(", ", ": ")) for example in examples)
+    return f"{description}\n\nExample inputs:\n{lines}" if description else f"Example inputs:\n{lines}"
 
 
 def _tool_choice(value: dict[str, Any] | None) -> tuple[ToolChoice, bool]:

@@ -24,6 +24,7 @@ from courier.http.schemas.shared import (
 
 MAX_STOP_SEQUENCES = 32
 MAX_USER_ID = 256  # metadata.user_id, as Anthropic bounds it
+MAX_INPUT_EXAMPLES = 32  # a tool's input_examples
 TOOL_CHOICES = ("auto", "any", "tool", "none")
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 CLEAR_THINKING = "clear_thinking_20251015"
@@ -94,6 +95,8 @@ TOOL = union(
             "description": nullable(STRING),
             "input_schema": OBJECT,  # the function's parameters
             "strict": nullable(BOOLEAN),
+            # Shown to the model after the description (request.py).
+            "input_examples": nullable({"type": "array", "maxItems": MAX_INPUT_EXAMPLES, "items": OBJECT}),
             "defer_loading": refused("(tool search) is not supported; send the tools themselves", False),
         },
     },

@@ -115,6 +115,19 @@ def test_every_effort_is_an_advisory_template_option_in_the_templates_words(effo
     assert prompt.options.left_out("{{ reasoning_effort }}") == ()
 
 
+def test_input_examples_are_written_after_the_description() -> None:
+    examples = [{"city": "Paris"}, {"city": "Zürich", "days": 2}]
+    (tool,) = parse(tools=[{**TOOL, "input_examples": examples}]).generation.tools
+    assert (
+        tool["function"]["description"]
+        == 'Weather\n\nExample inputs:\n{"city": "Paris"}\n{"city": "Zürich", "days": 2}'
+    )
+    (bare,) = parse(tools=[{"name": "f", "input_schema": {"type": "object"}, "input_examples": [{}]}]).generation.tools
+    assert bare["function"]["description"] == "Example inputs:\n{}"
+    (none,) = parse(tools=[{**TOOL, "input_examples": []}]).generation.tools
+    assert none["function"]["description"] == "Weather"
+
+
 def test_output_config_format_is_a_json_schema_answer() -> None:
     schema = {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}
     output = parse(output_config={"effort": "high", "format": {"type": "json_schema", "schema": schema}}).generation

@@ -323,6 +323,17 @@ def test_a_route_or_method_not_served_answers_an_anthropic_client_in_its_envelop
     assert set(unknown.json()) == {"error"}  # no anthropic-version: OpenAI's envelope, as before
 
 
+def test_a_tools_input_examples_reach_the_model(keyed_http: httpx.Client) -> None:
+    body: dict[str, Any] = {"model": MODEL, "messages": ask("Weather?"), "tools": [WEATHER]}
+    examples = {**WEATHER, "input_examples": [{"city": "Paris"}, {"city": "Lima"}]}
+    without = keyed_http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    counted = keyed_http.post("/v1/messages/count_tokens", json={**body, "tools": [examples]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > without
+    too_many = {**WEATHER, "input_examples": [{}] * 33}
+    refused = keyed_http.post("/v1/messages/count_tokens", json={**body, "tools": [too_many]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools[0].input_examples"
+
+
 def test_both_headers_carry_the_key(server: RunningServer) -> None:
     request: Any = {"model": MODEL, "max_tokens": 5, "messages": ask()}
     with anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0) as by_api_key:
