@@ -15,8 +15,9 @@
   stands; whether the template renders it there is the template's business.
 
 The shapes are the schema's (`schemas/anthropic.py`, checked before anything here reads them): what is left here is
-a last message from the assistant, and an image URL the media fetcher could not read, each a 400 naming what it
-refuses. `cache_control` is accepted anywhere: the prompt cache here is automatic.
+a last message from the assistant, a user message with no content block, and an image URL the media fetcher could
+not read, each a 400 naming what it refuses (an assistant message with no block is taken: a reply may have had none).
+`cache_control` is accepted anywhere: the prompt cache here is automatic.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def chat_messages(system: Any, messages: list[dict[str, Any]]) -> tuple[list[Jso
             out.messages.append(_assistant(blocks))
         elif message["role"] == "system":
             out.messages.append({"role": "system", "content": _texts(blocks)})
+        elif not blocks:  # nothing to render: the turn would vanish, and the reply answer what came before
+            where = f"messages[{index}].content"
+            raise ApiError.invalid(f"{where}: a user message needs at least one content block", param=where)
         else:
             _user(blocks, f"messages[{index}].content", out)
     if messages[-1]["role"] == "assistant":

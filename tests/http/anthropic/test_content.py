@@ -123,7 +123,15 @@ REFUSED: list[tuple[Any, Any, str]] = [
     ),
     (None, [USER, {"role": "assistant", "content": [{"type": "server_tool_use"}]}, USER], "messages[1].content[0]"),
     (None, [USER, {"role": "assistant", "content": "Sure, the answer is"}], "messages[1]"),  # a prefill
+    (None, [{"role": "user", "content": []}], "messages[0].content"),
+    (None, [USER, {"role": "assistant", "content": "Hi"}, {"role": "user", "content": []}], "messages[2].content"),
 ]
+
+
+def test_an_assistant_message_with_no_block_is_taken() -> None:
+    """A reply of only whitespace has no content block, and a client sends it back as it came."""
+    messages, _ = chat_messages(None, [USER, {"role": "assistant", "content": []}, USER])
+    assert [message["role"] for message in messages] == ["user", "assistant", "user"]
 
 
 @pytest.mark.parametrize(("system", "messages", "param"), REFUSED)
