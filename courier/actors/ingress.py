@@ -41,13 +41,14 @@ from courier.messages.ingress import (
     Admitted,
     ChatPrompt,
     IngressMessage,
+    Prompt,
     TextPrompt,
     TokenPrompt,
     WarmUpConversation,
 )
 from courier.messages.media import FetchMemo
 from courier.messages.scheduler import QueueWarmUp, SchedulerMessage, SubmitGeneration
-from courier.messages.token_counter import TokenCounterMessage, TokenizeChat, TokenizeText
+from courier.messages.token_counter import MessageNames, TokenCounterMessage, TokenizeChat, TokenizeText
 from courier.runtime.actor import Actor
 from courier.runtime.concurrent_actor import SideTasks
 from courier.status.scheduler_stats import AdmissionStats, SchedulerStats
@@ -160,7 +161,7 @@ class IngressActor(Actor[IngressMessage]):
     async def _admit(self, message: AdmitGeneration) -> Admitted:
         """Render, check the context, queue (the early refusals have passed)."""
         tokens, boundary, vision = await self._prompt_tokens(message)
-        param = "messages" if isinstance(message.prompt, ChatPrompt) else "prompt"
+        param, limit = _field_names(message.prompt)
         if not tokens:
             raise Refused(_invalid("the prompt is empty", param))
         sampling = message.sampling
@@ -168,7 +169,7 @@ class IngressActor(Actor[IngressMessage]):
         requested = sampling.max_tokens or min(self._default_max_tokens or room, room)
         max_tokens = min(requested, room) if message.fit_to_context else requested
         if max_tokens <= 0 or len(tokens) + max_tokens > self._context_length:
-            raise Refused(_context_exceeded(self._context_length, len(tokens), max_tokens, param))
+            raise Refused(_context_exceeded(self._context_length, len(tokens), max_tokens, param, limit))
         sampling = replace(sampling, max_tokens=max_tokens)
         send, receive = create_memory_object_stream[GenerationEvent](message.n * (max_tokens + EVENT_SLACK))
         try:
@@ -271,11 +272,21 @@ def _invalid(message: str, param: str) -> RequestFailed:
     return RequestFailed(kind=FailureKind.INVALID_REQUEST, message=message, param=param)
 
 
-def _context_exceeded(context: int, prompt: int, completion: int, param: str) -> RequestFailed:
+def _field_names(prompt: Prompt) -> tuple[str, str]:
+    """What the request's dialect calls its prompt and its token limit: chat's (and the Messages API's) `messages`
+    and `max_tokens`, completions' `prompt`, a Responses turn's `input` and `max_output_tokens`."""
+    if not isinstance(prompt, ChatPrompt):
+        return "prompt", "max_tokens"
+    if prompt.names is MessageNames.REQUEST:
+        return "messages", "max_tokens"
+    return "input", "max_output_tokens"
+
+
+def _context_exceeded(context: int, prompt: int, completion: int, param: str, limit: str) -> RequestFailed:
     message = (
         f"This model's maximum context length is {context} tokens. However, you requested "
         f"{prompt + max(completion, 0)} tokens ({prompt} in the {param}, {max(completion, 0)} for the completion). "
-        "Please reduce the length of the input or of max_tokens."
+        f"Please reduce the length of the {param} or of {limit}."
     )
     return RequestFailed(
         kind=FailureKind.INVALID_REQUEST, message=message, param=param, code=FailureCode.CONTEXT_LENGTH_EXCEEDED

@@ -113,7 +113,8 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         if getattr(self._tokenizer, "chat_template", None) is None:
             await message.reply.send(_invalid("the model has no chat template; tokenize a prompt instead", "messages"))
             return
-        too_long = self._too_long(text_bytes(message.messages), message.max_tokens, "messages")
+        param = "messages" if message.names is MessageNames.REQUEST else "input"  # a Responses turn's
+        too_long = self._too_long(text_bytes(message.messages), message.max_tokens, param)
         if too_long is not None:
             await message.reply.send(too_long)
             return
@@ -151,8 +152,8 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
             return None
         fewest = -(-size // self._max_token_bytes)
         message = (
-            f"This model's maximum context length is {max_tokens} tokens. However, the {param} hold {size} bytes, "
-            f"which is at least {fewest} tokens. Please reduce the length of the input."
+            f"This model's maximum context length is {max_tokens} tokens. However, the {size} bytes in the {param} "
+            f"are at least {fewest} tokens. Please reduce the length of the {param}."
         )
         return RequestFailed(
             kind=FailureKind.INVALID_REQUEST, message=message, param=param, code=FailureCode.CONTEXT_LENGTH_EXCEEDED

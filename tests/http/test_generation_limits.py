@@ -238,12 +238,24 @@ BAD_COMPLETION_BODIES: list[tuple[bytes, int, str | None, str | None]] = [
     (b'{"prompt": "hi", "logprobs": 9}', 400, "logprobs", None),
     (b'{"prompt": "hi", "max_tokens": 4000}', 400, "prompt", "context_length_exceeded"),
 ]
+# A Responses turn past the window names its own fields: `input`, and `max_output_tokens` in the message.
+BAD_RESPONSES_BODIES: list[tuple[bytes, int, str | None, str | None]] = [
+    (b'{"input": "hi", "max_output_tokens": 5000, "store": false}', 400, "input", "context_length_exceeded"),
+    (b'{"input": "' + b"word " * 2100 + b'", "store": false}', 400, "input", "context_length_exceeded"),
+    (
+        b'{"input": "' + b"word " * 200_000 + b'", "store": false}',
+        400,
+        "input",
+        "context_length_exceeded",
+    ),  # untokenized
+]
 
 
 @pytest.mark.parametrize(
     ("path", "body", "status", "param", "code"),
     [("/v1/chat/completions", *case) for case in BAD_CHAT_BODIES]
-    + [("/v1/completions", *case) for case in BAD_COMPLETION_BODIES],
+    + [("/v1/completions", *case) for case in BAD_COMPLETION_BODIES]
+    + [("/v1/responses", *case) for case in BAD_RESPONSES_BODIES],
 )
 def test_bad_generation_input_is_refused_with_an_envelope(
     one_slot: RunningServer, path: str, body: bytes, status: int, param: str | None, code: str | None
@@ -257,6 +269,9 @@ def test_bad_generation_input_is_refused_with_an_envelope(
     assert error["param"] == param
     if code is not None:
         assert error["code"] == code
+    if code == "context_length_exceeded" and "bytes" not in error["message"]:  # tokenized
+        limit = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+        assert error["message"].endswith(f"Please reduce the length of the {param} or of {limit}."), error
     after = stats(one_slot)
     assert after["completed"] == before["completed"]  # refused before anything was queued
     assert (after["running"], after["waiting"]) == (0, 0)
