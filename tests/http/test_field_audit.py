@@ -31,6 +31,9 @@ CONVERSATIONS = "/v1/conversations"
 # Greedy on the tiny llama, this question runs past 24 tokens without an end-of-sequence token.
 QUESTION = [{"role": "user", "content": "Tell me a story about a lighthouse."}]
 TOKEN_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
+PNG = "https://example.com/cat.png"  # refused before any fetch
+IMAGE_PART: dict[str, Any] = {"type": "image_url", "image_url": {"url": PNG}}
+INPUT_IMAGE: dict[str, Any] = {"type": "input_image", "image_url": PNG}
 FUNCTION = {
     "name": "get_weather",
     "description": "The weather in a city.",
@@ -148,6 +151,17 @@ REFUSED: list[Any] = [
     (CHAT, {"cache_prompt": "no"}, "cache_prompt"),
     (CHAT, {"parallel_tool_calls": "no"}, "parallel_tool_calls"),
     (CHAT, {"max_completion_tokens": 0}, "max_completion_tokens"),
+    *(  # an image reaches the model as its processor takes it: low detail cannot be honoured
+        (CHAT, {"messages": [{"role": "user", "content": [IMAGE_PART | {"image_url": image_url}]}]}, param)
+        for image_url, param in (
+            ({"url": PNG, "detail": "low"}, "messages[0].content[0].image_url.detail"),
+            ({"url": PNG, "detail": 42}, "messages[0].content[0].image_url.detail"),
+        )
+    ),
+    *(
+        (RESPONSES, {"input": [{"role": "user", "content": [INPUT_IMAGE | {"detail": detail}]}]}, param)
+        for detail, param in (("low", "input[0].content[0].detail"), ("ultra", "input[0].content[0].detail"))
+    ),
     # Completions
     pytest.param(
         COMPLETIONS,

@@ -9,6 +9,7 @@ from courier.http.schemas.shared import (
     BOOLEAN,
     CHAT_TEMPLATE_KWARGS,
     ERROR,
+    IMAGE_DETAIL,
     KEEP_ALIVE,
     MODEL,
     MODERATION,
@@ -43,7 +44,12 @@ _PART = union(
         variant(
             "image_url",
             "image_url",
-            image_url={"type": ["string", "object"], "minLength": 1, "required": ["url"], "properties": {"url": NAME}},
+            image_url={
+                "type": ["string", "object"],
+                "minLength": 1,
+                "required": ["url"],
+                "properties": {"url": NAME, "detail": IMAGE_DETAIL},
+            },
         ),
         "must be an image_url part whose image_url is a URL (or an object with 'url')",
     ),

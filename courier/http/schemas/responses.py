@@ -8,6 +8,7 @@ from courier.http.schemas.shared import (
     BOOLEAN,
     CHAT_TEMPLATE_KWARGS,
     ERROR,
+    IMAGE_DETAIL,
     IMAGE_OPTIONS,
     KEEP_ALIVE,
     MAX_TOKEN_COUNT,
@@ -86,7 +87,7 @@ _PART = union(
     *(with_error(variant(kind, "text", text=STRING), _PART_ERROR) for kind in _TEXT_PARTS),
     with_error(variant("refusal", "refusal", refusal=STRING), _PART_ERROR),
     with_error(
-        variant("input_image", "image_url", image_url=NAME, detail=nullable(STRING), file_id=nullable(STRING)),
+        variant("input_image", "image_url", image_url=NAME, detail=IMAGE_DETAIL, file_id=nullable(STRING)),
         "must have an image_url (an http(s), data: or file:// URL): a file_id needs a Files API this server does "
         "not have",
     ),

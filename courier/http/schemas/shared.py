@@ -96,6 +96,13 @@ def with_error(schema: Schema, error: str) -> Schema:
     return {**schema, ERROR: error}
 
 
+# An image part's `detail`: every image reaches the model as its processor takes it, at the most detail it has.
+IMAGE_DETAIL = refused(
+    "other than 'auto' or 'high' cannot be honoured: an image reaches the model at the resolution its processor takes "
+    "(downscale the image to spend fewer tokens on it)",
+    "auto",
+    "high",
+)
 TOKENS = nullable(integer(1, MAX_TOKEN_COUNT))
 SESSION = nullable(STRING)  # prompt_cache_key, user, safety_identifier
 # How long the model stays loaded after the request (Ollama's field): seconds, or a duration such as "5m" (the
