@@ -91,12 +91,14 @@ class ReplyAssembler:
         return self._thinking is not None and bool(self.reasoning) and not self._thinking.in_reasoning
 
     def finish(self, *, cut: bool = False) -> tuple[ReplyDelta, list[ToolCall]]:
-        """Text still held back, and the complete tool calls (as many as the request keeps). `cut`: the token limit
-        ended the reply; a call it cut, its start marker included, is dropped, never turned into content."""
+        """Text still held back (with the logprobs of its tokens), and the complete tool calls (as many as the
+        request keeps). `cut`: the token limit ended the reply; a call it cut, its start marker included, is dropped,
+        never turned into content."""
         delta = self._split("", 0, finishing=True, cut=cut)
-        self.logprobs.extend(self._undecided_logprobs)  # no block opened after all: they were the answer's
+        held = tuple(self._undecided_logprobs)  # no block opened after all: they were the answer's
         self._undecided_logprobs = []
-        return delta, self._parsing.output.kept_calls(self._parsed_calls())
+        self.logprobs.extend(held)
+        return ReplyDelta(delta.reasoning, delta.content, held), self._parsing.output.kept_calls(self._parsed_calls())
 
     def _parsed_calls(self) -> list[ToolCall]:
         customs = {str(tool["name"]) for tool in self._parsing.output.functions if tool.get("type") == "custom"}

@@ -63,3 +63,15 @@ def test_logprobs_before_the_reply_shows_a_block_wait_to_see_whose_they_are() ->
     shown = [plain.feed(event(text, -0.5)) for text in ["\n", "Yes"]]
     assert [len(delta.logprobs) for delta in shown] == [0, 2]  # no block: the held one comes with the answer
     assert [entry.token for entry in plain.logprobs] == ["\n", "Yes"]
+
+
+def test_logprobs_still_held_when_the_reply_ends_come_with_its_last_delta() -> None:
+    """A reply cut while it could still open a block (only `<th` so far): its held text and their logprobs are the
+    answer's, and a stream sends both with the finishing delta, as a whole reply lists them."""
+    for pieces in (["<th"], ["\n"], ["\n", "<"]):
+        reply = ReplyAssembler(ReplyParsing(reasoning=TAGS))
+        streamed = [reply.feed(event(text, -0.5)) for text in pieces]
+        rest, _ = reply.finish(cut=True)
+        assert [len(delta.logprobs) for delta in streamed] == [0] * len(pieces)
+        assert [entry.token for entry in rest.logprobs] == pieces == [entry.token for entry in reply.logprobs]
+        assert "".join(delta.content for delta in [*streamed, rest]) == "".join(pieces)

@@ -245,7 +245,7 @@ class _Stream:
                         yield chunk
             cut = finished is not None and finished.reason is FinishReason.LENGTH
             rest, calls = assembler.finish(cut=cut)
-            for chunk in items.delta(rest.reasoning, rest.content, (), message=not calls):
+            for chunk in items.delta(rest.reasoning, rest.content, rest.logprobs, message=not calls):
                 yield chunk
             if finished is None:
                 raise Refused(ended_without_result())

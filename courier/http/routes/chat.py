@@ -95,8 +95,9 @@ async def _stream(
             if isinstance(event, GenerationFinished):
                 finishes.append(event)
                 rest, calls = reply.finish(cut=event.reason is FinishReason.LENGTH)
-                if rest.reasoning or rest.content:
-                    yield chunk(openai_format.delta(rest.reasoning, rest.content), index)
+                held = rest.logprobs if request.sampling.logprobs else None
+                if rest.reasoning or rest.content or held:
+                    yield chunk(openai_format.delta(rest.reasoning, rest.content), index, logprobs=held)
                 if request.n == 1:
                     _warm_up_next_turn(context, request, reply.content, calls, tenant)
                 if calls:
