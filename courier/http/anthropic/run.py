@@ -90,7 +90,9 @@ class MessageRun:
         stop_sequence = await self._stop_sequence(last, calls)
         self._outcome = Outcome(
             calls=calls,
-            stop_reason=stop_reason(cut=self._cut(last), calls=calls, stop_sequence=stop_sequence),
+            stop_reason=stop_reason(
+                cut=self._cut(last), calls=calls, stop_sequence=stop_sequence, window_capped=self._window_capped()
+            ),
             stop_sequence=stop_sequence,
             usage=self._usage(last),
         )
@@ -122,6 +124,10 @@ class MessageRun:
                 if budget is not None and self.reply.reasoning_tokens >= budget and not self.reply.reasoning_closed:
                     return
         raise Refused(ended_without_result())  # the events ended before a finish
+
+    def _window_capped(self) -> bool:
+        """The context left less room than the request's `max_tokens` (which admission capped to fit)."""
+        return self._first.admitted.max_tokens < self._request.generation.sampling.max_tokens
 
     def _cut(self, last: _Generation) -> bool:
         return last.finished is None or last.finished.reason is FinishReason.LENGTH

@@ -38,6 +38,8 @@ def test_usage_splits_the_prompt_into_read_and_the_rest_and_never_reports_creati
 )
 def test_stop_reasons(cut: bool, calls: list[ToolCall], stop: str | None, reason: str) -> None:
     assert stop_reason(cut=cut, calls=calls, stop_sequence=stop) == reason
+    by_window = "model_context_window_exceeded" if cut else reason  # the limit that cut it was the window's
+    assert stop_reason(cut=cut, calls=calls, stop_sequence=stop, window_capped=True) == by_window
 
 
 def test_content_blocks_in_order_whitespace_text_dropped() -> None:

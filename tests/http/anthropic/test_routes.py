@@ -243,6 +243,30 @@ def test_max_tokens_past_the_window_is_capped(keyed_http: httpx.Client) -> None:
         check_order(read_events(response))
 
 
+def test_a_reply_cut_by_the_window_not_by_max_tokens_says_so(tiny_server: RunningServer) -> None:
+    """On the shared tiny server (a small window): a prompt that leaves 3 tokens of room, and max_tokens far past it.
+    The reply is cut by the window: `model_context_window_exceeded` (Claude Code then says the window was reached),
+    where a reply cut by its own max_tokens says `max_tokens`."""
+    with tiny_server.http() as http:
+        (model,) = http.get("/v1/models", headers={"anthropic-version": "2023-06-01"}).json()["data"]
+        window, words = int(model["max_input_tokens"]), int(model["max_input_tokens"])
+
+        def body(count: int, max_tokens: int) -> dict[str, Any]:
+            messages = ask("Count the words. " + "hi " * count)  # greedy on a fixed prompt: the same reply each run
+            return {"model": model["id"], "max_tokens": max_tokens, "messages": messages, "temperature": 0}
+
+        for _ in range(4):  # each "hi " is about one token: fitted to leave exactly 3
+            counted = http.post("/v1/messages/count_tokens", json=body(words, 1)).json()["input_tokens"]
+            words -= counted - (window - 3)
+        whole = http.post("/v1/messages", json=body(words, 1_000_000)).json()
+        assert (whole["stop_reason"], whole["usage"]["output_tokens"]) == ("model_context_window_exceeded", 3), whole
+        with http.stream("POST", "/v1/messages", json={**body(words, 1_000_000), "stream": True}) as response:
+            events = check_order(read_events(response))
+        assert events[-2][1]["delta"]["stop_reason"] == "model_context_window_exceeded"
+        own = http.post("/v1/messages", json=body(words, 2)).json()
+        assert (own["stop_reason"], own["usage"]["output_tokens"]) == ("max_tokens", 2), own
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_prompt_past_the_window_is_refused_before_any_prefill(keyed_http: httpx.Client, stream: bool) -> None:
     body = {"model": MODEL, "max_tokens": 100, "messages": ask("hello " * 70_000), "stream": stream}
