@@ -80,6 +80,10 @@ def parse_completion_request(
     body: dict[str, Any], defaults: SamplingDefaults = OPENAI, max_n: int = 1
 ) -> GenerationRequest:
     check(completions.request(max_n), body)
+    if body.get("best_of") is not None and whole(body, "n", 1) > 1:  # best_of 1 (the only one served) < n
+        raise ApiError.invalid(
+            "'best_of' must be at least n: it is how many samples n are chosen from", param="best_of"
+        )
     logprobs_count = optional_whole(body, "logprobs")
     sampling = sampling_params(
         body,

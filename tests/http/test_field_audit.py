@@ -168,6 +168,7 @@ REFUSED: list[Any] = [
         {"stream_options": {"include_usage": "yes"}},
         "stream_options.include_usage",
     ),
+    (COMPLETIONS, {"best_of": 1, "n": 2}, "best_of"),  # n samples chosen from best_of: fewer cannot be
     (COMPLETIONS, {"suffix": "the end"}, "suffix"),
     (COMPLETIONS, {"suffix": 5}, "suffix"),
     (COMPLETIONS, {"echo": "yes"}, "echo"),

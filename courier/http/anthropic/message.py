@@ -46,9 +46,7 @@ def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def stop_reason(
-    *, cut: bool, calls: Sequence[ToolCall], stop_sequence: str | None, window_capped: bool = False
-) -> str:
+def stop_reason(*, cut: bool, calls: Sequence[ToolCall], stop_sequence: str | None, window_capped: bool = False) -> str:
     """`max_tokens` whenever the limit cut the reply (a call may have been cut with it), as chat says `length`;
     `model_context_window_exceeded` when that limit was the context window's, lower than the request's `max_tokens`
     (Claude Code then says the window was reached, not that the reply outgrew its output maximum)."""
