@@ -24,12 +24,17 @@ from courier.status.scheduler_stats import SchedulerStats
 WARM_UP_QUEUE = 8
 
 
+def _conversation(message: QueueWarmUp) -> tuple[str, str]:
+    """Whose conversation a warm-up extends: its tenant's session (two keys' callers may name a session alike)."""
+    return message.tenant, message.session
+
+
 class WarmUps:
     def __init__(self, store: StoreLink, stats: SchedulerStats, mlx: MlxThread) -> None:
         self._store = store
         self._stats = stats
         self._mlx = mlx
-        self._queue: OrderedDict[str, QueueWarmUp] = OrderedDict()
+        self._queue: OrderedDict[tuple[str, str], QueueWarmUp] = OrderedDict()
         # The warm-up live work interrupted, with what it had prefilled: resumed when it is next in line.
         self._paused: tuple[QueueWarmUp, WarmUp] | None = None
 
@@ -42,11 +47,11 @@ class WarmUps:
         if not self._store.enabled:
             return False
         self._stats.warmups_queued += 1
-        if self._queue.pop(message.session, None) is not None:
+        if self._queue.pop(_conversation(message), None) is not None:
             self._stats.warmups_skipped += 1  # superseded by this newer one of the same conversation
-        self._queue[message.session] = message
+        self._queue[_conversation(message)] = message
         self._trim()
-        if self._paused is not None and self._queue.get(self._paused[0].session) is not self._paused[0]:
+        if self._paused is not None and self._queue.get(_conversation(self._paused[0])) is not self._paused[0]:
             self._paused = None  # its warm-up was superseded or dropped: let go of its state
         self._stats.warmups_pending = len(self._queue)
         return True
@@ -62,7 +67,7 @@ class WarmUps:
     def _next(self) -> QueueWarmUp:
         """The paused warm-up first (it was next when live work came, and keeps what it prefilled), else the newest."""
         if self._paused is not None:
-            return self._queue.pop(self._paused[0].session)
+            return self._queue.pop(_conversation(self._paused[0]))
         return self._queue.popitem(last=True)[1]
 
     async def _run(self, engine: BatchEngine, message: QueueWarmUp, live: Callable[[], bool]) -> None:
@@ -101,11 +106,11 @@ class WarmUps:
     def _pause(self, message: QueueWarmUp, job: WarmUp) -> None:
         """Live work arrived: the warm-up goes back in line as the next one (unless a newer warm-up of its conversation
         came meanwhile), keeping what it prefilled. Dropped, the conversation's next turn would prefill its reply."""
-        if message.session in self._queue:
+        if _conversation(message) in self._queue:
             self._stats.warmups_skipped += 1  # superseded by the newer one
             return
         self._stats.warmups_paused += 1
-        self._queue[message.session] = message
+        self._queue[_conversation(message)] = message
         self._paused = (message, job)
         self._trim()
         self._stats.warmups_pending = len(self._queue)

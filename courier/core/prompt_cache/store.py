@@ -197,12 +197,12 @@ class SnapshotStore:
             last_used=now,
             prompt_length=len(vector) if prompt_length is None else prompt_length,
         )
-        evicted, self_evicted = self._make_entry_room(session)
+        evicted, self_evicted = self._make_entry_room(bucket, session)
         self._index.add(snapshot)
         self._memory[snapshot.entry_id] = snapshot
         self._bytes += nbytes
         self.counters.inserts += 1
-        lost, self_lost = self._fit_memory(session)
+        lost, self_lost = self._fit_memory(bucket, session)
         if self.has_disk:
             self._persist(snapshot)  # write-behind: a restart keeps it; a later eviction only lets go of the state
         return InsertResult(
@@ -248,7 +248,7 @@ class SnapshotStore:
             on_disk=True,
             disk_bytes=footprint,
         )
-        self._make_entry_room(session)
+        self._make_entry_room(bucket, session)
         self._make_disk_room(footprint)
         self._index.add(snapshot)
         self._disk[snapshot.entry_id] = snapshot
@@ -267,7 +267,7 @@ class SnapshotStore:
         self._memory[entry_id] = snapshot
         self._bytes += snapshot.nbytes
         self.counters.restores += 1
-        self._fit_memory(snapshot.session)
+        self._fit_memory(snapshot.bucket, snapshot.session)
         return True
 
     def write_done(self, entry_id: EntryId, ticket: int | None = None) -> None:
@@ -380,19 +380,20 @@ class SnapshotStore:
                     self._remove(completion)
         return superseded, freed
 
-    def _make_entry_room(self, session: str) -> tuple[int, int]:
-        """Room for one more entry under the entry cap: the least recently used entries go, from both tiers."""
+    def _make_entry_room(self, bucket: Bucket, session: str) -> tuple[int, int]:
+        """Room for one more entry under the entry cap: the least recently used entries go, from both tiers (an
+        entry of the inserting conversation, its bucket's and session's, counts as its own eviction)."""
         evicted = self_evicted = 0
         while (oldest := self._index.oldest()) is not None and len(self._index) + 1 > self.limits.max_entries:
             self._remove(oldest)
             evicted += 1
             self.counters.evictions_lru += 1
-            if oldest.session == session:
+            if (oldest.bucket, oldest.session) == (bucket, session):
                 self_evicted += 1
                 self.counters.self_evictions += 1
         return evicted, self_evicted
 
-    def _fit_memory(self, session: str) -> tuple[int, int]:
+    def _fit_memory(self, bucket: Bucket, session: str) -> tuple[int, int]:
         """Evict least-recently-used entries from memory until its cap holds (the newest entry, which fits alone,
         is last in line): each keeps its file, is spilled to disk, or, with neither, is gone."""
         lost = self_lost = 0
@@ -405,7 +406,7 @@ class SnapshotStore:
             self._remove(oldest)
             lost += 1
             self.counters.evictions_lru += 1
-            if oldest.session == session:
+            if (oldest.bucket, oldest.session) == (bucket, session):
                 self_lost += 1
                 self.counters.self_evictions += 1
         return lost, self_lost

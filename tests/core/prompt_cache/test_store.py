@@ -253,6 +253,19 @@ def test_lru_evicts_the_least_recently_used_and_counts_self_evictions() -> None:
     assert s.nbytes <= 30
 
 
+def test_an_eviction_counts_as_ones_own_only_within_ones_bucket() -> None:
+    """Another key's caller naming its session alike evicts the entry but not as its own: the counter (in
+    /v1/cache/stats) must not tell it that the oldest entry was a session of that name."""
+    s, clock = store(entries=1)
+    put(s, (1,) * 10, session="alice", bucket=Bucket(model_id="m", tenant="a"))
+    clock.now += 1
+    assert put(s, (2,) * 10, session="alice", bucket=Bucket(model_id="m", tenant="b"))
+    assert (s.counters.evictions_lru, s.counters.self_evictions) == (1, 0)
+    clock.now += 1
+    assert put(s, (3,) * 10, session="alice", bucket=Bucket(model_id="m", tenant="b"))
+    assert (s.counters.evictions_lru, s.counters.self_evictions) == (2, 1)
+
+
 def test_entry_cap_holds() -> None:
     s, _ = store(entries=2)
     for first in range(5):
