@@ -54,11 +54,15 @@ class BuiltConstraints:
         return len(self._built)
 
     def get(
-        self, output: OutputSpec, tool_grammar: ToolGrammar | None, build: Callable[[], Constraint | None]
+        self,
+        output: OutputSpec,
+        tool_grammar: ToolGrammar | None,
+        build: Callable[[], Constraint | None],
+        scope: str = "",
     ) -> Constraint | None:
         """The constraint `build()` makes of `output` for a model writing calls as `tool_grammar`: kept from an
-        earlier build of the same spec, else built now (and kept unless `build` raises)."""
-        key = spec_key(output, tool_grammar)
+        earlier build of the same spec within `scope` (a tenant's), else built now (and kept unless `build` raises)."""
+        key = spec_key(output, tool_grammar, scope)
         if key is not None:
             with self._lock:
                 found = self._built.get(key)
@@ -83,10 +87,11 @@ class BuiltConstraints:
                 self._chars -= dropped.chars
 
 
-def spec_key(output: OutputSpec, tool_grammar: ToolGrammar | None) -> str | None:
-    """A digest of what `output_spec.constraint` reads (None: a value that is not JSON, which is not kept)."""
+def spec_key(output: OutputSpec, tool_grammar: ToolGrammar | None, scope: str = "") -> str | None:
+    """A digest of what `output_spec.constraint` reads, within `scope` (None: a value that is not JSON, which is not
+    kept)."""
     try:
-        payload = orjson.dumps([output, tool_grammar], default=_plain)
+        payload = orjson.dumps([scope, output, tool_grammar], default=_plain)
     except (TypeError, orjson.JSONEncodeError):
         return None
     return hashlib.sha256(payload).hexdigest()

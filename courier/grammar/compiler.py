@@ -8,6 +8,10 @@ layer (and the compactor) compiles a request's constraint in a worker thread bef
 grammar that does not compile is a 400, and the constraint then carries its compiled grammar: the engine, on the
 MLX thread, copies that one and never compiles, even if the cache has dropped it meanwhile.
 Thread-safe: compiled in worker threads, copied on the MLX thread.
+
+Both caches (built specs, compiled grammars) are kept per scope, the caller's tenant: a key whose schema or tools
+were built or compiled already would otherwise be answered faster (a compile of a large tool set takes up to a
+second here) and count a hit in /metrics, telling another key that someone sent that exact schema.
 """
 
 from __future__ import annotations
@@ -68,24 +72,29 @@ class GrammarCompiler:
             return constraint.compiled.deep_copy()
         return self._template(constraint, param).deep_copy()
 
-    def output_constraint(self, output: OutputSpec, tool_grammar: ToolGrammar | None, param: str) -> Constraint | None:
+    def output_constraint(
+        self, output: OutputSpec, tool_grammar: ToolGrammar | None, param: str, scope: str = ""
+    ) -> Constraint | None:
         """The compiled constraint of a request's `output` spec (None: it needs none), built once per distinct spec
-        for a model writing tool calls as `tool_grammar`. Raises `GrammarError` naming the parameter."""
-        constraint = self._built.get(output, tool_grammar, lambda: output_spec.constraint(output, tool_grammar))
-        return None if constraint is None else self.compile(constraint, param)
+        for a model writing tool calls as `tool_grammar`, within `scope` (the caller's tenant: see the module's
+        note). Raises `GrammarError` naming the parameter."""
+        build = lambda: output_spec.constraint(output, tool_grammar)  # noqa: E731
+        constraint = self._built.get(output, tool_grammar, build, scope)
+        return None if constraint is None else self.compile(constraint, param, scope)
 
-    def compile(self, constraint: Constraint, param: str) -> Constraint:
-        """`constraint` carrying its compiled grammar (from the cache, or compiled now), so that whoever generates
-        from it copies that one and never compiles: call it off the MLX thread. Raises `GrammarError` naming
-        `param` if it cannot be compiled or followed."""
-        return replace(constraint, compiled=self._template(constraint, param))
+    def compile(self, constraint: Constraint, param: str, scope: str = "") -> Constraint:
+        """`constraint` carrying its compiled grammar (from `scope`'s cache, or compiled now), so that whoever
+        generates from it copies that one and never compiles: call it off the MLX thread. Raises `GrammarError`
+        naming `param` if it cannot be compiled or followed."""
+        return replace(constraint, compiled=self._template(constraint, param, scope))
 
-    def _template(self, constraint: Constraint, param: str) -> LLMatcher:
-        """The compiled grammar of `constraint`, cached (never handed out: callers copy it)."""
+    def _template(self, constraint: Constraint, param: str, scope: str = "") -> LLMatcher:
+        """The compiled grammar of `constraint`, cached within `scope` (never handed out: callers copy it)."""
+        key = f"{scope}\x00{constraint.key}"
         with self._lock:
-            cached = self._compiled.get(constraint.key)
+            cached = self._compiled.get(key)
             if cached is not None:
-                self._compiled.move_to_end(constraint.key)
+                self._compiled.move_to_end(key)
                 self._hits += 1
                 return cached
             self._misses += 1
@@ -103,8 +112,8 @@ class GrammarCompiler:
             )
         with self._lock:
             self._compile_seconds += elapsed
-            self._compiled[constraint.key] = compiled
-            self._compiled.move_to_end(constraint.key)
+            self._compiled[key] = compiled
+            self._compiled.move_to_end(key)
             while len(self._compiled) > self._capacity:
                 self._compiled.popitem(last=False)
         return compiled

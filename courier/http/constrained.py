@@ -37,8 +37,9 @@ def refusing(parse: Callable[[], T]) -> T:
         raise ApiError.invalid(error.message, param=error.param) from None
 
 
-async def constrain(context: AppContext, sampling: SamplingParams, output: OutputSpec) -> SamplingParams:
-    """`sampling` with the constraint `output` asks for, compiled (unchanged when it asks for none)."""
+async def constrain(context: AppContext, sampling: SamplingParams, output: OutputSpec, tenant: str) -> SamplingParams:
+    """`sampling` with the constraint `output` asks for, compiled (unchanged when it asks for none), from `tenant`'s
+    own grammar caches (another key's must not answer faster)."""
     if not output.constrained:
         return sampling
     context.require_ready()
@@ -50,7 +51,7 @@ async def constrain(context: AppContext, sampling: SamplingParams, output: Outpu
     def build() -> Constraint | None:
         if grammars is None:
             return refusing(lambda: output_spec.constraint(output, tool_grammar))
-        return refusing(lambda: grammars.output_constraint(output, tool_grammar, param))
+        return refusing(lambda: grammars.output_constraint(output, tool_grammar, param, tenant))
 
     constraint = await anyio.to_thread.run_sync(build, limiter=_GRAMMAR_LIMITER)
     if constraint is None:

@@ -28,7 +28,8 @@ async def admit(
     """`tenant`: the caller's, read before a stream began (after the view returned, the request is gone)."""
     context.require_ready()
     context.require_model(request.model)
-    sampling = await constrain(context, request.sampling, request.output)
+    tenant = context.caller().tenant if tenant is None else tenant
+    sampling = await constrain(context, request.sampling, request.output, tenant)
     return await call(
         context.outboxes.ingress,
         lambda reply: AdmitGeneration(
@@ -38,7 +39,7 @@ async def admit(
             reply=reply,
             session=request.session,
             cache_prompt=request.cache_prompt,
-            tenant=context.caller().tenant if tenant is None else tenant,
+            tenant=tenant,
             n=request.n,
             deadline=time.monotonic() + context.settings.request_timeout,
             fit_to_context=request.fit_to_context,

@@ -161,6 +161,21 @@ def test_the_compiler_builds_a_spec_once_and_hands_it_out_compiled(compiler: Gra
     assert accepts(compiler, second, call) and not accepts(compiler, second, call.replace("Oslo", "Rome"))
 
 
+def test_each_tenant_builds_and_compiles_for_itself(compiler: GrammarCompiler) -> None:
+    """Another key's spec, built and compiled already, is built and compiled again for this key: a hit (counted in
+    /metrics, and a reply up to a second faster) would tell it that someone sent that exact schema."""
+    secret = {**NOTE, "name": "acme_wire_transfer"}
+    before = compiler.stats()
+    assert compiler.output_constraint(spec(secret, choice="required"), FORM, "tools", "tenant-a") is not None
+    assert compiler.output_constraint(spec(secret, choice="required"), FORM, "tools", "tenant-b") is not None
+    after = compiler.stats()
+    assert (after.built_hits, after.hits, after.misses) == (before.built_hits, before.hits, before.misses + 2)
+    assert compiler.output_constraint(spec(secret, choice="required"), FORM, "tools", "tenant-b") is not None
+    again = compiler.stats()
+    assert (again.built_hits, again.misses) == (after.built_hits + 1, after.misses)  # its own: kept
+    assert spec_key(spec(secret), FORM, "tenant-a") != spec_key(spec(secret), FORM, "tenant-b")
+
+
 def test_the_compiler_refuses_a_spec_each_time_it_is_sent(compiler: GrammarCompiler) -> None:
     cyclic = {
         **WEATHER,

@@ -22,7 +22,8 @@ async def prepared(context: AppContext, body: dict[str, Any]) -> ResponsesReques
     context.require_model(parsed.model)
     parsed = replace(parsed, input_items=tuple(unsealed(context.seal, parsed.input_items)))
     _require_custom_tool_format(context, parsed)
-    return replace(parsed, sampling=await constrain(context, parsed.sampling, parsed.output))
+    sampling = await constrain(context, parsed.sampling, parsed.output, context.caller().tenant)
+    return replace(parsed, sampling=sampling)
 
 
 def _require_custom_tool_format(context: AppContext, parsed: ResponsesRequest) -> None:
