@@ -23,10 +23,20 @@ def new_request_id() -> RequestId:
 
 
 async def admit(
-    context: AppContext, request: GenerationRequest, request_id: RequestId, tenant: str | None = None
+    context: AppContext,
+    request: GenerationRequest,
+    request_id: RequestId,
+    tenant: str | None = None,
+    *,
+    deadline: float | None = None,
+    continuing: bool = False,
 ) -> Admitted:
-    """`tenant`: the caller's, read before a stream began (after the view returned, the request is gone)."""
-    context.require_ready()
+    """`tenant`: the caller's, read before a stream began (after the view returned, the request is gone).
+    `deadline` (`time.monotonic()`): by when it ends, `--request-timeout` from now unless given. `continuing`: a
+    further generation of a request already in flight (a message's answer after its thinking budget), which a
+    draining server lets finish as it lets that request finish."""
+    if not continuing:
+        context.require_ready()
     context.require_model(request.model)
     tenant = context.caller().tenant if tenant is None else tenant
     sampling = await constrain(context, request.sampling, request.output, tenant)
@@ -41,7 +51,7 @@ async def admit(
             cache_prompt=request.cache_prompt,
             tenant=tenant,
             n=request.n,
-            deadline=time.monotonic() + context.settings.request_timeout,
+            deadline=time.monotonic() + context.settings.request_timeout if deadline is None else deadline,
             fit_to_context=request.fit_to_context,
         ),
     )

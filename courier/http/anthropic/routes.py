@@ -8,6 +8,7 @@ blueprint's name in `http/app.py`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -52,8 +53,9 @@ def blueprint(context: AppContext) -> Blueprint:
         tenant = bound.caller().tenant  # read now: a stream runs after this view has returned
         if thinking_budget.enforced(bound, request):
             request = await thinking_budget.prerendered(bound, request, tenant)
-        admitted = await admit(bound, request.generation, new_request_id(), tenant)
-        run = MessageRun(bound, request, admitted, tenant)
+        deadline = time.monotonic() + bound.settings.request_timeout  # the whole message's, continuation included
+        admitted = await admit(bound, request.generation, new_request_id(), tenant, deadline=deadline)
+        run = MessageRun(bound, request, admitted, tenant, deadline)
         if request.generation.stream:
             return event_stream_response(_stream(bound, request, run, tenant), done=None, error_event=error_event)
         async with aclosing(run.parts()) as parts:

@@ -12,6 +12,7 @@ sequence found after the text it sent.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -48,10 +49,13 @@ class _Generation:
 
 
 class MessageRun:
-    def __init__(self, context: AppContext, request: MessagesRequest, admitted: Admitted, tenant: str) -> None:
+    def __init__(
+        self, context: AppContext, request: MessagesRequest, admitted: Admitted, tenant: str, deadline: float
+    ) -> None:
         self._context = context
         self._request = request
         self._tenant = tenant  # read before a stream begins: a continuation is admitted for it
+        self._deadline = deadline  # the whole message's (`time.monotonic()`), a continuation's too
         generation = request.generation
         self.reply = ReplyAssembler(reply_parsing(context.state, admitted, generation.tools, generation.output))
         self._first = _Generation(admitted, [], [])
@@ -78,7 +82,9 @@ class MessageRun:
             yield self.reply.feed(TokensGenerated(text=text, token_ids=self._closing))
             written = (*first.token_ids, *self._closing)
             room = first.admitted.max_tokens - len(written)
-            admitted = await thinking_budget.continuation(self._context, self._request, written, room, self._tenant)
+            admitted = await thinking_budget.continuation(
+                self._context, self._request, written, room, tenant=self._tenant, deadline=self._deadline
+            )
             if admitted is not None:
                 last = _Generation(admitted, [], [])
                 async with aclosing(self._read(last, idle_s, budget=None)) as reading:
@@ -108,7 +114,7 @@ class MessageRun:
     ) -> AsyncGenerator[ReplyDelta | Idle, None]:
         """Feed one generation's events into the reply; with a `budget`, stop reading (leaving `finished` None) once
         the reasoning block has spent it without closing."""
-        timeout = self._context.settings.request_timeout
+        timeout = max(0.0, self._deadline - time.monotonic())  # what is left of the message's own
         events = events_or_idle(generation.admitted, timeout, idle_s=idle_s)
         async with aclosing(events):
             async for event in events:

@@ -73,10 +73,11 @@ async def closing_tokens(context: AppContext) -> tuple[str, tuple[int, ...]]:
 
 
 async def continuation(
-    context: AppContext, request: MessagesRequest, written: tuple[int, ...], room: int, tenant: str
+    context: AppContext, request: MessagesRequest, written: tuple[int, ...], room: int, *, tenant: str, deadline: float
 ) -> Admitted | None:
     """The generation that goes on after the closed block (`written`: the reply's tokens, then the block's end), with
-    `room` tokens left of its limit, for the caller's `tenant`; None when none are left."""
+    `room` tokens left of its limit, for the caller's `tenant`, by the message's own `deadline` (and let finish by a
+    draining server, as the message it is part of); None when no tokens are left."""
     prompt = request.generation.prompt
     assert isinstance(prompt, ChatPrompt) and prompt.rendered is not None
     if room < 1:
@@ -88,4 +89,4 @@ async def continuation(
         sampling=replace(request.generation.sampling, max_tokens=room),
         fit_to_context=False,
     )
-    return await admit(context, generation, new_request_id(), tenant)
+    return await admit(context, generation, new_request_id(), tenant, deadline=deadline, continuing=True)
