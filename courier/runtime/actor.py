@@ -138,13 +138,30 @@ async def ask(
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             reply_send.close()
             raise ActorStopped("the actor is not running") from None
+        received: list[R] = []
         try:
-            return await reply_receive.receive()
-        except anyio.EndOfStream:
-            raise ActorStopped("the actor stopped before answering") from None
-        except BaseException:  # cancelled: a reply already waiting in the buffer is nobody's
+            # The wait runs in a task of its own. asyncio's native cancellation (Quart cancels a request's handler
+            # so when its client leaves) can land after the actor handed the reply to a waiting receive() but
+            # before that task resumed, and anyio's receive() then drops it: a lease never given back, an admitted
+            # generation left running for nobody. A task group delivers a cancellation to its tasks only while
+            # they wait on something not yet done, so the child keeps a reply handed to it, and it is released.
+            async with anyio.create_task_group() as waiting:
+                waiting.start_soon(_receive_into, reply_receive, received)
+        except BaseException:  # cancelled: a reply received, or waiting in the buffer, is nobody's
+            for reply in received:
+                if isinstance(reply, Discardable):
+                    reply.discard()
             discard_unreceived(reply_receive)
             raise
+        if not received:
+            raise ActorStopped("the actor stopped before answering")
+        return received[0]
+
+
+async def _receive_into(replies: MemoryObjectReceiveStream[R], received: list[R]) -> None:
+    """The one reply, into `received` (left empty when the actor closed the stream without one)."""
+    with suppress(anyio.EndOfStream):
+        received.append(await replies.receive())
 
 
 def discard_unreceived(replies: MemoryObjectReceiveStream[Any]) -> None:

@@ -605,6 +605,9 @@ async def test_a_warm_up_whose_lookup_goes_unanswered_is_skipped_not_prefilled_c
             async with running_scheduler(engine, stats, store.send, lookup_timeout_s=0.0) as inbox:
                 await inbox.send(QueueWarmUp(session="s1", tokens=(*PROMPT, 7, 8)))
                 await store.wait_for(1)
+                with anyio.fail_after(5):  # the cancelled ask winds its waiting task down over a few loop turns
+                    while stats.lookups_timed_out < 1:
+                        await anyio.wait_all_tasks_blocked()
                 await anyio.wait_all_tasks_blocked()
                 counts = warm_up_counts(stats)
                 assert stats.lookups_timed_out == 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import anyio
 import pytest
@@ -168,3 +170,30 @@ def test_a_reply_nobody_received_is_discarded_and_other_values_are_left_alone() 
         send.send_nowait("plain")  # nothing to release
         discard_unreceived(receive)
         discard_unreceived(receive)  # an empty buffer
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_reply_handed_over_just_before_a_native_cancel_is_discarded(anyio_backend: str) -> None:
+    """Quart cancels a request's handler with `Task.cancel()` when its client leaves. Landing after the actor handed
+    the reply to the waiting asker but before the asker resumed, it must not lose the reply: a lease would never be
+    given back, an admitted generation would run for nobody."""
+    inbox_send, inbox_receive = anyio.create_memory_object_stream[Any](1)
+    with inbox_send, inbox_receive:
+        held = HeldResource()
+        got: list[HeldResource] = []
+
+        async def asker() -> None:
+            got.append(await ask(inbox_send, lambda reply: reply))
+
+        task = asyncio.ensure_future(asker())
+        with anyio.fail_after(5):
+            reply = await inbox_receive.receive()  # the actor's inbox: here the message is its reply stream
+            while not reply.statistics().tasks_waiting_receive:
+                await asyncio.sleep(0)  # until the asker waits for it
+        with reply:
+            reply.send_nowait(held)  # handed to the waiting receiver...
+            task.cancel()  # ...and the client went away in the same turn of the loop
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not got and held.discarded
