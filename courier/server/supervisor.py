@@ -65,7 +65,7 @@ from courier.status.metrics import CourierMetrics
 from courier.status.scheduler_stats import SchedulerStats
 from courier.status.service_state import ServiceState
 from courier.storage.records import StorageLimits
-from courier.storage.tenancy import shared_limits
+from courier.storage.tenancy import oversubscribed, shared_limits
 
 logger = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -255,6 +255,8 @@ class Supervisor:
         limits = shared_limits(
             store, len(self._api_keys), settings.storage_tenant_max_bytes, settings.storage_tenant_max_entries
         )
+        if warning := oversubscribed(limits, len(self._api_keys)):
+            logger.warning("%s", warning)
         try:
             opened = await anyio.to_thread.run_sync(open_response_store, settings, limits)
         except StoreNotOpened as error:

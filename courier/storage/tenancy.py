@@ -49,3 +49,24 @@ def shared_limits(limits: StorageLimits, tenants: int, max_bytes: int | None, ma
         tenant_max_bytes=max_bytes if max_bytes is not None else max(1, limits.max_bytes // count),
         tenant_max_entries=max_entries if max_entries is not None else max(1, limits.max_entries // count),
     )
+
+
+def oversubscribed(limits: StorageLimits, tenants: int) -> str | None:
+    """Why shares that add up to more than the store let keys learn of each other (None: they do not)."""
+    if tenants < 2:
+        return None
+    over = [
+        f"{tenants} x {share} {unit} > {whole}"
+        for share, whole, unit in (
+            (limits.tenant_bytes, limits.max_bytes, "bytes"),
+            (limits.tenant_entries, limits.max_entries, "records"),
+        )
+        if share * tenants > whole
+    ]
+    if not over:
+        return None
+    return (
+        f"the API keys' storage shares add up to more than the store ({'; '.join(over)}): a key may find the store "
+        "full while under its share, and by how much it can still store learn how much the other keys hold. Keep "
+        "--storage-tenant-max-bytes/--storage-tenant-max-entries within the store's budget divided by the keys"
+    )

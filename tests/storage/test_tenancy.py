@@ -9,7 +9,7 @@ import pytest
 
 from courier.messages.storage import LoadChain, LoadResponse, SaveResponse
 from courier.storage.records import StorageLimits, StoredResponse
-from courier.storage.tenancy import scoped, shared_limits, tenant_of, unscoped
+from courier.storage.tenancy import oversubscribed, scoped, shared_limits, tenant_of, unscoped
 from tests.storage.conftest import OpenStorage
 from tests.support.records import response
 
@@ -77,6 +77,24 @@ def test_each_tenants_share(
     limits = shared_limits(STORE, tenants, max_bytes, max_entries)
     assert (limits.tenant_bytes, limits.tenant_entries) == shares
     assert (limits.max_bytes, limits.max_entries, limits.ttl_s) == (1000, 10, 60.0)
+
+
+@pytest.mark.parametrize(
+    ("tenants", "max_bytes", "max_entries", "over"),
+    [
+        (1, 5000, 50, None),  # one key: no one else to learn of
+        (3, None, None, None),  # even shares fit
+        (3, 600, None, "3 x 600 bytes > 1000"),  # shares past the store: a key could learn what others hold
+        (3, None, 8, "3 x 8 records > 10"),
+        (20, None, None, "20 x 1 records > 10"),  # never less than one record, even past the store
+    ],
+)
+def test_shares_past_the_store_are_named(
+    tenants: int, max_bytes: int | None, max_entries: int | None, over: str | None
+) -> None:
+    warning = oversubscribed(shared_limits(STORE, tenants, max_bytes, max_entries), tenants)
+    assert (warning is None) == (over is None)
+    assert over is None or (warning is not None and over in warning and "learn how much" in warning)
 
 
 @pytest.mark.parametrize(
