@@ -13,6 +13,7 @@ import uuid
 from courier.engine.generation import RequestId
 from courier.http.constrained import constrain
 from courier.http.context import AppContext
+from courier.http.model_leases import hold_generation
 from courier.http.openai_requests import GenerationRequest
 from courier.messages.asking import call
 from courier.messages.ingress import AdmitGeneration, Admitted
@@ -40,7 +41,7 @@ async def admit(
     context.require_model(request.model)
     tenant = context.caller().tenant if tenant is None else tenant
     sampling = await constrain(context, request.sampling, request.output, tenant)
-    return await call(
+    admitted = await call(
         context.outboxes.ingress,
         lambda reply: AdmitGeneration(
             request_id=request_id,
@@ -55,3 +56,5 @@ async def admit(
             fit_to_context=request.fit_to_context,
         ),
     )
+    hold_generation(admitted)  # its events closed when the request ends, however it ends
+    return admitted

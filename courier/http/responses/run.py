@@ -41,6 +41,7 @@ from courier.conversation.response_object import (
 from courier.conversation.turn import Plan, Rendered, Turn, TurnServices, admit_turn, compact
 from courier.engine.generation import FinishReason, GenerationFinished, TokenLogprob
 from courier.http.context import AppContext
+from courier.http.model_leases import hold_generation
 from courier.http.reply import ReplyParsing, assemble, reply_parsing
 from courier.http.responses.events import EventWriter
 from courier.http.responses.in_flight import InFlightResponse
@@ -55,6 +56,12 @@ logger = logging.getLogger(__name__)
 
 # How long recording a stream its client abandoned may hold up the request's teardown (one storage write).
 ABANDONED_RECORD_TIMEOUT_S = 5.0
+
+
+def held(turn: Turn) -> Turn:
+    """`turn`, its generation's events closed when the request being handled ends, however it ends."""
+    hold_generation(turn.admitted)
+    return turn
 
 
 async def run_whole(context: AppContext, services: TurnServices, turn: Turn) -> JsonObject:
@@ -165,7 +172,7 @@ class _Stream:
                     final = (await self._record(done, None)).response
                     yield emit(TERMINAL_EVENTS[Status(final["status"])], response=final)
                     return
-                turn = await admit_turn(self._services, plan, compacted, compaction_id=item_id)
+                turn = held(await admit_turn(self._services, plan, compacted, compaction_id=item_id))
             except Refused as refused:
                 failed = await self._record(failed_outcome(refused.failure, []), None)
                 yield emit("response.failed", response=failed.response)

@@ -26,7 +26,7 @@ from courier.http.errors import ApiError, Envelope
 from courier.http.model_leases import leases_held
 from courier.http.responses.events import EventWriter
 from courier.http.responses.prepare import prepared
-from courier.http.responses.run import run_streamed
+from courier.http.responses.run import held, run_streamed
 from courier.messages.asking import Refused
 from courier.runtime.tracing import tracer
 
@@ -87,7 +87,7 @@ async def _respond(context: AppContext, body: dict[str, Any], emit: EventWriter)
         parsed = await prepared(bound, body)
         services = bound.turn_services()
         plan = await plan_turn(services, parsed)
-        turn = None if plan.compaction_due else await start_turn(services, plan)
+        turn = None if plan.compaction_due else held(await start_turn(services, plan))
         async with aclosing(run_streamed(bound, services, plan, turn, emit)) as events:
             async for chunk in events:
                 await websocket.send(chunk.decode())

@@ -19,7 +19,7 @@ from courier.http.responses.events import EventWriter
 from courier.http.responses.items import unsealed
 from courier.http.responses.prepare import prepared
 from courier.http.responses.request import parse_compact_request, parse_responses_request
-from courier.http.responses.run import run_compaction, run_streamed, run_whole
+from courier.http.responses.run import held, run_compaction, run_streamed, run_whole
 from courier.http.responses.websocket import serve_socket
 from courier.http.schemas import responses as responses_schema
 from courier.http.sse import event_stream_response
@@ -48,11 +48,11 @@ def blueprint(context: AppContext) -> Blueprint:
         if parsed.stream:
             # A due compaction runs inside the stream, so its progress can be streamed; otherwise admission
             # happens first and a refusal is a plain HTTP error.
-            turn = None if plan.compaction_due else await start_turn(services, plan)
+            turn = None if plan.compaction_due else held(await start_turn(services, plan))
             emit = EventWriter()
             events = run_streamed(bound, services, plan, turn, emit, keepalive_s=bound.settings.stream_keepalive)
             return event_stream_response(events, done=None, error_event=emit.error)
-        return await run_whole(bound, services, await start_turn(services, plan))
+        return await run_whole(bound, services, held(await start_turn(services, plan)))
 
     @routes.post("/responses/input_tokens")
     async def count_input_tokens() -> JsonObject:
