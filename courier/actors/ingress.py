@@ -132,6 +132,8 @@ class IngressActor(Actor[IngressMessage]):
                     max_tokens=self._context_length,
                     reply=reply,
                     reuse_scope=message.tenant,
+                    options=message.options,
+                    thinking=message.thinking,
                 ),
             )
         except Refused:

@@ -78,7 +78,14 @@ async def record(services: TurnServices, draft: ResponseDraft, outcome: Outcome,
     if kept and rendered is not None and request.cache_prompt and services.warm_up:
         answer = [item for item in outcome.output if item["type"] != "compaction"]
         messages = extend_messages(rendered.messages, answer)
-        warm_up_next_turn(services.ingress, request.session, messages, request.template_tools, services.tenant)
+        warm_up_next_turn(
+            services.ingress,
+            request.session,
+            messages,
+            request.template_tools,
+            services.tenant,
+            options=request.template_options,
+        )
     return Recorded(response=final)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from anyio import BrokenResourceError, ClosedResourceError, WouldBlock
 from anyio.streams.memory import MemoryObjectSendStream
 
+from courier.core.template_options import NO_OPTIONS, TemplateOptions
 from courier.messages.ingress import IngressMessage, WarmUpConversation
 
 
@@ -25,8 +26,15 @@ def warm_up_next_turn(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None,
     tenant: str = "",
+    *,
+    options: TemplateOptions = NO_OPTIONS,
+    thinking: bool = True,
 ) -> None:
-    """`messages`: the history through the last reply, as the chat template's messages."""
-    warm_up = WarmUpConversation(session=session, messages=messages, tools=tools, tenant=tenant)
+    """`messages`: the history through the last reply, as the chat template's messages; `options` and `thinking`:
+    the request's, so the history renders as the next turn's will (an effort written in a system message would
+    otherwise make every warm-up miss)."""
+    warm_up = WarmUpConversation(
+        session=session, messages=messages, tools=tools, tenant=tenant, options=options, thinking=thinking
+    )
     with suppress(WouldBlock, BrokenResourceError, ClosedResourceError):
         ingress.send_nowait(warm_up)

@@ -37,12 +37,16 @@ def refusing(parse: Callable[[], T]) -> T:
         raise ApiError.invalid(error.message, param=error.param) from None
 
 
-async def constrain(context: AppContext, sampling: SamplingParams, output: OutputSpec, tenant: str) -> SamplingParams:
+async def constrain(
+    context: AppContext, sampling: SamplingParams, output: OutputSpec, tenant: str, *, continuing: bool = False
+) -> SamplingParams:
     """`sampling` with the constraint `output` asks for, compiled (unchanged when it asks for none), from `tenant`'s
-    own grammar caches (another key's must not answer faster)."""
+    own grammar caches (another key's must not answer faster). `continuing`: for a request already in flight,
+    which a draining server lets finish (`generation.admit`)."""
     if not output.constrained:
         return sampling
-    context.require_ready()
+    if not continuing:
+        context.require_ready()
     state = context.state
     tool_grammar = state.tool_format.grammar if state.tool_format is not None else None
     grammars = state.grammars

@@ -40,7 +40,7 @@ async def admit(
         context.require_ready()
     context.require_model(request.model)
     tenant = context.caller().tenant if tenant is None else tenant
-    sampling = await constrain(context, request.sampling, request.output, tenant)
+    sampling = await constrain(context, request.sampling, request.output, tenant, continuing=continuing)
     admitted = await call(
         context.outboxes.ingress,
         lambda reply: AdmitGeneration(

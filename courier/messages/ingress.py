@@ -93,6 +93,9 @@ class WarmUpConversation(Message):
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] | None
     tenant: str = ""
+    # Rendered as the next turn will be: with the request's template options (an effort) and thinking switch.
+    options: TemplateOptions = NO_OPTIONS
+    thinking: bool = True
 
 
 IngressMessage: TypeAlias = AdmitGeneration | WarmUpConversation

@@ -22,6 +22,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from courier.actors.ingress import EVENT_SLACK, IMAGE_ADMISSIONS, IngressActor
 from courier.conversation.images import ImageAdmission
 from courier.core.failure_codes import FailureCode
+from courier.core.template_options import NO_OPTIONS, TemplateOptions
 from courier.engine.generation import (
     FinishReason,
     GenerationFinished,
@@ -649,6 +650,21 @@ async def test_a_warm_up_renders_the_history_and_tells_the_scheduler() -> None:
     warm_up = rig.scheduler.received[0]
     assert isinstance(warm_up, QueueWarmUp)
     assert (warm_up.session, warm_up.tokens) == ("alice", PROMPT)
+    assert (chat.options, chat.thinking) == (NO_OPTIONS, True)
+
+
+@pytest.mark.anyio
+async def test_a_warm_up_renders_with_the_requests_template_options() -> None:
+    """The history renders as the next turn's prompt will: an effort a template writes into its system message
+    (gpt-oss's), or thinking switched off, rendered otherwise, and every warm-up would miss from the first lines."""
+    rig = Rig()
+    effort = TemplateOptions(reasoning_effort="high", effort_param="output_config.effort", effort_advisory=True)
+    async with serving(rig) as ingress:
+        await ingress.inbox.send(
+            WarmUpConversation(session="alice", messages=MESSAGES, tools=None, options=effort, thinking=False)
+        )
+        await rig.scheduler.wait_for(1)
+    assert (rig.rendered().options, rig.rendered().thinking) == (effort, False)
 
 
 async def warm_up_then_admit(ingress: Ingress, messages: list[dict[str, Any]]) -> None:

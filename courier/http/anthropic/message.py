@@ -30,8 +30,7 @@ class Usage:
     thinking_tokens: int = 0
 
     def as_dict(self) -> JsonObject:
-        # A continuation after a thinking budget reports its own hit, which may cover the whole first prompt.
-        cached = max(0, min(self.cached_tokens, self.prompt_tokens - 1))
+        cached = max(0, min(self.cached_tokens, self.prompt_tokens - 1))  # its last token is always prefilled
         return {
             "input_tokens": self.prompt_tokens - cached,
             "cache_creation_input_tokens": 0,

@@ -146,4 +146,8 @@ def _warm_up_next_turn(context: AppContext, request: MessagesRequest, run: Messa
     if reply.reasoning and request.thinking.shown:  # an omitted block comes back empty
         message["reasoning_content"] = reply.reasoning
     messages = [*prompt.messages, message]
-    warm_up_next_turn(context.outboxes.ingress, request.generation.session, messages, prompt.tools, tenant)
+    session = request.generation.session
+    ingress = context.outboxes.ingress
+    warm_up_next_turn(
+        ingress, session, messages, prompt.tools, tenant, options=prompt.options, thinking=prompt.thinking
+    )

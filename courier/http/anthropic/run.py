@@ -97,7 +97,7 @@ class MessageRun:
         self._outcome = Outcome(
             calls=calls,
             stop_reason=stop_reason(
-                cut=self._cut(last), calls=calls, stop_sequence=stop_sequence, window_capped=self._window_capped()
+                cut=self._cut(last), calls=calls, stop_sequence=stop_sequence, window_capped=self._window_capped(last)
             ),
             stop_sequence=stop_sequence,
             usage=self._usage(last),
@@ -131,9 +131,11 @@ class MessageRun:
                     return
         raise Refused(ended_without_result())  # the events ended before a finish
 
-    def _window_capped(self) -> bool:
-        """The context left less room than the request's `max_tokens` (which admission capped to fit)."""
-        return self._first.admitted.max_tokens < self._request.generation.sampling.max_tokens
+    def _window_capped(self, last: _Generation) -> bool:
+        """The context left less room than the request's `max_tokens` (which admission capped to fit), and the
+        reply was cut there, not at its deadline (`--request-timeout` cuts a reply as a length cut too)."""
+        capped = self._first.admitted.max_tokens < self._request.generation.sampling.max_tokens
+        return capped and not (last.finished is not None and last.finished.deadline)
 
     def _cut(self, last: _Generation) -> bool:
         return last.finished is None or last.finished.reason is FinishReason.LENGTH
@@ -158,7 +160,9 @@ class MessageRun:
         return Usage(
             prompt_tokens=first.admitted.prompt_tokens,
             output_tokens=output,
-            cached_tokens=finished.cached_tokens if finished is not None else 0,
+            # A continuation's own hit covers the prompt the first generation prefilled: not what the cache served
+            # the message, which the first generation, left before it finished, never reported.
+            cached_tokens=finished.cached_tokens if finished is not None and last is first else 0,
             thinking_tokens=self.reply.reasoning_tokens,
         )
 

@@ -128,7 +128,8 @@ def _warm_up_next_turn(
     reply = assistant_message(content, [template_tool_call(call.id, call.name, call.arguments) for call in calls])
     prompt = request.prompt
     messages = [*prompt.messages, reply]
-    warm_up_next_turn(context.outboxes.ingress, request.session, messages, prompt.tools, tenant)
+    ingress = context.outboxes.ingress
+    warm_up_next_turn(ingress, request.session, messages, prompt.tools, tenant, options=prompt.options)
 
 
 def _finish_reason(finished: GenerationFinished, calls: list[ToolCall]) -> str:

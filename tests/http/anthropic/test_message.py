@@ -23,7 +23,7 @@ def test_usage_splits_the_prompt_into_read_and_the_rest_and_never_reports_creati
         "output_tokens_details": {"thinking_tokens": 3},
         "service_tier": "standard",
     }
-    # A continuation's hit may cover the whole first prompt: its last token was prefilled all the same.
+    # A hit never covers a prompt's last token, which is always prefilled.
     assert Usage(prompt_tokens=5, output_tokens=0, cached_tokens=9).as_dict()["input_tokens"] == 1
 
 
