@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from courier.core.failure_codes import FailureCode
 from courier.core.tools.calls import ToolCall
 from courier.engine.generation import FinishReason, GenerationFinished, TokensGenerated
 from courier.http.anthropic import thinking_budget
@@ -87,9 +88,22 @@ class MessageRun:
             )
             if admitted is not None:
                 last = _Generation(admitted, [], [])
-                async with aclosing(self._read(last, idle_s, budget=None)) as reading:
-                    async for part in reading:
-                        yield part
+                try:
+                    async with aclosing(self._read(last, idle_s, budget=None)) as reading:
+                        async for part in reading:
+                            yield part
+                except Refused as refused:
+                    if refused.failure.code is not FailureCode.DEADLINE_EXCEEDED:
+                        raise
+                    # The deadline came before the answer's first token: the message has written its thinking,
+                    # and work done is not thrown away at a deadline. It ends cut there, as any reply its
+                    # deadline cuts.
+                    last.finished = GenerationFinished(
+                        reason=FinishReason.LENGTH,
+                        prompt_tokens=admitted.prompt_tokens,
+                        completion_tokens=0,
+                        deadline=True,
+                    )
         rest, calls = self.reply.finish(cut=self._cut(last))
         if rest.reasoning or rest.content:
             yield rest

@@ -4,6 +4,7 @@ counter and the ingress answered here (the ingress records each admission and fe
 - A budgeted message's second generation (its answer after the closed thinking block) is part of the message: it
   ends by the message's own deadline, and a server that starts draining meanwhile lets it finish, constrained
   (a JSON schema) or not.
+- A continuation whose deadline comes before its first token ends the message cut, its thinking kept.
 - A reply cut where the window capped `max_tokens` says `model_context_window_exceeded`; one cut at its deadline
   says `max_tokens`, capped or not.
 """
@@ -20,9 +21,16 @@ import anyio
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from courier.core.failure_codes import FailureCode
 from courier.core.reasoning import ReasoningFormat
 from courier.core.sampling_defaults import OPENAI
-from courier.engine.generation import FinishReason, GenerationEvent, GenerationFinished, TokensGenerated
+from courier.engine.generation import (
+    FinishReason,
+    GenerationEvent,
+    GenerationFailed,
+    GenerationFinished,
+    TokensGenerated,
+)
 from courier.http.anthropic.request import parse_messages_request
 from courier.http.anthropic.run import MessageRun
 from courier.http.context import AppContext
@@ -142,3 +150,18 @@ async def test_a_cut_reply_names_what_cut_it(max_tokens: int, deadline: bool, re
         scripts = [[*tokens("Partial"), finished(FinishReason.LENGTH, deadline=deadline)]]
         run, _, _, _ = await read_message(context, body, scripts, drain_after_first=False)
     assert run.outcome.stop_reason == reason
+
+
+@pytest.mark.anyio
+async def test_a_continuation_late_for_its_first_token_ends_the_message_cut_with_its_thinking() -> None:
+    """The scheduler fails a request whose deadline came before its first token (a 504): for a continuation the
+    message has written its thinking already, which is kept, the message cut there as its deadline cuts any reply."""
+    late = GenerationFailed(message="the deadline came first", code=FailureCode.DEADLINE_EXCEEDED)
+    with ready_context("m") as context:
+        context.state.reasoning = THINK
+        scripts: list[list[GenerationEvent]] = [tokens("<think>", "one", " two", " three"), [late]]
+        run, parts, admissions, _ = await read_message(context, BUDGETED, scripts, drain_after_first=False)
+    assert len(admissions) == 2
+    assert "".join(getattr(part, "reasoning", "") for part in parts).startswith("one")
+    assert run.outcome.stop_reason == "max_tokens"
+    assert run.outcome.usage.output_tokens == 3 + 3  # the budget's thinking tokens and the block's end, written
