@@ -85,13 +85,7 @@ def test_full_queue_answers_429_and_a_disconnect_frees_the_slot(one_slot: Runnin
 def test_a_compaction_nobody_waits_for_is_cancelled(one_slot: RunningServer) -> None:
     """The summary of a compaction whose client went away leaves the batch (counted cancelled), rather than
     running to its 1,500-token cap while the one slot's queue waits."""
-    history: list[dict[str, str]] = []
-    for turn in range(4):
-        history += [
-            {"role": "user", "content": f"Turn {turn}: " + "the lighthouse log continues " * 20},
-            {"role": "assistant", "content": f"Noted turn {turn}."},
-        ]
-    body = {"model": "tiny", "input": history, "max_output_tokens": 1500, "keep_tokens": 16}
+    body = {"model": "tiny", "input": lighthouse_history(), "max_output_tokens": 1500, "keep_tokens": 16}
     before = stats(one_slot)
     address = httpx.URL(one_slot.base_url)
     payload = json.dumps(body).encode()
@@ -111,6 +105,46 @@ def test_a_compaction_nobody_waits_for_is_cancelled(one_slot: RunningServer) -> 
     after = stats(one_slot)
     assert after["cancelled"] == before["cancelled"] + 1  # the summary, cancelled, not run to its cap
     assert after["completed"] == before["completed"] + 1  # the chat request
+    assert (after["running"], after["waiting"]) == (0, 0)
+
+
+def lighthouse_history(turns: int = 4) -> list[dict[str, str]]:
+    history: list[dict[str, str]] = []
+    for turn in range(turns):
+        history += [
+            {"role": "user", "content": f"Turn {turn}: " + "the lighthouse log continues " * 20},
+            {"role": "assistant", "content": f"Noted turn {turn}."},
+        ]
+    return history
+
+
+def test_a_cancel_during_a_streamed_turns_compaction_stops_the_summary(one_slot: RunningServer) -> None:
+    """`POST /v1/responses/{id}/cancel` while the turn's automatic compaction summarizes: the summary leaves the batch
+    (counted cancelled) rather than running to its cap, nothing is compacted or generated, and the response ends
+    cancelled, as the cancel's answer says."""
+    compaction = [{"type": "compaction", "compact_threshold": 32}]
+    body = {"model": "tiny", "input": lighthouse_history(), "context_management": compaction, "stream": True}
+    before = stats(one_slot)
+    names: list[str] = []
+    with one_slot.http() as http, http.stream("POST", "/v1/responses", json=body) as response:
+        lines = response.iter_lines()
+        created: dict[str, Any] = {}
+        for line in lines:
+            if line.startswith("event: "):
+                names.append(line.removeprefix("event: "))
+            elif line.startswith("data: ") and names[-1] == "response.created":
+                created = json.loads(line.removeprefix("data: "))["response"]
+            if names and names[-1] == "response.compaction.compacting":
+                break
+        deadline = time.monotonic() + 60
+        while stats(one_slot)["running"] == 0:  # the summary is in the batch
+            assert time.monotonic() < deadline, one_slot.log()[-3000:]
+        cancelled = http.post(f"/v1/responses/{created['id']}/cancel").json()
+        names += [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert cancelled["status"] == "cancelled", cancelled
+    assert names[-1] == "response.incomplete" and "response.output_item.done" not in names, names
+    after = stats(one_slot)
+    assert after["cancelled"] == before["cancelled"] + 1  # the summary, cancelled, not run to its cap
     assert (after["running"], after["waiting"]) == (0, 0)
 
 

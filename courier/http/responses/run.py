@@ -49,6 +49,7 @@ from courier.http.responses.output import ItemShapes, OutputAssembler, logprob_o
 from courier.http.responses.tools import responses_tools
 from courier.http.sse import SSE_KEEPALIVE
 from courier.messages.asking import Refused
+from courier.messages.compactor import CompactionResult
 from courier.messages.generation_reader import GenerationCancelled, Idle, ended_without_result, events_or_idle
 from courier.storage.records import JsonObject
 
@@ -164,7 +165,11 @@ class _Stream:
             yield emit("response.output_item.added", output_index=0, item=started)
             yield emit("response.compaction.compacting", item_id=item_id, output_index=0)
             try:
-                compacted = await compact(self._services, plan)
+                compacted = await self._compacted(plan)
+                if compacted is None:  # cancelled while it compacted: nothing was replaced, nothing generated
+                    final = (await self._record(Outcome(status=Status.CANCELLED, output=[]), None)).response
+                    yield emit(TERMINAL_EVENTS[Status(final["status"])], response=final)
+                    return
                 if plan.request.compaction_requested:  # the compaction is the whole answer
                     item = {**compacted.compaction_item, "id": item_id}
                     yield emit("response.output_item.done", output_index=0, item=item)
@@ -194,6 +199,20 @@ class _Stream:
                     yield chunk
         final = (await self._record(outcome, turn.rendered)).response
         yield emit(TERMINAL_EVENTS[Status(final["status"])], response=final)
+
+    async def _compacted(self, plan: Plan) -> CompactionResult | None:
+        """The automatic compaction, or None when a cancel (`POST /v1/responses/{id}/cancel`) came first: its wait
+        is cancelled, and the compactor, with nobody waiting, takes the summary out of the batch."""
+        cancellation = self._entry.cancellation
+        if cancellation.requested:
+            return None
+        with anyio.CancelScope() as scope:
+            cancellation.watch(scope)
+            try:
+                return await compact(self._services, plan)
+            finally:
+                cancellation.watch(None)
+        return None
 
     async def abandoned(self) -> None:
         """The client left before the terminal event: record what exists, unless recording has begun already.
