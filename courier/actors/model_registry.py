@@ -151,7 +151,7 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
             return
         keep_alive = message.keep_alive if message.keep_alive is not None else (self._limits.ttl_s or FOREVER)
         if model.residency is Residency.LOADED:
-            answer(message.reply, self._lease(model, keep_alive))
+            answer(message.reply, self._lease(model, keep_alive, glance=message.if_loaded))
         elif message.if_loaded:
             answer(message.reply, not_loaded(model.model_id))
         elif self._refused_recently(model.model_id, message.reply) or self._unloadable(model, message.reply):
@@ -212,6 +212,7 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
         model.loads += 1
         model.load_seconds = round(message.seconds, 3)
         model.capabilities = model.state.capabilities()
+        model.leases.loaded(self._limits.ttl_s or FOREVER)  # idle from now, not from its use before an unload
         logger.info(
             "model %s loaded in %.1f s: weights %d bytes, charged %d bytes (%d of the budget's %d bytes in use)",
             model.model_id,
@@ -262,15 +263,15 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
 
     def _start_next_load(self) -> None:
         """The loads asked for, first asked first, each once it fits (what must go for it begins to go)."""
-        while self._queue:
-            model = self._status.models[self._queue[0]]
+        for model_id in list(self._queue):
+            model = self._status.models[model_id]
             if model.residency is Residency.UNLOADING:
-                return  # asked for again while unloading: loaded once it is gone
+                continue  # asked for again while unloading: loaded once it is gone; the others need not wait for it
             need = model.charge_bytes or 0
             others = self._others()
             room = plan_room(others, need=need, budget=self._limits.budget_bytes, max_loaded=self._limits.max_loaded)
             if not room.fits:
-                self._queue.popleft()
+                self._queue.remove(model_id)
                 model.residency = Residency.NOT_LOADED
                 model.error = f"cannot be loaded: {room.refused}"
                 self._fail_waiting(model, too_large(model.model_id, room.refused or ""))
@@ -284,7 +285,7 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
             if not fits_now(others, need=need, budget=self._limits.budget_bytes, max_loaded=self._limits.max_loaded):
                 model.progress = "waiting for memory: " + ", ".join(sorted(_unloading(self._status)))
                 return
-            self._queue.popleft()
+            self._queue.remove(model_id)
             model.residency, model.progress = Residency.LOADING, "starting"
             self._start(model.model_id, self._load_task(model, trace))
 
@@ -379,9 +380,10 @@ class ModelRegistryActor(Actor[ModelRegistryMessage]):
         with suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
             self._outbox.send_nowait(CheckResidency())
 
-    def _lease(self, model: ModelStatus, keep_alive: float) -> ModelLease:
-        model.leases.take()
-        return ModelLease(model.model_id, self._runtimes[model.model_id].outboxes, model.leases, keep_alive)
+    def _lease(self, model: ModelStatus, keep_alive: float, *, glance: bool = False) -> ModelLease:
+        model.leases.take(glance=glance)
+        outboxes = self._runtimes[model.model_id].outboxes
+        return ModelLease(model.model_id, outboxes, model.leases, keep_alive, glance=glance)
 
     def _model(self, name: str | None, reply: MemoryObjectSendStream[Any]) -> ModelStatus | None:
         if self._stopping is not None:

@@ -61,19 +61,22 @@ class ModelLease:
     """One request's hold on a loaded model. `release` gives it back (once; again does nothing); a lease that never
     reached its asker (who was cancelled) is released by `discard`."""
 
-    __slots__ = ("_keep_alive", "_leases", "_released", "model_id", "outboxes")
+    __slots__ = ("_glance", "_keep_alive", "_leases", "_released", "model_id", "outboxes")
 
-    def __init__(self, model_id: str, outboxes: ModelOutboxes, leases: Leases, keep_alive: float) -> None:
+    def __init__(
+        self, model_id: str, outboxes: ModelOutboxes, leases: Leases, keep_alive: float, *, glance: bool = False
+    ) -> None:
         self.model_id = model_id
         self.outboxes = outboxes
         self._leases = leases
         self._keep_alive = keep_alive
+        self._glance = glance  # a read of its figures: no use of the model (`Leases.take`)
         self._released = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._leases.give_back(self._keep_alive)
+            self._leases.give_back(self._keep_alive, glance=self._glance)
 
     def discard(self) -> None:
         self.release()

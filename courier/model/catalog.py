@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from courier.core.served_models.names import ServedNames
+from courier.core.served_models.names import ServedNames, named_by
 from courier.model.embedding_models import embedding_problem, is_embedding_model, pooling_by_model
 from courier.model.source import ModelSource, ModelSourceError, SourceKind, resolve_model_source
 
@@ -66,15 +66,7 @@ class ModelCatalog:
         in declaration order."""
         if requested is None:
             return self.default
-        for exact in (
-            lambda names: names.model_id == requested,
-            lambda names: requested in names.listed,
-            lambda names: names.matches(requested),
-        ):
-            for model in self.models:
-                if exact(model.names):
-                    return model
-        return None
+        return named_by(self.models, requested, lambda model: model.names)
 
     def get(self, model_id: str) -> ModelDeclaration:
         for model in self.models:

@@ -388,3 +388,65 @@ async def test_at_shutdown_every_model_is_unloaded_and_requests_are_refused() ->
         with pytest.raises(Refused) as refused:
             await test.acquire("a")
         assert refused.value.failure.code is FailureCode.SHUTTING_DOWN
+
+
+async def test_a_model_loaded_again_is_idle_from_its_load_not_from_its_use_before() -> None:
+    """Its timer from before its unload had run out: a model loaded again (by hand, or after `keep_alive: 0`) must
+    not be unloaded at once, and one loaded by hand and never used still goes after `--model-ttl`."""
+    async with registry(ttl_s=60) as test:
+        (await test.acquire("b", keep_alive=0)).release()
+        await test.settle()
+        assert test.model("b").residency is Residency.NOT_LOADED
+        test.clock.now += 100
+        loaded = await call(test.inbox, lambda reply: LoadModel(name="b", reply=reply))
+        assert loaded.state == "loaded"
+        await test.settle()
+        assert (test.model("b").residency, test.model("b").unloads) == (Residency.LOADED, 1)
+        test.clock.now += 61
+        await test.settle()
+        assert test.model("b").residency is Residency.NOT_LOADED  # idle past the ttl since its load
+
+
+async def test_reading_a_models_figures_is_no_use_of_it() -> None:
+    """`/metrics` and cache stats take a glance at a loaded model: it holds the model while they read, but neither
+    renews its idle timer nor moves it up the eviction order."""
+    async with registry(ttl_s=60) as test:
+        (await test.acquire("a")).release()
+        used = test.model("a").leases.last_used
+        for _ in range(5):
+            test.clock.now += 50
+            glance = await call(test.inbox, lambda reply: AcquireModel(name="a", if_loaded=True, reply=reply))
+            assert test.model("a").leases.in_flight == 1  # held while its figures are read
+            glance.release()
+            await test.settle()
+            if test.model("a").residency is not Residency.LOADED:
+                break
+        assert test.model("a").residency is Residency.NOT_LOADED
+        assert test.model("a").leases.last_used == used
+
+
+async def test_a_model_waiting_for_its_own_unload_holds_up_no_other_load() -> None:
+    async with registry() as test:
+        streaming = await test.acquire("a")
+        unloading: list[LoadResult] = []
+
+        async def unload() -> None:
+            unloading.append(await call(test.inbox, lambda reply: UnloadModel(name="a", reply=reply)))
+
+        async with anyio.create_task_group() as requests:
+            requests.start_soon(unload)
+            await until(lambda: test.model("a").residency is Residency.UNLOADING, "a unloading")
+            again: list[ModelLease] = []
+
+            async def acquire_a() -> None:
+                again.append(await test.acquire("a"))  # queued behind a's own unload
+
+            requests.start_soon(acquire_a)
+            await test.read(asked=2)
+            with anyio.fail_after(5):
+                other = await test.acquire("c")  # fits beside a: loads while a drains
+            assert other.model_id == "c" and test.model("a").residency is Residency.UNLOADING
+            other.release()
+            streaming.release()
+        assert [lease.model_id for lease in again] == ["a"] and unloading[0].state == "not_loaded"
+        again[0].release()

@@ -9,9 +9,12 @@ themselves.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 WILDCARD = "*"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +43,18 @@ class ServedNames:
             if requested == name:
                 return True
         return False
+
+
+def named_by(models: Iterable[T], requested: str, names: Callable[[T], ServedNames]) -> T | None:
+    """The model `requested` names among `models`, as a request is routed: an id first, then an exact alias, then a
+    pattern, each in declaration order (so `claude-x` is the model with that alias, not the one matching `claude-*`)."""
+    ordered = list(models)
+    for named in (
+        lambda served: served.model_id == requested,
+        lambda served: requested in served.listed,
+        lambda served: served.matches(requested),
+    ):
+        for model in ordered:
+            if named(names(model)):
+                return model
+    return None

@@ -153,7 +153,7 @@ class Leases:
     one given back sets when the idle model may go (`idle_until`) and calls `on_idle` (a wake-up for the
     registry). `clock`: the registry's."""
 
-    __slots__ = ("_clock", "idle_until", "in_flight", "last_used", "on_idle")
+    __slots__ = ("_clock", "_idle_for", "idle_until", "in_flight", "last_used", "on_idle")
 
     def __init__(self, clock: Callable[[], float], on_idle: Callable[[], None] | None = None) -> None:
         self._clock = clock
@@ -161,17 +161,30 @@ class Leases:
         self.in_flight = 0
         self.last_used = clock()
         self.idle_until = FOREVER
+        self._idle_for = FOREVER  # the keep-alive of the last request served (or of the load)
 
-    def take(self) -> None:
-        self.in_flight += 1
+    def loaded(self, keep_alive: float) -> None:
+        """The model has just loaded: idle from now, for `keep_alive` seconds (`--model-ttl`) unless a request
+        takes it first. Without this a model loaded again kept the timer of its last use, already run out."""
         self.last_used = self._clock()
+        self._idle_for = keep_alive
+        self.idle_until = FOREVER if self.in_flight else self.last_used + keep_alive
+
+    def take(self, *, glance: bool = False) -> None:
+        """`glance`: a read of the model's figures (`/metrics`, cache stats), which holds it while it reads but is
+        no use of it: its idle timer and its place in the eviction order stay as they were."""
+        self.in_flight += 1
+        if not glance:
+            self.last_used = self._clock()
         self.idle_until = FOREVER
 
-    def give_back(self, keep_alive: float) -> None:
+    def give_back(self, keep_alive: float, *, glance: bool = False) -> None:
         """`keep_alive`: seconds the model may stay idle after this request (FOREVER: until memory is needed)."""
         self.in_flight = max(0, self.in_flight - 1)
-        self.last_used = self._clock()
+        if not glance:
+            self.last_used = self._clock()
+            self._idle_for = keep_alive
         if self.in_flight == 0:
-            self.idle_until = self.last_used + keep_alive
+            self.idle_until = self.last_used + self._idle_for
             if self.on_idle is not None:
                 self.on_idle()

@@ -20,6 +20,7 @@ from typing import Any
 from quart import Blueprint, request
 
 from courier.core.failure_codes import FailureCode
+from courier.core.served_models.names import named_by
 from courier.http.anthropic import models as anthropic_models
 from courier.http.auth import require_admin
 from courier.http.context import AppContext
@@ -75,9 +76,9 @@ def blueprint(context: AppContext) -> Blueprint:
         if context.models is None:
             context.require_model(model_id)
             return shape(model_id, None)
-        for model in context.models.models.values():
-            if model.names.matches(model_id):
-                return shape(model_id, model)
+        model = named_by(context.models.models.values(), model_id, lambda status: status.names)
+        if model is not None:  # the one a request naming it is served by
+            return shape(model_id, model)
         served = ", ".join(f"'{model}'" for model in context.models.models)
         raise ApiError(
             404,

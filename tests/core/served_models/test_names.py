@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from courier.core.served_models.names import ServedNames
+from courier.core.served_models.names import ServedNames, named_by
 
 
 def test_no_names_is_the_default_alone() -> None:
@@ -41,3 +41,13 @@ def test_brackets_match_only_themselves_without_a_pattern() -> None:
     assert names.matches("claude-opus-4-8[1m]")
     assert not names.matches("claude-opus-4-81m")
     assert not names.matches("claude-opus-4-8")
+
+
+def test_a_name_is_routed_to_an_id_then_an_exact_alias_then_a_pattern() -> None:
+    """`GET /v1/models/{id}` and a request naming `{id}` find the same model: with `a,claude-*` declared before
+    `claude-x`, `claude-x` is the model with that exact alias, not the first whose pattern matches."""
+    models = [ServedNames(("a", "claude-*")), ServedNames(("claude-x",)), ServedNames(("b", "claude-y"))]
+    assert named_by(models, "claude-x", lambda names: names) is models[1]
+    assert named_by(models, "claude-y", lambda names: names) is models[2]
+    assert named_by(models, "claude-z", lambda names: names) is models[0]
+    assert named_by(models, "gpt-4o", lambda names: names) is None
