@@ -142,6 +142,10 @@ class Registry:
 
         return await call(self.inbox, ask)
 
+    async def unload(self, name: str, into: list[LoadResult]) -> None:
+        """An operator's unload of `name`, its answer appended to `into` (run it in a task: it waits)."""
+        into.append(await call(self.inbox, lambda reply: UnloadModel(name=name, reply=reply)))
+
     async def read(self, asked: int) -> None:
         """Until `asked` acquires have been sent and the registry has taken every message from its inbox: what
         it is sent next is handled after them."""
@@ -361,12 +365,8 @@ async def test_an_operator_loads_and_unloads_by_hand() -> None:
         assert test.model("b").residency is Residency.LOADED
         lease = await test.acquire("b")
         unloading: list[LoadResult] = []
-
-        async def unload() -> None:
-            unloading.append(await call(test.inbox, lambda reply: UnloadModel(name="b-alias", reply=reply)))
-
         async with anyio.create_task_group() as operator:
-            operator.start_soon(unload)
+            operator.start_soon(test.unload, "b-alias", unloading)
             await until(lambda: test.model("b").residency is Residency.UNLOADING, "b unloading")
             assert test.model("b").residency is Residency.UNLOADING  # waits for the request in flight
             assert not unloading
@@ -429,12 +429,8 @@ async def test_a_model_waiting_for_its_own_unload_holds_up_no_other_load() -> No
     async with registry() as test:
         streaming = await test.acquire("a")
         unloading: list[LoadResult] = []
-
-        async def unload() -> None:
-            unloading.append(await call(test.inbox, lambda reply: UnloadModel(name="a", reply=reply)))
-
         async with anyio.create_task_group() as requests:
-            requests.start_soon(unload)
+            requests.start_soon(test.unload, "a", unloading)
             await until(lambda: test.model("a").residency is Residency.UNLOADING, "a unloading")
             again: list[ModelLease] = []
 
