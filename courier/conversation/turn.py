@@ -62,6 +62,9 @@ class TurnServices:
     tenant: str = ""  # the caller's (its API key's): whose stored records and prompt-cache state the turn uses
     replica_id: str | None = None  # `--replica-id`: the routing token this turn's response id carries
     deadline: float | None = None  # `time.monotonic()` by which the turn's generation ends (--request-timeout)
+    # The last response a Responses WebSocket connection made, by id, with its whole history (what its chain would
+    # load): Codex continues a `store: false` response on the same connection by its id, as OpenAI's server does.
+    connection_last: tuple[str, tuple[JsonObject, ...]] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +129,8 @@ async def history_items(services: TurnServices, request: ResponsesRequest) -> li
     """The items a new turn continues: every hop of its `previous_response_id` chain, or its conversation's."""
     if request.previous_response_id is not None:
         response_id = request.previous_response_id
+        if services.connection_last is not None and services.connection_last[0] == response_id:
+            return list(services.connection_last[1])  # this connection's last response, stored or not
         chain = await call(
             services.storage, lambda reply: LoadChain(response_id=response_id, tenant=services.tenant, reply=reply)
         )

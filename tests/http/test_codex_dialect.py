@@ -287,6 +287,28 @@ def test_the_responses_websocket_serves_turn_after_turn(client: Any, server: Run
     assert websockets_accepted(server) == accepted + 1  # counted once, as the connection closed
 
 
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+def test_a_websocket_turn_continues_the_connections_last_unstored_response(client: Any) -> None:
+    """Codex's tool loop over the socket: `store: false`, the previous response's id and only the new items. The
+    connection keeps its last response (OpenAI's WebSocket mode does), so the turn continues it rather than 404."""
+
+    def turn(connection: Any, **fields: Any) -> Any:
+        connection.response.create(model=MODEL, max_output_tokens=4, store=False, **fields)
+        for event in connection:
+            if event.type in ("response.completed", "response.incomplete", "response.failed", "error"):
+                return event
+        raise AssertionError("the socket closed")
+
+    with client.responses.connect() as connection:
+        first = turn(connection, input="hello")
+        second = turn(connection, input="again", previous_response_id=first.response.id)
+        assert second.type in ("response.completed", "response.incomplete"), second
+        alone = turn(connection, input="again")
+        assert second.response.usage.input_tokens > alone.response.usage.input_tokens  # it saw the first turn
+        unknown = turn(connection, input="again", previous_response_id=first.response.id)  # no longer the last
+        assert unknown.type == "error" and unknown.error.code == "previous_response_not_found", unknown
+
+
 def websockets_accepted(server: RunningServer) -> float:
     exposition = httpx.get(f"{server.base_url}/metrics").text
     sample = 'courier_http_requests_total{method="GET",route="/v1/responses",status="101"} '

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -29,6 +30,7 @@ from courier.http.responses.prepare import prepared
 from courier.http.responses.run import held, run_streamed
 from courier.messages.asking import Refused
 from courier.runtime.tracing import tracer
+from courier.storage.records import JsonObject
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +47,22 @@ async def serve_socket(context: AppContext) -> Response | None:
         return error.response(Envelope.OPENAI)
     await websocket.accept()
     logger.info("responses websocket: a connection opened (%s)", websocket.headers.get("User-Agent", "no user agent"))
+    connection = _Connection()
     while True:
         message = await websocket.receive()
-        await _serve(context, message)
+        await _serve(context, message, connection)
 
 
-async def _serve(context: AppContext, message: str | bytes) -> None:
+@dataclass(slots=True)
+class _Connection:
+    """What one connection remembers: its last completed response and the whole history it continues, so the next
+    `response.create` may continue it by `previous_response_id` though it was not stored (Codex sends `store:
+    false` and only the new items, as OpenAI's WebSocket mode serves them). Only the last one is kept."""
+
+    last: tuple[str, tuple[JsonObject, ...]] | None = None
+
+
+async def _serve(context: AppContext, message: str | bytes, connection: _Connection) -> None:
     event: Any = None
     try:
         event = orjson.loads(message)
@@ -62,7 +74,7 @@ async def _serve(context: AppContext, message: str | bytes) -> None:
     try:
         body = _create_body(event)
         with tracer().start_as_current_span("WEBSOCKET /v1/responses response.create"):
-            await _respond(context, body, EventWriter(json_frames=True, stream_id=stream_id))
+            await _respond(context, body, EventWriter(json_frames=True, stream_id=stream_id), connection)
     except ApiError as error:
         await websocket.send(_error(error, stream_id))
     except Refused as refused:
@@ -81,16 +93,36 @@ def _create_body(event: Any) -> dict[str, Any]:
     return {**{key: value for key, value in event.items() if key not in _ENVELOPE}, "stream": True}
 
 
-async def _respond(context: AppContext, body: dict[str, Any], emit: EventWriter) -> None:
+async def _respond(context: AppContext, body: dict[str, Any], emit: EventWriter, connection: _Connection) -> None:
     async with leases_held():  # the model this request names, held until its last event is sent
         bound = await context.for_body(body)
         parsed = await prepared(bound, body)
-        services = bound.turn_services()
+        services = replace(bound.turn_services(), connection_last=connection.last)
         plan = await plan_turn(services, parsed)
         turn = None if plan.compaction_due else held(await start_turn(services, plan))
+        final: JsonObject | None = None
         async with aclosing(run_streamed(bound, services, plan, turn, emit)) as events:
             async for chunk in events:
-                await websocket.send(chunk.decode())
+                text = chunk.decode()
+                await websocket.send(text)
+                final = _completed(text) or final
+        if final is not None:
+            connection.last = (str(final["id"]), (*plan.items, *final["output"]))
+
+
+_ENDED = ("response.completed", "response.incomplete")
+
+
+def _completed(frame: str) -> JsonObject | None:
+    """The response a frame that ends one carries, if it may be continued: completed, or cut by its limit (None for
+    any other frame, a failed or cancelled response among them)."""
+    if not any(f'"{kind}"' in frame for kind in _ENDED):
+        return None
+    event = orjson.loads(frame)
+    response = event.get("response") if event.get("type") in _ENDED else None
+    if not isinstance(response, dict) or response.get("status") not in ("completed", "incomplete"):
+        return None
+    return response
 
 
 def _error(error: ApiError, stream_id: str | None) -> str:
