@@ -264,6 +264,24 @@ async def test_a_field_that_cannot_be_honoured_is_a_400_naming_it(
     assert body["error"]["message"]
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        (COMPACT, {"input": [{"role": "user", "content": "hi"}, {"type": "compaction_trigger"}]}),
+        (CONVERSATIONS, {"items": [{"type": "compaction_trigger"}]}),
+    ],
+)
+async def test_a_compaction_trigger_anywhere_but_a_create_says_where_it_belongs(
+    app: QuartClient, path: str, fields: dict[str, Any]
+) -> None:
+    """Last among its items, yet refused: the message says a create takes it, not that it must come last."""
+    reply = await app.post(path, json=body_for(path, fields))
+    body = await reply.get_json()
+    assert reply.status_code == 400, body
+    assert "POST /v1/responses" in body["error"]["message"] and "last input item" in body["error"]["message"], body
+
+
 def test_a_real_server_refuses_as_the_app_does(http: httpx.Client) -> None:
     """The first refusal of each route again, through the shared server."""
     cases = [case.values if hasattr(case, "values") else case for case in REFUSED]

@@ -55,7 +55,12 @@ def _input_item(raw: dict[str, Any], param: str) -> JsonObject:
         return {"id": new_id("cmp"), "type": "compaction", "encrypted_content": raw["encrypted_content"]}
     if kind == "reasoning":
         return _reasoning(raw)
-    raise ApiError.invalid(f"{param}: a {kind} item can only be the last input item", param=param)
+    # Only `compaction_trigger` reaches here: a create takes it off the end of its input before reading the items.
+    raise ApiError.invalid(
+        f"{param}: a {kind} item asks a create (POST /v1/responses) for a compaction, as its last input item; "
+        "it is taken nowhere else",
+        param=param,
+    )
 
 
 def _reasoning(raw: Mapping[str, Any]) -> JsonObject:
