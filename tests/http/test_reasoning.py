@@ -375,6 +375,22 @@ def test_sealed_reasoning_round_trips_without_storage(qwen: Served) -> None:
     assert after.status == "completed"
 
 
+def test_a_streamed_sealed_reasoning_item_is_the_same_in_its_done_event_and_the_response(qwen: Served) -> None:
+    """Each seal takes a fresh nonce: the item is sealed once, so `.done` and `response.completed` carry one item."""
+    stream = qwen.client.responses.create(
+        model=MODEL, input=QUESTION, temperature=0, store=False, include=["reasoning.encrypted_content"], stream=True
+    )
+    with stream:
+        events = list(stream)
+    done = [
+        event.item for event in events if event.type == "response.output_item.done" and event.item.type == "reasoning"
+    ]
+    completed = events[-1]
+    assert completed.type == "response.completed" and len(done) == 1
+    final = next(item for item in completed.response.output if item.type == "reasoning")
+    assert done[0].encrypted_content is not None and done[0].encrypted_content == final.encrypted_content
+
+
 def test_a_sealed_reasoning_item_altered_is_refused(qwen: Served) -> None:
     first = qwen.client.responses.create(
         model=MODEL, input=QUESTION, temperature=0, store=False, include=["reasoning.encrypted_content"]

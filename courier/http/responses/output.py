@@ -37,6 +37,7 @@ class OutputAssembler(ReplyAssembler):
     def __init__(self, parsing: ReplyParsing, shapes: ItemShapes | None = None) -> None:
         super().__init__(parsing)
         self.shapes = shapes or ItemShapes()
+        self._sealed: tuple[str, str] | None = None  # the reasoning last sealed, and its seal
 
     @property
     def text(self) -> str:
@@ -56,8 +57,15 @@ class OutputAssembler(ReplyAssembler):
         if self.shapes.summary:
             item["summary"] = [{"type": "summary_text", "text": self.reasoning}]
         if self.shapes.seal is not None:
-            item["encrypted_content"] = self.shapes.seal.seal(self.reasoning)
+            item["encrypted_content"] = self._seal(self.shapes.seal)
         return item
+
+    def _seal(self, seal: ReasoningSeal) -> str:
+        """The reasoning sealed once (each seal takes a fresh nonce): the item a stream's `.done` event carries and
+        the one in the response's output are the same, to the byte."""
+        if self._sealed is None or self._sealed[0] != self.reasoning:
+            self._sealed = (self.reasoning, seal.seal(self.reasoning))
+        return self._sealed[1]
 
     def output_items(
         self, calls: Sequence[ToolCall], message_id: str | None = None, reasoning_id: str | None = None
