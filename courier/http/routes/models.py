@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 from quart import Blueprint, request
 
 from courier.core.failure_codes import FailureCode
@@ -114,7 +115,13 @@ async def _by_hand(
     context.require_ready()
     if context.registry is None:
         raise ApiError.invalid("this server loads and unloads no models by hand")
-    result = await call(context.registry, build)
+    registry, limit_s = context.registry, context.settings.request_timeout
+    try:
+        with anyio.fail_after(limit_s):  # every wait bounded; the load or unload itself goes on
+            result = await call(registry, build)
+    except TimeoutError:
+        message = f"not done within --request-timeout ({limit_s:g} s); it goes on, and GET /v1/models shows its state"
+        raise ApiError(504, message, param="model", code=FailureCode.DEADLINE_EXCEEDED) from None
     return {"id": result.model_id, "object": "model", "state": result.state, "load_seconds": result.load_seconds}
 
 
