@@ -48,7 +48,7 @@ from courier.conversation.ids import new_id
 from courier.conversation.image_refs import image_refs
 from courier.conversation.images import IN_THE_HISTORY, ImageAdmission
 from courier.conversation.items import is_instruction, message_item, text_part
-from courier.conversation.replay import replay
+from courier.conversation.replay import replay, replayed_summary
 from courier.conversation.response_object import usage_object
 from courier.conversation.selection import (
     DEFAULT_KEEP_FRACTION,
@@ -168,10 +168,16 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
         retained = [item for index in selection.retained for item in parts[index]]
         if message.summarize_all:
             retained = [item for item in history if item["type"] == "message" and item["role"] == "user"]
+        # An earlier capsule's summary, as replay showed it, is no item a later turn sends: it is never retained,
+        # but summarized with the rest, or, with nothing else to summarize, carried on as this capsule's summary.
+        earlier = [item for item in retained if replayed_summary(item) is not None]
+        retained = [item for item in retained if replayed_summary(item) is None]
         if summarized:
+            summarized = [*earlier, *summarized]
             summary, finished = await self._summarize(summarized, summarized_tokens, message, memo)
-        else:  # all of it fits `keep_tokens`: the one compaction item keeps every item, with no summary
-            summary, finished = "", GenerationFinished(reason=FinishReason.STOP, prompt_tokens=0, completion_tokens=0)
+        else:  # all of it fits `keep_tokens`: the one compaction item keeps every item, and any earlier summary
+            summary = "\n".join(text for item in earlier if (text := replayed_summary(item)))
+            finished = GenerationFinished(reason=FinishReason.STOP, prompt_tokens=0, completion_tokens=0)
         with tracer().start_as_current_span("compactor.capsule") as span:
             capsule = Capsule(summary=summary, retained=tuple(item_digest(item) for item in retained))
             compaction_item = {

@@ -72,3 +72,13 @@ def without_repeated_instructions(items: Sequence[JsonObject], instructions: str
         if item["type"] != "compaction":
             result.append(item)
     return result
+
+
+def replayed_summary(item: JsonObject) -> str | None:
+    """The summary an item replay made of an earlier capsule (its text after the header), or None for any other
+    item. A later compaction must carry it on: no stored or sent item is that message, so a capsule that listed it
+    among its retained items would lose it on the next replay."""
+    if item.get("type") != "message" or item.get("role") != "assistant":
+        return None
+    text = message_text(item)
+    return text.removeprefix(SUMMARY_HEADER) if text.startswith(SUMMARY_HEADER) else None

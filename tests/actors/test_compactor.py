@@ -435,6 +435,29 @@ async def test_a_history_that_all_fits_keep_tokens_gets_one_compaction_item_keep
     assert counter.kinds == ["TokenizeChat"] * 4
 
 
+async def test_a_later_compaction_that_summarizes_nothing_carries_the_earlier_summary_on() -> None:
+    """The second compaction of a conversation finds it all fits `keep_tokens`: its capsule keeps the first one's
+    summary (no stored or sent item is the summary message replay showed, so retaining it would lose it)."""
+    counter, ingress = Counter(count_characters), Ingress(admitting(lambda _: summary_events()))
+    async with running(compactor(counter.send, ingress.send), counter, ingress) as inbox:
+        first = await compact(inbox)
+        assert isinstance(first, CompactionResult)
+        later = [*first.context, user("And at dusk?")]
+        second = await compact(inbox, later, keep_tokens=1_000)
+    assert isinstance(second, CompactionResult)
+    capsule = UNSIGNED.decode(second.compaction_item["encrypted_content"])
+    assert capsule.summary == SUMMARY
+    summary_message = next(item for item in first.context if item["role"] == "assistant")
+    assert item_digest(summary_message) not in capsule.retained
+    assert shown(second.context)[:2] == [
+        ("message", "system", "Rules."),
+        ("message", "assistant", SUMMARY_HEADER + SUMMARY),
+    ]
+    # A later turn replays the stored items and the second capsule: the summary is still there.
+    stored = [*HISTORY, first.compaction_item, user("And at dusk?"), second.compaction_item]
+    assert shown(expand(stored, UNSIGNED, INSTRUCTIONS)) == shown(second.context)
+
+
 @pytest.mark.parametrize(
     "reasoning", [None, ReasoningFormat(start="<think>", end="</think>", start_tokens=(5,), end_tokens=(6,))]
 )
