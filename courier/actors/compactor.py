@@ -170,13 +170,14 @@ class CompactorActor(ConcurrentActor[CompactorMessage]):
             retained = [item for item in history if item["type"] == "message" and item["role"] == "user"]
         # An earlier capsule's summary, as replay showed it, is no item a later turn sends: it is never retained,
         # but summarized with the rest, or, with nothing else to summarize, carried on as this capsule's summary.
-        earlier = [item for item in retained if replayed_summary(item) is not None]
-        retained = [item for item in retained if replayed_summary(item) is None]
+        read = [(item, replayed_summary(item)) for item in retained]
+        earlier = [(item, text) for item, text in read if text is not None]
+        retained = [item for item, text in read if text is None]
         if summarized:
-            summarized = [*earlier, *summarized]
+            summarized = [*(item for item, _ in earlier), *summarized]
             summary, finished = await self._summarize(summarized, summarized_tokens, message, memo)
         else:  # all of it fits `keep_tokens`: the one compaction item keeps every item, and any earlier summary
-            summary = "\n".join(text for item in earlier if (text := replayed_summary(item)))
+            summary = "\n".join(text for _, text in earlier if text)
             finished = GenerationFinished(reason=FinishReason.STOP, prompt_tokens=0, completion_tokens=0)
         with tracer().start_as_current_span("compactor.capsule") as span:
             capsule = Capsule(summary=summary, retained=tuple(item_digest(item) for item in retained))

@@ -279,9 +279,7 @@ def _field_names(prompt: Prompt) -> tuple[str, str]:
     and `max_tokens`, completions' `prompt`, a Responses turn's `input` and `max_output_tokens`."""
     if not isinstance(prompt, ChatPrompt):
         return "prompt", "max_tokens"
-    if prompt.names is MessageNames.REQUEST:
-        return "messages", "max_tokens"
-    return "input", "max_output_tokens"
+    return prompt.names.param, "max_tokens" if prompt.names is MessageNames.REQUEST else "max_output_tokens"
 
 
 def _context_exceeded(context: int, prompt: int, completion: int, param: str, limit: str) -> RequestFailed:

@@ -113,8 +113,7 @@ class TokenCounterActor(Actor[TokenCounterMessage]):
         if getattr(self._tokenizer, "chat_template", None) is None:
             await message.reply.send(_invalid("the model has no chat template; tokenize a prompt instead", "messages"))
             return
-        param = "messages" if message.names is MessageNames.REQUEST else "input"  # a Responses turn's
-        too_long = self._too_long(text_bytes(message.messages), message.max_tokens, param)
+        too_long = self._too_long(text_bytes(message.messages), message.max_tokens, message.names.param)
         if too_long is not None:
             await message.reply.send(too_long)
             return
@@ -251,8 +250,8 @@ def _template_refusal(failure: TemplateFailure, message: TokenizeChat) -> Reques
     (rebuilt from items, instructions and history first) its position and role under `input`."""
     index = failure.index
     if index is None or not 0 <= index < len(message.messages) or message.names is MessageNames.BUILT:
-        param = "messages" if message.names is MessageNames.REQUEST else "input"
-        return _invalid(f"the model's chat template cannot render these messages ({failure.reason})", param)
+        reason = f"the model's chat template cannot render these messages ({failure.reason})"
+        return _invalid(reason, message.names.param)
     if message.names is MessageNames.REQUEST:
         param = f"messages[{index}]"
         return _invalid(f"{param}: the model's chat template cannot render this message ({failure.reason})", param)

@@ -20,6 +20,11 @@ class MessageNames(Enum):
     CONVERSATION = "conversation"  # a Responses context rebuilt from items: its position and role, under `input`
     BUILT = "built"  # messages Courier wrote (a compaction's segments and summary prompt): under `input`, unnamed
 
+    @property
+    def param(self) -> str:
+        """The request field the messages came from, as a refusal names it: `messages`, or a Responses `input`."""
+        return "messages" if self is MessageNames.REQUEST else "input"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenizeResult:
